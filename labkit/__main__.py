@@ -1,0 +1,5 @@
+import sys
+
+from labkit.cli import main
+
+sys.exit(main())

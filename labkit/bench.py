@@ -1,0 +1,264 @@
+"""The one place where timing happens.
+
+Rules it enforces: warm up before measuring, synchronize the device (CUDA events on GPU), repeat, report the
+median with its spread (IQR, p95), compare A and B interleaved in one process and report the ratio with its
+spread, and attach the environment record to every saved result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from labkit.env import REPO_ROOT, LabkitError, environment
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (q in [0, 1]) of a non-empty sequence."""
+    if not xs:
+        raise ValueError("quantile of an empty sequence")
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class Timing:
+    """Per-call times in seconds from repeated measurements."""
+
+    samples: list[float]
+
+    def __post_init__(self):
+        if not self.samples:
+            raise ValueError("Timing needs at least one sample")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def iqr(self) -> float:
+        return quantile(self.samples, 0.75) - quantile(self.samples, 0.25)
+
+    @property
+    def p95(self) -> float:
+        return quantile(self.samples, 0.95)
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    def throughput(self, items_per_call: float) -> float:
+        """Items per second at the median time (e.g. img/s for a step of `items_per_call` images)."""
+        return items_per_call / self.median
+
+    def summary(self) -> dict:
+        return {"median_s": self.median, "iqr_s": self.iqr, "p95_s": self.p95, "min_s": self.min,
+                "n": len(self.samples)}
+
+    def __str__(self) -> str:
+        return f"{_fmt_s(self.median)} ± {_fmt_s(self.iqr)} (IQR, n={len(self.samples)})"
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} µs"
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for all queued work on `device` (no-op on CPU)."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class _Clock:
+    """Measures one region: CUDA events on a GPU (no host stall inside the region), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def start(self):
+        if self.cuda:
+            self._a = torch.cuda.Event(enable_timing=True)
+            self._b = torch.cuda.Event(enable_timing=True)
+            self._a.record()
+        else:
+            self._t = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            self._b.record()
+            self._b.synchronize()
+            return self._a.elapsed_time(self._b) / 1e3
+        return time.perf_counter() - self._t
+
+
+def time_fn(fn: Callable[[], object], *, device: torch.device | str | None = None, warmup: int = 3,
+            repeats: int = 10, inner: int = 1) -> Timing:
+    """Time `fn()` after `warmup` calls; `repeats` samples of `inner` calls each; seconds per call.
+
+    On CUDA the region is bracketed by CUDA events and the device is synchronized before the first sample.
+    """
+    if repeats < 1 or inner < 1 or warmup < 0:
+        raise LabkitError("time_fn needs repeats >= 1, inner >= 1 and warmup >= 0")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    for _ in range(warmup):
+        fn()
+    synchronize(dev)
+    clock, samples = _Clock(dev), []
+    for _ in range(repeats):
+        clock.start()
+        for _ in range(inner):
+            fn()
+        samples.append(clock.stop() / inner)
+    return Timing(samples)
+
+
+def torch_timer(fn: Callable[[], object], *, min_run_time: float = 0.5, label: str = "") -> Timing:
+    """Time a small operation with torch.utils.benchmark (it picks the number of calls per sample itself)."""
+    from torch.utils import benchmark as tub
+
+    m = tub.Timer(stmt="fn()", globals={"fn": fn}, label=label).blocked_autorange(min_run_time=min_run_time)
+    return Timing([t for t in m.times])
+
+
+@dataclass
+class ABResult:
+    """Interleaved comparison of A (usually the baseline) and B: ratio = time_A / time_B, so >1 means B is faster."""
+
+    a: Timing
+    b: Timing
+    ratios: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def ratio_iqr(self) -> float:
+        return quantile(self.ratios, 0.75) - quantile(self.ratios, 0.25)
+
+    @property
+    def ratio_range(self) -> tuple[float, float]:
+        return min(self.ratios), max(self.ratios)
+
+    def summary(self) -> dict:
+        return {"a": self.a.summary(), "b": self.b.summary(), "ratio": self.ratio, "ratio_iqr": self.ratio_iqr,
+                "ratio_min": self.ratio_range[0], "ratio_max": self.ratio_range[1], "rounds": len(self.ratios)}
+
+    def __str__(self) -> str:
+        lo, hi = self.ratio_range
+        return f"B is {self.ratio:.2f}x A (IQR {self.ratio_iqr:.2f}, range {lo:.2f}-{hi:.2f}, {len(self.ratios)} rounds)"
+
+
+def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, device: torch.device | str | None = None,
+            rounds: int = 7, warmup: int = 2, inner: int = 1) -> ABResult:
+    """Time A and B alternately (ABBA order) so that drift (clocks, caches, other load) hits both alike.
+
+    Each round yields one time for A, one for B and their ratio; the ratio's median and spread are reported.
+    """
+    if rounds < 1:
+        raise LabkitError("compare needs rounds >= 1")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    synchronize(dev)
+    clock = _Clock(dev)
+    ta, tb = [], []
+
+    def one(fn):
+        clock.start()
+        for _ in range(inner):
+            fn()
+        return clock.stop() / inner
+
+    for r in range(rounds):
+        if r % 2 == 0:
+            a = one(fn_a)
+            b = one(fn_b)
+        else:
+            b = one(fn_b)
+            a = one(fn_a)
+        ta.append(a)
+        tb.append(b)
+    return ABResult(Timing(ta), Timing(tb), [x / y for x, y in zip(ta, tb, strict=True)])
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> Path:
+    """Write JSON atomically (temp file then rename), so an interrupted run never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, default=_json_default)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _json_default(o):
+    if isinstance(o, (Timing, ABResult)):
+        return o.summary()
+    if hasattr(o, "__dataclass_fields__"):
+        return asdict(o)
+    if isinstance(o, (torch.device, torch.dtype, Path)):
+        return str(o)
+    if isinstance(o, torch.Tensor) and o.numel() == 1:
+        return o.item()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def save_result(name: str, data: dict, *, out_dir: str | os.PathLike | None = None, command=None,
+                device=None) -> Path:
+    """Save `data` as `<out_dir>/<name>.json` with the environment record under "env"; returns the path."""
+    if not name or any(c in name for c in "/\\") or name.startswith("."):
+        raise LabkitError(f"bad result name {name!r}: use a plain file stem such as 'matmul_h100'")
+    payload = {"name": name, "env": environment(command=command, device=device), **data}
+    return write_json(Path(out_dir or RESULTS_DIR) / f"{name}.json", payload)
+
+
+def load_result(name_or_path: str | os.PathLike, *, results_dir: str | os.PathLike | None = None) -> dict:
+    """Load a saved result by name (from benchmarks/results/) or by path, with a clear error if it is missing."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = Path(results_dir or RESULTS_DIR) / f"{p}.json"
+    if not p.exists():
+        raise LabkitError(f"no recorded result at {p}: run the benchmark that writes it, or check the name")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise LabkitError(f"recorded result {p} is not valid JSON ({e.msg} at line {e.lineno})") from e
+
+
+def recorded_note(result: dict) -> str:
+    """One line naming where a recorded number came from: card, torch, commit, date."""
+    env = result.get("env", {})
+    return (f"recorded on {env.get('device_name', '?')}, torch {env.get('torch', '?')}, "
+            f"commit {str(env.get('git_commit', '?'))[:12]}, {env.get('timestamp', '?')}: {env.get('command', '')}")

@@ -1,0 +1,289 @@
+"""What machine is this, what can it do, and which switches are on.
+
+`environment()` is attached to every result file; `doctor()` is the `labkit doctor` command;
+`torch_switches()` flips TF32 / cuDNN switches for a block and restores them afterwards.
+Nothing here changes global state at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import importlib
+import importlib.metadata
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# (distribution name, import name) of everything the course needs at run time.
+REQUIRED_PACKAGES = [
+    ("torch", "torch"),
+    ("torchvision", "torchvision"),
+    ("numpy", "numpy"),
+    ("matplotlib", "matplotlib"),
+    ("tqdm", "tqdm"),
+    ("line-profiler", "line_profiler"),
+    ("memory-profiler", "memory_profiler"),
+    ("jupyterlab", "jupyterlab"),
+    ("nbgrader", "nbgrader"),
+]
+# Useful but not required: their absence only disables one part.
+OPTIONAL_PACKAGES = [("lightning", "lightning"), ("py-spy", None)]
+
+
+class LabkitError(Exception):
+    """A user-facing error: the CLI prints its message on one line and exits with status 2."""
+
+
+def quick_mode() -> bool:
+    """True when notebooks and commands should use their small CPU-sized settings.
+
+    Set LABKIT_QUICK=1 to force it, LABKIT_QUICK=0 to force full size; by default it is on without CUDA.
+    """
+    flag = os.environ.get("LABKIT_QUICK")
+    if flag is not None and flag.strip() != "":
+        return flag.strip().lower() not in ("0", "false", "no")
+    return not torch.cuda.is_available()
+
+
+def pick_device(name: str | torch.device | None = None) -> torch.device:
+    """Resolve 'auto'/None (CUDA if present, else CPU) or a device string, with a clear error if unusable."""
+    if isinstance(name, torch.device):
+        name = str(name)
+    if name in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise LabkitError(f"unknown device {name!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from e
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LabkitError(f"device {name!r} asked for, but this machine has no CUDA GPU: use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise LabkitError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    elif dev.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise LabkitError("device 'mps' asked for, but MPS is not available here: use --device cpu")
+    elif dev.type != "cpu":
+        raise LabkitError(f"device type {dev.type!r} is not supported by labkit: use cpu or cuda")
+    return dev
+
+
+def git_commit(root: Path = REPO_ROOT) -> str | None:
+    """The checkout's commit hash, with '+dirty' when tracked files have uncommitted changes; None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def capabilities(device: torch.device | str | None = None) -> dict:
+    """What the device supports: tensor cores, bf16/fp16/fp8 math, TF32, and the current switch settings."""
+    dev = pick_device(device)
+    caps = {
+        "device_type": dev.type,
+        "cudnn_available": bool(torch.backends.cudnn.is_available()),
+        "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "tf32_matmul_enabled": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn_enabled": bool(torch.backends.cudnn.allow_tf32),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        cc = major + minor / 10
+        caps.update(
+            name=torch.cuda.get_device_name(dev),
+            capability=f"{major}.{minor}",
+            tensor_cores=major >= 7,
+            fp16_tensor_cores=major >= 7,
+            bf16=bool(torch.cuda.is_bf16_supported()),
+            tf32=major >= 8,
+            fp8=cc >= 8.9 and hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm"),
+            memory_bytes=torch.cuda.get_device_properties(dev).total_memory,
+            multiprocessors=torch.cuda.get_device_properties(dev).multi_processor_count,
+        )
+    else:
+        caps.update(name=platform.processor() or platform.machine(), capability=None, tensor_cores=False,
+                    fp16_tensor_cores=False, bf16=True, tf32=False, fp8=False)
+    return caps
+
+
+def environment(command: str | list[str] | None = None, device: torch.device | str | None = None) -> dict:
+    """The record attached to every result: device, versions, CPU count, git commit and the command that ran."""
+    if command is None:
+        command = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else []
+    if isinstance(command, list):
+        command = shlex.join(command)
+    try:
+        dev = pick_device(device)
+    except LabkitError:
+        dev = torch.device("cpu")
+    rec = {
+        "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "command": command,
+        "git_commit": git_commit(),
+        "labkit": _version("labkit"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device_type": dev.type,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        rec.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
+                   gpu_memory_bytes=props.total_memory, driver=_nvidia_driver())
+    else:
+        rec.update(device_name=f"CPU ({platform.machine()}, {os.cpu_count()} cores)", capability=None)
+    return rec
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = None,
+                   cudnn_deterministic: bool | None = None):
+    """Set TF32 (matmul and cuDNN), cudnn.benchmark and cudnn.deterministic for a block, then restore them.
+
+    None leaves a switch as it is. Strict fp32 needs tf32=False: cuDNN convolutions use TF32 by default.
+    """
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic)
+    try:
+        if tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        if cudnn_benchmark is not None:
+            torch.backends.cudnn.benchmark = cudnn_benchmark
+        if cudnn_deterministic is not None:
+            torch.backends.cudnn.deterministic = cudnn_deterministic
+        yield
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, prec,
+         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) = saved
+        torch.set_float32_matmul_precision(prec)
+
+
+def check_packages(packages=None) -> list[dict]:
+    """Import each required package; returns one row per package with its version and any error (one line)."""
+    rows = []
+    for dist, mod in packages if packages is not None else REQUIRED_PACKAGES:
+        row = {"package": dist, "version": _version(dist), "error": None}
+        if mod is not None:
+            try:
+                importlib.import_module(mod)
+            except Exception as e:  # any failure to import is what doctor reports
+                msg = str(e).strip().splitlines()
+                row["error"] = f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
+        if row["version"] is None and row["error"] is None and mod is not None:
+            row["version"] = getattr(sys.modules.get(mod), "__version__", "unknown")
+        rows.append(row)
+    return rows
+
+
+# What each week needs, for doctor's "what can run here" section.
+_WEEKS = [
+    ("1 floating-point formats", lambda c: "full", None),
+    ("2 tensor cores", lambda c: "full" if c["tensor_cores"] else "quick",
+     "no tensor cores: CPU timings only, recorded H100 results shown instead"),
+    ("3 mixed precision", lambda c: "full" if c["fp16_tensor_cores"] else "quick",
+     "no CUDA: fp16/GradScaler speed shown from recorded results, bf16 autocast on CPU"),
+    ("4 data loading", lambda c: "full" if c["device_type"] == "cuda" else "quick",
+     "no CUDA: GPU-side augmentation and GPU decoding skipped"),
+    ("5 profiling", lambda c: "full" if c["device_type"] == "cuda" else "quick",
+     "no CUDA: GPU kernel traces and two GPU-only bottleneck scenarios skipped"),
+    ("6 ResNet-18 ladder", lambda c: "full" if c["device_type"] == "cuda" else "quick",
+     "no CUDA: quick CPU ladder; AMP-fp16, compile-heavy and CUDA-graph rungs skipped"),
+]
+
+
+def doctor(out=None, packages=None, device=None) -> int:
+    """Print the environment, capabilities and what runs here; return 0, or 1 if a required package is broken."""
+    out = out or sys.stdout
+    env = environment(device=device)
+    caps = capabilities(device)
+
+    def p(*a):
+        print(*a, file=out)
+
+    p("labkit doctor")
+    p(f"  python {env['python']} on {env['platform']}, {env['cpu_count']} CPU cores")
+    p(f"  torch {env['torch']}  cuda {env['cuda']}  cudnn {env['cudnn']}  git {env['git_commit']}")
+    p(f"  device: {caps['name']} ({caps['device_type']}"
+      + (f", compute capability {caps['capability']}" if caps["capability"] else "") + ")")
+    for key in ("tensor_cores", "bf16", "tf32", "fp8"):
+        p(f"  {key:<14} {'yes' if caps[key] else 'no'}")
+    p(f"  TF32 switches: matmul={caps['tf32_matmul_enabled']} cudnn={caps['tf32_cudnn_enabled']} "
+      f"(float32_matmul_precision={caps['float32_matmul_precision']}); cudnn.benchmark={caps['cudnn_benchmark']}")
+    p("packages:")
+    rows = check_packages(packages)
+    for r in rows:
+        state = "ok" if r["error"] is None and r["version"] else (r["error"] or "not installed")
+        p(f"  {r['package']:<16} {r['version'] or '-':<14} {state}")
+    for dist, _mod in OPTIONAL_PACKAGES:
+        p(f"  {dist:<16} {_version(dist) or '-':<14} optional")
+    p("what runs here:")
+    for week, mode, why in _WEEKS:
+        m = mode(caps)
+        p(f"  week {week:<26} {m}" + (f"  ({why})" if m != "full" and why else ""))
+    bad = [r for r in rows if r["error"] is not None or not r["version"]]
+    if bad:
+        names = ", ".join(r["package"] for r in bad)
+        first = bad[0]["error"] or "not installed"
+        print(f"labkit doctor: required package(s) missing or broken: {names} ({first}); "
+              f"fix with: pip install -e . (or make setup)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("doctor", help="print the environment, capabilities and what the course can run here")
+    p.add_argument("--device", default="auto", help="device to inspect (auto, cpu, cuda, cuda:N)")
+    p.add_argument("--json", metavar="PATH", help="also write the environment and capabilities as JSON")
+    p.set_defaults(func=_cli_doctor)
+
+
+def _cli_doctor(args) -> int:
+    code = doctor(device=args.device)
+    if args.json:
+        from labkit.bench import write_json
+
+        write_json(args.json, {"kind": "doctor", "env": environment(device=args.device),
+                               "capabilities": capabilities(args.device),
+                               "packages": check_packages(), "exit_code": code})
+    return code

@@ -1,0 +1,122 @@
+"""Course notebook conventions: Colab badge, Colab-only setup cell, no committed outputs.
+
+`python -m labkit.notebooks` re-stamps every notebook's badge and setup cell from the one repository slug in
+pyproject.toml ([tool.labkit] colab_repo) and strips outputs; `--check` only reports (the tests use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+from labkit.env import REPO_ROOT
+
+NOTEBOOK_DIRS = ["notebooks"]
+BADGE_RE = re.compile(r"https://colab\.research\.google\.com/github/([^)\s]+?)/blob/([^/)\s]+)/([^)\s]+\.ipynb)")
+SETUP_MARKER = "# labkit-setup: installs labkit inside Colab only; a no-op everywhere else."
+
+
+def colab_repo(root: Path = REPO_ROOT) -> tuple[str, str]:
+    """(owner/name, branch) configured in pyproject.toml."""
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["labkit"]
+    return cfg["colab_repo"], cfg.get("colab_branch", "main")
+
+
+def badge_markdown(rel_path: str, root: Path = REPO_ROOT) -> str:
+    repo, branch = colab_repo(root)
+    url = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{rel_path}"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+def setup_source(root: Path = REPO_ROOT) -> str:
+    repo, branch = colab_repo(root)
+    return "\n".join([
+        SETUP_MARKER,
+        "import os, subprocess, sys",
+        'if "google.colab" in sys.modules and not os.path.isdir("/content/labkit"):',
+        f'    subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{branch}",',
+        f'                    "https://github.com/{repo}", "/content/labkit"], check=True)',
+        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/labkit"], check=True)',
+        '    sys.path.insert(0, "/content/labkit")',
+        '    os.chdir("/content/labkit/notebooks")',
+    ])
+
+
+def notebook_paths(root: Path = REPO_ROOT) -> list[Path]:
+    return sorted(p for d in NOTEBOOK_DIRS for p in (root / d).glob("*.ipynb"))
+
+
+def problems(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """What is wrong with one committed notebook (empty list when it follows the conventions)."""
+    rel = path.relative_to(root).as_posix()
+    try:
+        nb = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return [f"{rel}: unreadable ({e})"]
+    cells = nb.get("cells", [])
+    out = []
+    if not cells or cells[0].get("cell_type") != "markdown":
+        out.append(f"{rel}: first cell must be markdown with the Colab badge")
+    else:
+        urls = BADGE_RE.findall("".join(cells[0]["source"]))
+        repo, branch = colab_repo(root)
+        if (repo, branch, rel) not in urls:
+            out.append(f"{rel}: Colab badge must point at {repo}/blob/{branch}/{rel}, found {urls}")
+    code = [c for c in cells if c.get("cell_type") == "code"]
+    if not code or "".join(code[0]["source"]).strip() != setup_source(root):
+        out.append(f"{rel}: first code cell must be the labkit setup cell (run python -m labkit.notebooks)")
+    for i, c in enumerate(code):
+        if c.get("outputs") or c.get("execution_count"):
+            out.append(f"{rel}: code cell {i} has outputs; commit notebooks without outputs")
+    return out
+
+
+def fix(path: Path, root: Path = REPO_ROOT) -> None:
+    """Stamp the badge and setup cell, strip outputs and execution counts, in place."""
+    rel = path.relative_to(root).as_posix()
+    nb = json.loads(path.read_text())
+    cells = nb.setdefault("cells", [])
+    badge = badge_markdown(rel, root)
+    if cells and cells[0].get("cell_type") == "markdown":
+        src = "".join(cells[0]["source"])
+        src = re.sub(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)", badge, src) if "Open In Colab" in src \
+            else badge + "\n\n" + src
+        cells[0]["source"] = src
+    else:
+        cells.insert(0, {"cell_type": "markdown", "metadata": {}, "source": badge})
+    setup = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": setup_source(root)}
+    first_code = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"), None)
+    if first_code is not None and "".join(cells[first_code]["source"]).startswith(SETUP_MARKER):
+        cells[first_code] = setup
+    else:
+        cells.insert(1, setup)
+    for c in cells:
+        if c.get("cell_type") == "code":
+            c["outputs"], c["execution_count"] = [], None
+        c.pop("id", None) if nb.get("nbformat_minor", 0) < 5 else None
+    nb.setdefault("metadata", {})["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--check", action="store_true", help="report problems, change nothing")
+    ap.add_argument("paths", nargs="*", type=Path, help="notebooks (default: all course notebooks)")
+    args = ap.parse_args(argv)
+    paths = [p.resolve() for p in args.paths] or notebook_paths()
+    bad = []
+    for p in paths:
+        if not args.check:
+            fix(p)
+        bad += problems(p)
+    for line in bad:
+        print(line, file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The project's promises about itself: dependency lists agree, CI runs the README's test command."""
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _names(reqs):
+    return {re.split(r"[<>=!~\[ ;]", r.strip(), maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+
+def test_environment_yml_matches_pyproject():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    yml = (ROOT / "environment.yml").read_text()
+    pip_section = yml.split("- pip:", 1)[1]
+    pip_lines = re.findall(r"^\s+- ([A-Za-z][\w.\-]*(?:[<>=!~][^\s#]*)?)\s*$", pip_section, flags=re.M)
+    yml_names = _names(pip_lines) - {"python", "pip"}
+    assert _names(deps) == yml_names
+    # Same lower bounds too.
+    assert set(deps) <= set(pip_lines)
+
+
+def test_required_stack_is_declared():
+    deps = _names(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    for pkg in ("jupyterlab", "torch", "torchvision", "nbgrader", "matplotlib", "line-profiler", "memory-profiler"):
+        assert pkg in deps
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S)
+    commands = [line.strip() for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
+    assert commands[:2] == ["make demo", "make test"], commands[:4]
+    assert re.search(r"^make test$", ci, flags=re.M)
+
+
+def test_results_files_name_card_torch_commit_command():
+    import json
+
+    for p in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        env = json.loads(p.read_text()).get("env", {})
+        for key in ("device_name", "torch", "git_commit", "command"):
+            assert env.get(key), f"{p.name} lacks env.{key}"
