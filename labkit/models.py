@@ -1,0 +1,91 @@
+"""ResNet-18, CIFAR variant: 3x3 stem convolution, no max-pool, so 32x32 inputs keep spatial detail.
+
+Forward cost at 32x32: 0.556 GMAC per image (see `flops_per_image`), so one training step (forward +
+backward, backward ~2x forward) costs about 3.33 GFLOP per image.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for 32x32 images: widths 64-128-256-512, two BasicBlocks per stage."""
+
+    def __init__(self, num_classes: int = 10, width: int = 64):
+        super().__init__()
+        w = width
+        self.conv1 = nn.Conv2d(3, w, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(w)
+        layers, in_planes = [], w
+        for i, planes in enumerate((w, 2 * w, 4 * w, 8 * w)):
+            stride = 1 if i == 0 else 2
+            layers += [BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1)]
+            in_planes = planes
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(in_planes, num_classes)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.layers(out)
+        out = F.adaptive_avg_pool2d(out, 1).flatten(1)
+        return self.fc(out)
+
+
+def resnet18(num_classes: int = 10, width: int = 64) -> ResNet18:
+    """The CIFAR-variant ResNet-18 (width=64 is the standard model; smaller widths make CPU tests fast)."""
+    return ResNet18(num_classes=num_classes, width=width)
+
+
+def count_macs(model: nn.Module, input_shape=(1, 3, 32, 32)) -> int:
+    """Multiply-accumulates of one forward pass of a single input, counted from conv and linear layers."""
+    macs = 0
+
+    def conv_hook(m, inp, out):
+        nonlocal macs
+        k = m.kernel_size[0] * m.kernel_size[1] * (m.in_channels // m.groups)
+        macs += out.numel() // out.shape[0] * k
+
+    def linear_hook(m, inp, out):
+        nonlocal macs
+        macs += m.in_features * m.out_features
+
+    hooks = [m.register_forward_hook(conv_hook) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    hooks += [m.register_forward_hook(linear_hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            p = next(model.parameters())
+            model(torch.zeros(input_shape, device=p.device, dtype=p.dtype))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return macs
+
+
+def train_flops_per_image(model: nn.Module, image_size: int = 32) -> float:
+    """FLOPs of one training step per image: 2 FLOPs per MAC, times 3 for forward + backward (grad in, grad w)."""
+    return 6.0 * count_macs(model, (1, 3, image_size, image_size))
