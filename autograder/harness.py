@@ -1,0 +1,611 @@
+"""The trusted grading harness: run a student's file in a fresh process, check it is right, then time it.
+
+Why a subprocess: nbgrader runs cells a student added before the locked test cells, so anything in the
+notebook kernel (timers, torch functions, this module's own functions) may have been monkeypatched. The
+harness therefore imports the student's file (written by a `%%writefile` cell) in a new Python process,
+runs the named checks there and returns one JSON verdict per check:
+
+    {"check", "ok", "score", "max_score", "gradable", "message", "measurements", "hardware", "device", ...}
+
+Rules every check follows: correctness gates speed (a wrong result earns no speed points); a speed-up is a
+ratio against a baseline timed in the same process with `labkit.bench.compare` (interleaved, after warm-up,
+median of repeats); thresholds depend on the hardware class ("tensor_core_gpu", "gpu", "cpu"); a check this
+machine cannot grade says so (`gradable: false`, score 0) instead of passing or failing.
+
+What it defends against: monkeypatching in the notebook kernel, fake-fast wrong submissions, and a
+submission that replaces the timers at import (the worker snapshots the timing functions before importing the
+student's file and fails the check if any changed). What it does not: code written to attack the grader
+from inside the worker process (reading its memory, patching C code); review submissions that look odd.
+
+Entry points: `run_check(name, student_file)`, `run_checks(names, student_file)`, `grade(...)` for nbgrader
+test cells, and `python -m autograder.harness <check-name|labN> <student-file> [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HARDWARE_CLASSES = ("tensor_core_gpu", "gpu", "cpu")
+_STARTUP_S = 60.0  # python + torch import in the worker, on a slow, busy machine
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One gradable check: a function in a trusted lab module, run against one student file."""
+
+    name: str  # "labN.what", the id test cells, the CLI and the batch autograder use
+    module: str  # trusted module holding the check function
+    func: str  # function(student_module, ctx) -> dict(fraction, message, measurements)
+    max_score: float  # points of the check in the harness's own scale (test cells rescale to their points)
+    timeout_s: float  # wall-clock budget for this check alone, warm-up and torch.compile included
+    doc: str  # one line shown by --list
+
+
+CHECKS: dict[str, Check] = {c.name: c for c in [
+    Check("lab1.static_scaler", "autograder.lab1_checks", "check_static_scaler", 2, 60,
+          "StaticScaler scales, unscales and skips non-finite steps like the reference"),
+    Check("lab1.dynamic_scaler", "autograder.lab1_checks", "check_dynamic_scaler", 3, 60,
+          "DynamicScaler follows GradScaler's backoff/growth schedule"),
+    Check("lab1.fp16_training", "autograder.lab1_checks", "check_fp16_training", 3, 120,
+          "fp16 autocast training with the scaler converges and matches the reference losses"),
+    Check("lab1.host_syncs", "autograder.lab1_checks", "check_host_syncs", 2, 60,
+          "at most one host sync per training step"),
+    Check("lab1.scaler_edge_cases", "autograder.lab1_checks", "check_scaler_edge_cases", 2, 60,
+          "NaN gradients, unscale_ before step, growth counter reset"),
+    Check("lab2.packed_roundtrip", "autograder.lab2_checks", "check_packed_roundtrip", 2, 90,
+          "packed storage returns exactly the decoded images and labels, each once per epoch"),
+    Check("lab2.batched_augment", "autograder.lab2_checks", "check_batched_augment", 2, 90,
+          "every augmented image is a padded crop (+ optional flip) of its source, drawn per sample"),
+    Check("lab2.bucket_sampler", "autograder.lab2_checks", "check_bucket_sampler", 2, 60,
+          "length-bucketing sampler: every index once, less padding than random batches"),
+    Check("lab2.loader_speed", "autograder.lab2_checks", "check_loader_speed", 4, 180,
+          "packed loader vs the image-file PIL loader: samples/s ratio, tiered"),
+    Check("lab2.data_wait", "autograder.lab2_checks", "check_data_wait", 2, 180,
+          "share of a training step spent waiting for the packed loader"),
+    Check("lab2.bucket_sampler_hidden", "autograder.lab2_checks", "check_bucket_sampler_hidden", 2, 60,
+          "sampler on other lengths, batch sizes and seeds"),
+    Check("lab3.answers", "autograder.lab3_checks", "check_answers", 4, 30,
+          "the planted bottlenecks (site and kind) found in slow_train.py"),
+    Check("lab3.same_result", "autograder.lab3_checks", "check_same_result", 2, 120,
+          "the fixed training computes the slow script's losses, accuracy, steps and samples"),
+    Check("lab3.no_host_sync", "autograder.lab3_checks", "check_no_host_sync", 2, 120,
+          "the fixed training loop does not sync the host every step"),
+    Check("lab3.speedup", "autograder.lab3_checks", "check_speedup", 4, 240,
+          "fixed vs slow training, same process, interleaved: ratio, tiered"),
+    Check("lab4.correctness", "autograder.lab4_checks", "check_correctness", 4, 600,
+          "first K losses and parameter updates match the naive step within AMP tolerance"),
+    Check("lab4.no_host_sync", "autograder.lab4_checks", "check_no_host_sync", 2, 600,
+          "no host sync inside the training step"),
+    Check("lab4.speed", "autograder.lab4_checks", "check_speed", 6, 900,
+          "ResNet-18 step vs the naive step: 3x for full marks on a tensor-core GPU (needs CUDA)"),
+    Check("lab4.correctness_hidden", "autograder.lab4_checks", "check_correctness_hidden", 2, 600,
+          "same as correctness, other hyper-parameters and seed"),
+]}
+
+
+# Lab prefix -> nbgrader assignment id and the module file its %%writefile cell writes next to the notebook.
+ASSIGNMENTS = {"lab1": "lab1_loss_scaling", "lab2": "lab2_data_pipeline", "lab3": "lab3_profile_fix",
+               "lab4": "lab4_speedrun"}
+STUDENT_FILES = {"lab1": "student_scaler.py", "lab2": "student_pipeline.py", "lab3": "student_fix.py",
+                 "lab4": "student_speedrun.py"}
+
+
+def checks_for(prefix: str) -> list[str]:
+    """Check names of one lab ('lab1') or the single name itself, in registry order."""
+    if prefix in CHECKS:
+        return [prefix]
+    names = [n for n in CHECKS if n.split(".")[0] == prefix]
+    if not names:
+        raise _error(f"unknown check or lab {prefix!r}: known labs {sorted({n.split('.')[0] for n in CHECKS})}, "
+                     f"checks: {', '.join(CHECKS)}")
+    return names
+
+
+def _error(msg: str) -> Exception:
+    try:
+        from labkit.env import LabkitError
+    except ImportError:  # the harness must still report without labkit on the path
+        return ValueError(msg)
+    return LabkitError(msg)
+
+
+# ---------------------------------------------------------------------------------- what checks use
+
+
+@dataclasses.dataclass
+class Tiers:
+    """Speed-up thresholds for one hardware class: (minimum ratio, share of the points) pairs, ascending."""
+
+    steps: tuple[tuple[float, float], ...]  # e.g. ((1.5, 0.5), (3.0, 1.0)): 1.5x earns half, 3x all
+    bonus: float | None = None  # ratio for the bonus tier (reported as extra credit, not in the score)
+
+    def fraction(self, ratio: float) -> float:
+        """Share of the points earned by a measured speed-up `ratio` (x baseline)."""
+        got = 0.0
+        for need, share in self.steps:
+            if ratio >= need:
+                got = max(got, share)
+        return got
+
+    def describe(self) -> str:
+        s = ", ".join(f">={need:g}x: {share:.0%}" for need, share in self.steps)
+        return s + (f", bonus >={self.bonus:g}x" if self.bonus else "")
+
+
+class CheckFailed(Exception):
+    """Raised by a check: the submission is wrong (score 0); `measurements` go into the verdict."""
+
+    def __init__(self, message: str, **measurements):
+        super().__init__(message)
+        self.measurements = measurements
+
+
+class NotGradable(Exception):
+    """Raised by a check this hardware cannot grade (e.g. a GPU speed tier on a CPU)."""
+
+    def __init__(self, message: str, **measurements):
+        super().__init__(message)
+        self.measurements = measurements
+
+
+@dataclasses.dataclass
+class Context:
+    """What a check knows about where it runs."""
+
+    device: object  # torch.device the check runs on
+    hardware: str  # one of HARDWARE_CLASSES
+    small: bool  # CPU-sized problems (tiny models and data) instead of full-size ones
+    work_dir: Path  # private scratch folder (the worker's cwd), deleted afterwards
+    student_file: Path  # the submission, for messages
+
+
+def hardware_class(device) -> str:
+    """'tensor_core_gpu' (CUDA, compute capability >= 7.0), 'gpu' (other accelerators) or 'cpu'."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "tensor_core_gpu" if torch.cuda.get_device_capability(device)[0] >= 7 else "gpu"
+    return "cpu" if device.type == "cpu" else "gpu"
+
+
+def require(cond: bool, message: str, **measurements) -> None:
+    """Fail the check with `message` unless `cond` holds."""
+    if not cond:
+        raise CheckFailed(message, **measurements)
+
+
+def call_student(what: str, fn: Callable, *args, **kwargs):
+    """Call student code; any exception becomes a one-line CheckFailed naming the function."""
+    try:
+        return fn(*args, **kwargs)
+    except (CheckFailed, NotGradable):
+        raise
+    except NotImplementedError:
+        raise CheckFailed(f"{what} is not implemented yet (it raised NotImplementedError)") from None
+    except Exception as e:  # whatever student code raises is a failed check, with its last line shown
+        raise CheckFailed(f"{what} raised {type(e).__name__}: {_one_line(e)}{_student_frame(e)}") from None
+
+
+def student_attr(mod, name: str):
+    """A required name from the submission, with a clear failure when it is missing."""
+    if not hasattr(mod, name):
+        raise CheckFailed(f"{Path(mod.__file__).name} must define {name}")
+    return getattr(mod, name)
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def _student_frame(e: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).name.startswith("student")]
+    return f" (at {Path(frames[-1].filename).name} line {frames[-1].lineno})" if frames else ""
+
+
+def count_host_syncs(fn: Callable[[], object], device) -> int:
+    """How many times `fn()` makes the host wait for a tensor value.
+
+    On CUDA this counts every synchronizing CUDA call (torch's sync debug mode, works for compiled code too);
+    on CPU, where nothing really waits, it counts the calls that would sync on a GPU: `.item()`, `bool(t)`,
+    `float(t)` and `nonzero` (seen at the dispatcher, so eager code only).
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        prev = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode(prev)
+        return sum("synchroniz" in str(w.message) for w in caught)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    syncing = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default"}
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func) in syncing:
+                _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return _Count.n
+
+
+def gemm_dtypes(fn: Callable[[], object]) -> dict[str, int]:
+    """Count of matrix-multiply and convolution calls by input dtype while `fn()` runs (eager code).
+
+    16-bit inputs are what tensor cores need; this is checked at the dispatcher, so it holds on any hardware.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    gemms = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.",
+             "aten.convolution_backward.", "aten._convolution.")
+    counts: dict[str, int] = {}
+
+    class _Gemm(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func).startswith(gemms):
+                import torch
+
+                t = next((a for a in args if isinstance(a, torch.Tensor)), None)
+                if t is not None:
+                    key = str(t.dtype).replace("torch.", "")
+                    counts[key] = counts.get(key, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with _Gemm():
+        fn()
+    return counts
+
+
+# ---------------------------------------------------------------------------------- the worker process
+
+_TIMING_NAMES = [
+    ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"), ("time", "monotonic_ns"),
+    ("time", "time"), ("time", "process_time"), ("statistics", "median"),
+    ("labkit.bench", "compare"), ("labkit.bench", "time_fn"), ("labkit.bench", "synchronize"),
+    ("labkit.bench", "quantile"), ("labkit.bench", "_Clock"), ("labkit.bench", "ABResult"),
+    ("labkit.bench", "Timing"), ("torch.cuda", "Event"), ("torch.cuda", "synchronize"),
+    ("torch.cuda", "set_sync_debug_mode"), ("torch.cuda", "get_sync_debug_mode"),
+]
+_TIMING_METHODS = [("labkit.bench", "_Clock", "start"), ("labkit.bench", "_Clock", "stop"),
+                   ("labkit.bench", "ABResult", "ratio"), ("labkit.bench", "Timing", "median"),
+                   ("torch.cuda", "Event", "record"), ("torch.cuda", "Event", "elapsed_time"),
+                   ("torch.cuda", "Event", "synchronize")]
+
+
+def _timing_snapshot() -> dict:
+    """References to every function the timing depends on, taken before student code is imported."""
+    snap = {}
+    for mod, attr in _TIMING_NAMES:
+        m = sys.modules.get(mod) or importlib.import_module(mod)
+        snap[(mod, attr)] = (m, getattr(m, attr))
+    for mod, cls, attr in _TIMING_METHODS:
+        c = getattr(sys.modules[mod], cls)
+        snap[(mod, cls, attr)] = (c, c.__dict__.get(attr))
+    snap[("sys.modules", "labkit.bench")] = (None, sys.modules["labkit.bench"])
+    return snap
+
+
+def _tampered(snap: dict) -> list[str]:
+    """Names whose object changed since the snapshot; each is put back so later checks run clean."""
+    bad = []
+    for key, (owner, obj) in snap.items():
+        if key[0] == "sys.modules":
+            if sys.modules.get(key[1]) is not obj:
+                bad.append(f"sys.modules[{key[1]!r}]")
+                sys.modules[key[1]] = obj
+            continue
+        attr = key[-1]
+        now = owner.__dict__.get(attr) if len(key) == 3 else getattr(owner, attr, None)
+        if now is not obj:
+            bad.append(".".join(key))
+            setattr(owner, attr, obj)
+    return bad
+
+
+def _import_student(path: Path, tag: str):
+    spec = importlib.util.spec_from_file_location(f"student_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except NotImplementedError:
+        raise CheckFailed(f"{path.name} is not implemented yet (it raised NotImplementedError at import)") from None
+    except SyntaxError as e:
+        raise CheckFailed(f"{path.name} has a syntax error at line {e.lineno}: {e.msg}") from None
+    except Exception as e:  # anything at import is the submission's fault
+        raise CheckFailed(f"importing {path.name} raised {type(e).__name__}: {_one_line(e)}{_student_frame(e)}") \
+            from None
+    return mod
+
+
+def _verdict(check: Check, *, ok: bool, fraction: float, gradable: bool, message: str, measurements: dict,
+             ctx: Context | None) -> dict:
+    fraction = min(max(float(fraction), 0.0), 1.0)
+    return {
+        "check": check.name,
+        "ok": bool(ok),
+        "score": round(check.max_score * fraction, 4) if ok else 0.0,
+        "max_score": float(check.max_score),
+        "gradable": bool(gradable),
+        "message": message,
+        "measurements": measurements,
+        "hardware": ctx.hardware if ctx else None,
+        "device": str(ctx.device) if ctx else None,
+    }
+
+
+def _run_in_worker(check: Check, student_file: Path, ctx: Context, snap: dict) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        mod = _import_student(student_file, check.name.replace(".", "_"))
+        fn = getattr(importlib.import_module(check.module), check.func)
+        out = fn(mod, ctx)
+        bad = _tampered(snap)
+        if bad:
+            raise CheckFailed(f"the submission replaced timing functions ({', '.join(bad)}): no points",
+                              tampered=bad)
+        return _verdict(check, ok=out.get("fraction", 1.0) > 0, fraction=out.get("fraction", 1.0), gradable=True,
+                        message=out.get("message", "passed"), measurements=out.get("measurements", {}), ctx=ctx)
+    except NotGradable as e:
+        _tampered(snap)
+        return _verdict(check, ok=False, fraction=0, gradable=False,
+                        message=f"not gradable on this hardware ({ctx.hardware}): {e}",
+                        measurements=e.measurements, ctx=ctx)
+    except CheckFailed as e:
+        bad = _tampered(snap)
+        msg = str(e) + (f" [the submission also replaced timing functions: {', '.join(bad)}]" if bad else "")
+        return _verdict(check, ok=False, fraction=0, gradable=True, message=msg, measurements=e.measurements,
+                        ctx=ctx)
+    except Exception as e:  # a failure outside student calls is still reported, never a crash of the suite
+        _tampered(snap)
+        return _verdict(check, ok=False, fraction=0, gradable=True,
+                        message=f"the check failed with {type(e).__name__}: {_one_line(e)}{_student_frame(e)}",
+                        measurements={"traceback": traceback.format_exc(limit=-4)}, ctx=ctx)
+    finally:
+        sys.modules.pop(f"student_{check.name.replace('.', '_')}", None)
+
+
+def _worker(student_file: str, names: list[str], device: str) -> int:
+    nonce = sys.stdin.readline().strip()  # read before any student code exists in this process
+    sys.dont_write_bytecode = True
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    import torch
+
+    from labkit import bench  # noqa: F401  (imported before the snapshot so its functions are the originals)
+    from labkit.env import pick_device
+
+    dev = pick_device(device)
+    snap = _timing_snapshot()
+    ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
+                  student_file=Path(student_file))
+    torch.backends.cudnn.benchmark = False
+    for name in names:
+        print(f"{nonce} start {name}", flush=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            v = _run_in_worker(CHECKS[name], Path(student_file), ctx, snap)
+        print(f"{nonce} verdict {json.dumps(v, default=str)}", flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------- the parent side
+
+
+def _failed(name: str, message: str, **measurements) -> dict:
+    c = CHECKS[name]
+    return {"check": name, "ok": False, "score": 0.0, "max_score": float(c.max_score), "gradable": True,
+            "message": message, "measurements": measurements, "hardware": None, "device": None}
+
+
+def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: float | None = None,
+               device: str = "auto") -> list[dict]:
+    """Run several checks on one student file in one fresh process; one verdict per name, in order.
+
+    `timeout_s` bounds the whole run (default: the sum of the checks' budgets). If the process runs out of
+    time, the check that was running fails with a timeout and the checks after it run again in a new process,
+    so every check runs at most once.
+    """
+    for n in names:
+        if n not in CHECKS:
+            raise _error(f"unknown check {n!r}: known checks are {', '.join(CHECKS)}")
+    path = Path(student_file).resolve()
+    if not path.is_file():
+        return [_failed(n, f"{path.name} not found in {path.parent}: run the %%writefile cell that creates it")
+                for n in names]
+    results: dict[str, dict] = {}
+    remaining = list(names)
+    while remaining:
+        budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
+        started, got, err = _spawn(remaining, path, budget, device)
+        results.update(got)
+        if err is None:
+            for n in remaining:
+                results.setdefault(n, _failed(n, "the grading process ended without a verdict"))
+            break
+        culprit = next((n for n in reversed(started) if n not in got), None)
+        for n in remaining:
+            if n not in got and (n == culprit or culprit is None or timeout_s is not None):
+                results[n] = _failed(n, err)
+        remaining = [n for n in remaining if n not in results]
+    return [results[n] for n in names]
+
+
+def run_check(name: str, student_file: str | os.PathLike, timeout_s: float | None = None,
+              device: str = "auto") -> dict:
+    """Run one check on a student file in a fresh process and return its verdict (a JSON-able dict)."""
+    return run_checks([name], student_file, timeout_s=timeout_s, device=device)[0]
+
+
+def _spawn(names, path: Path, budget: float, device: str):
+    """Run the worker; returns (names started, verdicts by name, error text or None if it finished)."""
+    nonce = secrets.token_hex(16)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
+    cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, str(path), *names]
+    err = None
+    with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
+        try:
+            p = subprocess.run(cmd, input=nonce + "\n", capture_output=True, text=True, timeout=budget, env=env,
+                               cwd=cwd)
+            out, errtext = p.stdout, p.stderr
+            if p.returncode != 0:
+                err = f"the grading process exited with status {p.returncode}: {_tail(errtext)}"
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = f"timed out after {budget:.0f} s (an endless loop, or far too slow)"
+    started, got = [], {}
+    for line in out.splitlines():
+        if not line.startswith(nonce + " "):
+            continue
+        kind, _, rest = line[len(nonce) + 1:].partition(" ")
+        if kind == "start":
+            started.append(rest.strip())
+        elif kind == "verdict":
+            v = json.loads(rest)
+            got[v["check"]] = v
+    if err is None and len(got) < len(names):
+        err = "the grading process stopped early (did the submission call exit()?)"
+    return started, got, err
+
+
+def _tail(text: str, n: int = 3) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-600:] if lines else "(no error output)"
+
+
+# ---------------------------------------------------------------------------------- nbgrader test cells
+
+_SUITE_CACHE: dict[tuple, dict] = {}
+
+
+class NotGradableHere(AssertionError):
+    """Raised in an autograded test cell whose check this machine cannot grade: the cell scores 0 here."""
+
+
+def grade(check: str, student_file: str, points: float) -> float | None:
+    """Run `check` on `student_file` for an nbgrader test cell worth `points`; the return value is the score.
+
+    Failing check: raises AssertionError with the harness's message (nbgrader gives 0). Passing: returns the
+    points earned (nbgrader reads a number below `points` as partial credit). Not gradable on this hardware:
+    under `nbgrader autograde` it raises NotGradableHere (0 points: grade this lab on the hardware it needs);
+    during `nbgrader validate` or an interactive run it prints the notice and returns None, because nothing
+    is wrong with the notebook. Under nbgrader the first call runs all of the lab's checks in one process
+    (one torch start-up) and later cells reuse those verdicts while the file is unchanged.
+    """
+    mode = os.environ.get("NBGRADER_EXECUTION", "")
+    path = Path(student_file).resolve()
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if mode and path.is_file():
+            key = (check.split(".")[0], path, hashlib.sha256(path.read_bytes()).hexdigest())
+            if (key, check) not in _SUITE_CACHE:
+                names = checks_for(key[0])
+                for v in run_checks(names, path):
+                    _SUITE_CACHE[(key, v["check"])] = v
+            v = _SUITE_CACHE[(key, check)]
+        else:
+            v = run_check(check, path)
+    frac = v["score"] / v["max_score"] if v["max_score"] else 0.0
+    print(f"[{check}] {v['message']}")
+    for k, val in v.get("measurements", {}).items():
+        if k != "traceback":
+            print(f"  {k}: {_short(val)}")
+    if not v["gradable"]:
+        if mode == "autograde":
+            raise NotGradableHere(f"{check}: {v['message']}. This cell scores 0 on this machine; "
+                                  "the instructor grades it on the hardware it needs.")
+        print("  (not graded here: this cell is graded on the hardware it needs)")
+        return None
+    if not v["ok"]:
+        raise AssertionError(f"{check}: {v['message']}")
+    earned = round(points * frac, 2)
+    if earned < points:
+        print(f"  partial credit: {earned} of {points} points")
+    return earned
+
+
+def _short(val) -> str:
+    s = json.dumps(val, default=str) if not isinstance(val, str) else val
+    return s if len(s) <= 200 else s[:197] + "..."
+
+
+# ---------------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        ap = argparse.ArgumentParser(prog="autograder.harness --worker")
+        ap.add_argument("--device", default="auto")
+        ap.add_argument("student_file")
+        ap.add_argument("names", nargs="+")
+        a = ap.parse_args(argv[1:])
+        return _worker(a.student_file, a.names, a.device)
+    ap = argparse.ArgumentParser(prog="python -m autograder.harness",
+                                 description="Run a trusted check on a student's file in a fresh process.")
+    ap.add_argument("check", nargs="?", help="check name (e.g. lab2.loader_speed) or a lab id prefix (e.g. lab2)")
+    ap.add_argument("student_file", nargs="?", help="the student's Python file written by the %%writefile cell")
+    ap.add_argument("--json", action="store_true", help="print the verdict as JSON (a list for a lab prefix)")
+    ap.add_argument("--device", default="auto", help="device to grade on: auto, cpu, cuda, cuda:N")
+    ap.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds for the whole run")
+    ap.add_argument("--list", action="store_true", help="list the checks and exit")
+    a = ap.parse_args(argv)
+    if a.list or not a.check:
+        for c in CHECKS.values():
+            print(f"{c.name:<28} {c.max_score:>4g} pts  {c.doc}")
+        return 0
+    if not a.student_file:
+        ap.error("give the student's file after the check name")
+    try:
+        names = checks_for(a.check)
+        verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device)
+    except Exception as e:
+        if type(e).__name__ == "LabkitError":
+            print(f"autograder.harness: {e}", file=sys.stderr)
+            return 2
+        raise
+    if a.json:
+        print(json.dumps(verdicts[0] if a.check in CHECKS else verdicts, indent=2, default=str))
+    else:
+        for v in verdicts:
+            state = "PASS" if v["ok"] else ("NOT GRADABLE" if not v["gradable"] else "FAIL")
+            print(f"{v['check']:<28} {state:<13} {v['score']:g}/{v['max_score']:g}  {v['message']}")
+    return 0 if all(v["ok"] for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    # Run the copy imported as autograder.harness, so the lab modules and this code share one CheckFailed class.
+    sys.exit(importlib.import_module("autograder.harness").main())
