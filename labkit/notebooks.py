@@ -1,7 +1,8 @@
 """Course notebook conventions: Colab badge, Colab-only setup cell, no committed outputs.
 
-`python -m labkit.notebooks` re-stamps every notebook's badge and setup cell from the one repository slug in
-pyproject.toml ([tool.labkit] colab_repo) and strips outputs; `--check` only reports (the tests use it).
+`python -m labkit.notebooks` re-stamps every notebook's badge and setup cell, and the README's badge (which opens
+Colab's list of the repository's notebooks), from the one repository slug in pyproject.toml ([tool.labkit]
+colab_repo), and strips outputs; `--check` only reports (the tests use it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from labkit.env import REPO_ROOT
 
 NOTEBOOK_DIRS = ["notebooks"]
 BADGE_RE = re.compile(r"https://colab\.research\.google\.com/github/([^)\s]+?)/blob/([^/)\s]+)/([^)\s]+\.ipynb)")
+ANY_BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 SETUP_MARKER = "# labkit-setup: installs labkit inside Colab only; a no-op everywhere else."
 
 
@@ -30,6 +32,44 @@ def badge_markdown(rel_path: str, root: Path = REPO_ROOT) -> str:
     repo, branch = colab_repo(root)
     url = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{rel_path}"
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+def readme_badge(root: Path = REPO_ROOT) -> str:
+    """The README's badge: it opens Colab's browser on the configured branch, listing every course notebook."""
+    repo, branch = colab_repo(root)
+    url = f"https://colab.research.google.com/github/{repo}/blob/{branch}"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+def readme_problems(root: Path = REPO_ROOT) -> list[str]:
+    """What is wrong with the README's Colab badge: exactly one, above the first section, from the configured slug."""
+    want = readme_badge(root)
+    text = (root / "README.md").read_text()
+    found = ANY_BADGE_RE.findall(text)
+    if found != [want] or want not in text.split("\n## ", 1)[0]:
+        return [f"README.md: needs one Colab badge above the first section, {want} "
+                f"(run python -m labkit.notebooks); found {found}"]
+    return []
+
+
+def fix_readme(root: Path = REPO_ROOT) -> None:
+    """Stamp the README's badge in place: replace the first badge (dropping any other), or add one after the title."""
+    want, path = readme_badge(root), root / "README.md"
+    text = path.read_text()
+    if ANY_BADGE_RE.search(text):
+        seen = []
+
+        def first_only(_m):
+            seen.append(1)
+            return want if len(seen) == 1 else ""
+
+        text = ANY_BADGE_RE.sub(first_only, text)
+    else:
+        lines = text.split("\n")
+        at = 1 if lines and lines[0].startswith("# ") else 0
+        lines[at:at] = ["", want] if at else [want, ""]
+        text = "\n".join(lines)
+    path.write_text(text)
 
 
 def setup_source(root: Path = REPO_ROOT) -> str:
@@ -105,10 +145,15 @@ def fix(path: Path, root: Path = REPO_ROOT) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--check", action="store_true", help="report problems, change nothing")
-    ap.add_argument("paths", nargs="*", type=Path, help="notebooks (default: all course notebooks)")
+    ap.add_argument("paths", nargs="*", type=Path,
+                    help="notebooks (default: all course notebooks, and the README's badge)")
     args = ap.parse_args(argv)
     paths = [p.resolve() for p in args.paths] or notebook_paths()
     bad = []
+    if not args.paths:
+        if not args.check:
+            fix_readme()
+        bad += readme_problems()
     for p in paths:
         if not args.check:
             fix(p)
