@@ -25,8 +25,10 @@ lint: setup
 test: setup lint  ## everything CI runs
 	$(BIN)/python -m pytest -q
 
+# The venv's kernels win over a user-level "python3" kernel, so notebooks run on the venv's python
+# ("Python 3 (labkit)"); root (a container) needs --allow-root.
 lab: setup  ## open the course in JupyterLab with the labkit kernel
-	$(BIN)/jupyter lab notebooks/
+	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
