@@ -1,0 +1,939 @@
+"""Mixed precision, built by hand: loss scalers, fp32 master weights, memory per parameter, checkpointing.
+
+The scalers here behave like `torch.amp.GradScaler` (same scale history, same skipped steps, same unscaled
+gradients) but are written to be read:
+
+    scaler = DynamicLossScaler()              # or StaticLossScaler(2.0**12)
+    for x, y in batches:
+        optimizer.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()         # gradients are now `scale` times too large (and did not underflow)
+        scaler.unscale_(optimizer)            # optional: only needed to look at or clip the true gradients
+        clip_grad_norm_(optimizer, 1.0)
+        scaler.step(optimizer)                # unscales if needed; skips the step if any gradient is inf/NaN
+        scaler.update()                       # dynamic: back off after inf/NaN, grow after a clean streak
+
+`AmpTrainer` runs one training step for any `PRECISIONS` preset (fp32, tf32, fp16 + scaler, bf16, pure
+`.half()`, fp16 with fp32 master weights) with gradient accumulation and clipping; `precision_race` trains the
+week's model (`ResidualMLP`) under several presets side by side. Memory: `predicted_bytes_per_param` and
+`measured_bytes_per_param` (params, grads, optimizer state, master weights), `SavedTensorMeter` (activation bytes
+kept for backward, any device), `cuda_peak_bytes`. `checkpoint_blocks` wraps residual blocks in activation
+checkpointing. Nothing here changes global state at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from labkit.env import LabkitError, pick_device, quick_mode, torch_switches
+
+# ------------------------------------------------------------------------------------------- loss scalers
+
+
+class ScalerUsageError(LabkitError, RuntimeError):
+    """A scaler method was called out of order (GradScaler raises RuntimeError in the same situations)."""
+
+
+def _fp32(x: float) -> float:
+    """Round a Python float to the nearest float32, as GradScaler keeps its scale in a float32 tensor."""
+    return float(torch.tensor(x, dtype=torch.float64).to(torch.float32))
+
+
+_READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+
+
+class StaticLossScaler:
+    """Loss scaling with a fixed scale: multiply the loss, divide the gradients, skip steps with inf/NaN grads.
+
+    Mirrors `torch.amp.GradScaler`'s methods: `scale(loss)`, `unscale_(optimizer)`, `step(optimizer)`,
+    `update()`, `get_scale()`, `state_dict()` / `load_state_dict()`. `history` lists one
+    `(scale used, step skipped)` pair per `update()`, and `skipped_steps` counts the skipped ones.
+    """
+
+    # A static scale never grows or backs off; the dynamic scaler overrides these.
+    growth_factor: float = 1.0
+    backoff_factor: float = 1.0
+    growth_interval: int = 0
+
+    def __init__(self, scale: float = 2.0**16, enabled: bool = True):
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise LabkitError(f"loss scale must be a finite number > 0, got {scale!r}")
+        self._enabled = enabled
+        self._init_scale = float(scale)
+        self._scale = _fp32(scale)
+        self._growth_tracker = 0
+        self._per_optimizer: dict[int, dict] = {}
+        self.history: list[tuple[float, bool]] = []
+        self.skipped_steps = 0
+
+    # -- the four calls of a training step
+
+    def scale(self, outputs):
+        """Multiply a loss (or a list/tuple of losses) by the current scale; unchanged when disabled."""
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            return outputs * self._scale
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        raise LabkitError(f"scale() takes a tensor or a list/tuple of tensors, got {type(outputs).__name__}")
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide `optimizer`'s gradients by the scale in place and note whether any of them is inf or NaN.
+
+        Call it at most once per step, after all backward passes, when you need the true gradients (clipping).
+        """
+        if not self._enabled:
+            return
+        state = self._state(optimizer)
+        if state["stage"] == _UNSCALED:
+            raise ScalerUsageError("unscale_() has already been called on this optimizer since the last update()")
+        if state["stage"] == _STEPPED:
+            raise ScalerUsageError("unscale_() is being called after step(); call update() first")
+        # The reciprocal in float64, rounded to float32, is exactly the factor GradScaler multiplies by.
+        inv_scale = _fp32(1.0 / self._scale)
+        found = None
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    g = p.grad
+                    if g is None:
+                        continue
+                    if g.is_sparse:
+                        raise LabkitError("sparse gradients are not supported by the labkit scalers; "
+                                          "use torch.amp.GradScaler")
+                    if g.dtype == torch.float16:
+                        raise LabkitError("refusing to unscale fp16 gradients: keep fp32 parameters (autocast) or "
+                                          "fp32 master weights (Fp32MasterWeights) so the update is not rounded")
+                    # Check before dividing: inf stays inf, but a huge finite value must still count as finite.
+                    bad = (~torch.isfinite(g)).any()
+                    found = bad if found is None else found | bad.to(found.device)
+                    g.mul_(inv_scale)
+        if found is None:
+            raise ScalerUsageError("no gradients found: call scaler.scale(loss).backward() before unscale_/step")
+        state["found_inf"], state["stage"] = found, _UNSCALED
+
+    def step(self, optimizer: torch.optim.Optimizer, *args, **kwargs):
+        """Unscale (unless `unscale_` already ran) and call `optimizer.step()` only if all gradients are finite.
+
+        Returns what `optimizer.step` returns, or None when the step was skipped.
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise LabkitError("optimizer closures are not supported with loss scaling")
+        state = self._state(optimizer)
+        if state["stage"] == _STEPPED:
+            raise ScalerUsageError("step() has already been called since the last update()")
+        if state["stage"] == _READY:
+            self.unscale_(optimizer)
+        # One host sync per step: the decision to skip is made on the CPU (GradScaler does the same).
+        state["skipped"] = bool(state["found_inf"].item())
+        state["stage"] = _STEPPED
+        return None if state["skipped"] else optimizer.step(*args, **kwargs)
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """End the iteration: record it, then set the next scale (`new_scale` if given, else the rule)."""
+        if not self._enabled:
+            return
+        checked = [s for s in self._per_optimizer.values() if s["stage"] != _READY]
+        if new_scale is not None:
+            if isinstance(new_scale, torch.Tensor):
+                if new_scale.numel() != 1 or new_scale.requires_grad:
+                    raise LabkitError("new_scale must be a float or a one-element tensor without requires_grad")
+                new_scale = float(new_scale.item())
+            self._scale = _fp32(float(new_scale))
+        else:
+            if not checked:
+                raise ScalerUsageError("no inf checks were recorded before update(): call step() first")
+            # Any optimizer's inf/NaN counts for all: the step(s) of this iteration were (or must be) skipped.
+            found_inf = any(bool(s["found_inf"].item()) for s in checked)
+            self.history.append((self._scale, found_inf))
+            self.skipped_steps += int(found_inf)
+            self._scale, self._growth_tracker = self._next_scale(found_inf)
+        self._per_optimizer = {}
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (1.0 when disabled)."""
+        return self._scale if self._enabled else 1.0
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    # -- the rule: the only thing the dynamic scaler changes
+
+    def _next_scale(self, found_inf: bool) -> tuple[float, int]:
+        """(next scale, next growth tracker) after an iteration; a static scale never moves."""
+        return self._scale, 0
+
+    # -- bookkeeping
+
+    def _state(self, optimizer) -> dict:
+        return self._per_optimizer.setdefault(id(optimizer), {"stage": _READY})
+
+    @property
+    def last_step_skipped(self) -> bool | None:
+        """Whether the last finished iteration skipped its optimizer step (None before the first update)."""
+        return self.history[-1][1] if self.history else None
+
+    def state_dict(self) -> dict:
+        """The same keys as GradScaler.state_dict(), so checkpoints can move between the two."""
+        if not self._enabled:
+            return {}
+        return {"scale": self._scale, "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval, "_growth_tracker": self._growth_tracker}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not self._enabled:
+            return
+        if not state:
+            raise LabkitError("the scaler state dict is empty (it was saved from a disabled scaler)")
+        self._scale = _fp32(float(state["scale"]))
+        self._growth_tracker = int(state.get("_growth_tracker", 0))
+        if isinstance(self, DynamicLossScaler):
+            self.growth_factor = float(state.get("growth_factor", self.growth_factor))
+            self.backoff_factor = float(state.get("backoff_factor", self.backoff_factor))
+            self.growth_interval = int(state.get("growth_interval", self.growth_interval))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(scale={self._scale:g}, skipped_steps={self.skipped_steps})"
+
+
+class DynamicLossScaler(StaticLossScaler):
+    """Loss scaling that adapts: after an inf/NaN step the scale is multiplied by `backoff_factor`; after
+    `growth_interval` clean steps in a row it is multiplied by `growth_factor` (unless that overflows float32).
+
+    Defaults and behaviour are those of `torch.amp.GradScaler`.
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, enabled: bool = True):
+        if not growth_factor > 1.0:
+            raise LabkitError(f"growth_factor must be > 1.0, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise LabkitError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
+        if not (isinstance(growth_interval, int) and growth_interval >= 1):
+            raise LabkitError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
+        super().__init__(init_scale, enabled)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = growth_interval
+
+    def _next_scale(self, found_inf: bool) -> tuple[float, int]:
+        if found_inf:
+            return _fp32(self._scale * self.backoff_factor), 0
+        streak = self._growth_tracker + 1
+        if streak == self.growth_interval:
+            grown = _fp32(self._scale * self.growth_factor)
+            return (grown if math.isfinite(grown) else self._scale), 0
+        return self._scale, streak
+
+
+def clip_grad_norm_(optimizer: torch.optim.Optimizer, max_norm: float, scaler=None) -> torch.Tensor:
+    """Clip the gradients of `optimizer`'s parameters to total L2 norm `max_norm`, correctly under scaling.
+
+    With a scaler the gradients are unscaled first: clipping scaled gradients would compare `scale * norm` with
+    `max_norm`, i.e. clip far too hard (or, written as `max_norm * scale`, let fp16 overflow slip through).
+    Returns the total norm of the true gradients (inf/NaN on an overflow step, which `step` then skips).
+    """
+    if max_norm <= 0:
+        raise LabkitError(f"max_norm must be > 0, got {max_norm}")
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+class Fp32MasterWeights:
+    """The pre-autocast recipe: an fp16 model for forward/backward, fp32 copies that the optimizer updates.
+
+    Build the optimizer on `master_params`; per step: backward into the fp16 model, `grads_to_master()`,
+    scaler.step / update, `master_to_model()`. The fp32 gradients live only during the step.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model_params = [p for p in model.parameters() if p.requires_grad]
+        self.master_params = [nn.Parameter(p.detach().float().clone()) for p in self.model_params]
+
+    def grads_to_master(self) -> None:
+        for mp, p in zip(self.master_params, self.model_params, strict=True):
+            mp.grad = None if p.grad is None else p.grad.float()
+
+    def master_to_model(self) -> None:
+        with torch.no_grad():
+            for mp, p in zip(self.master_params, self.model_params, strict=True):
+                p.copy_(mp)
+                mp.grad = None
+
+
+# --------------------------------------------------------------------------------------- precision presets
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How one training step handles number formats."""
+
+    name: str  # preset name
+    param_dtype: torch.dtype = torch.float32  # dtype the model's parameters are stored in
+    autocast_dtype: torch.dtype | None = None  # dtype autocast runs matmuls/convs in; None = no autocast
+    loss_scaling: bool = False  # use a dynamic loss scaler
+    master_weights: bool = False  # keep fp32 master copies of low-precision parameters for the optimizer
+    tf32: bool | None = None  # TF32 switches on CUDA during the step (None = leave as they are)
+    note: str = ""  # one line for tables
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in [
+    Precision("fp32", tf32=False, note="strict fp32 (TF32 off, also for cuDNN convolutions)"),
+    Precision("tf32", tf32=True, note="fp32 storage, TF32 tensor-core matmuls/convs (CUDA only)"),
+    Precision("fp16", autocast_dtype=torch.float16, loss_scaling=True, note="autocast fp16 + dynamic loss scaling"),
+    Precision("fp16_noscale", autocast_dtype=torch.float16, note="autocast fp16 without loss scaling"),
+    Precision("bf16", autocast_dtype=torch.bfloat16, note="autocast bf16 (fp32 range: no scaling needed)"),
+    Precision("half", param_dtype=torch.float16, note="pure model.half(): fp16 weights, grads and Adam state"),
+    Precision("fp16_master", param_dtype=torch.float16, loss_scaling=True, master_weights=True,
+              note="fp16 model + fp32 master weights + loss scaling (pre-autocast recipe)"),
+]}
+
+
+def get_precision(name: str | Precision) -> Precision:
+    """A `PRECISIONS` preset by name, with a clear error listing the names."""
+    if isinstance(name, Precision):
+        return name
+    if name not in PRECISIONS:
+        raise LabkitError(f"unknown precision {name!r}: choose one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+# ------------------------------------------------------------------------------------------- week's model
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """The week's model: a pre-norm residual MLP classifier on vectors."""
+
+    in_features: int = 32  # input vector length
+    dim: int = 64  # residual stream width
+    depth: int = 3  # residual blocks
+    expansion: int = 4  # hidden width = expansion * dim inside a block
+    classes: int = 10  # output classes
+
+
+MLP_PRESETS = {
+    "tiny": MLPConfig(),  # CPU demos and tests: 0.1M params
+    "small": MLPConfig(in_features=64, dim=256, depth=4),  # GPU demos: 2.1M params
+    "h100": MLPConfig(in_features=1024, dim=1024, depth=8),  # GPU benchmark: 68M params, matmul-bound
+}
+
+
+class Block(nn.Module):
+    """x + fc2(gelu(fc1(norm(x)))): LayerNorm keeps each sample independent, so accumulation is exact."""
+
+    def __init__(self, dim: int, expansion: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, expansion * dim)
+        self.fc2 = nn.Linear(expansion * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class ResidualMLP(nn.Module):
+    def __init__(self, cfg: MLPConfig = MLPConfig()):
+        super().__init__()
+        self.cfg = cfg
+        self.inp = nn.Linear(cfg.in_features, cfg.dim)
+        self.blocks = nn.Sequential(*[Block(cfg.dim, cfg.expansion) for _ in range(cfg.depth)])
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.out = nn.Linear(cfg.dim, cfg.classes)
+
+    def forward(self, x):
+        return self.out(self.norm(self.blocks(self.inp(x))))
+
+
+def build_mlp(cfg: MLPConfig | str = "tiny", *, seed: int = 0, device=None) -> ResidualMLP:
+    """The week's model with weights from `seed` (same seed, same weights, whatever the device)."""
+    if isinstance(cfg, str):
+        if cfg not in MLP_PRESETS:
+            raise LabkitError(f"unknown MLP preset {cfg!r}: choose one of {', '.join(MLP_PRESETS)}")
+        cfg = MLP_PRESETS[cfg]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = ResidualMLP(cfg)
+    return model.to(pick_device(device))
+
+
+def teacher_batch(step: int, batch: int, cfg: MLPConfig = MLPConfig(), *, seed: int = 0, device=None):
+    """A learnable synthetic batch: x ~ N(0, 1), label = argmax of a fixed random linear teacher (fixed by seed)."""
+    teacher = torch.randn(cfg.in_features, cfg.classes, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(batch, cfg.in_features, generator=torch.Generator().manual_seed(seed * 1_000_003 + step + 1))
+    y = (x @ teacher).argmax(1)
+    dev = pick_device(device)
+    return x.to(dev), y.to(dev)
+
+
+# -------------------------------------------------------------------------------------------- train step
+
+
+def autocast_context(precision: Precision | str, device):
+    """torch.autocast for the preset on `device`, or a no-op context when the preset does not autocast."""
+    p = get_precision(precision)
+    dev = pick_device(device)
+    if p.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(dev.type, dtype=p.autocast_dtype)
+
+
+def make_scaler(kind: str, device, precision: Precision | str = "fp16"):
+    """A dynamic loss scaler: kind 'torch' (torch.amp.GradScaler) or 'labkit' (DynamicLossScaler)."""
+    p = get_precision(precision)
+    if kind == "torch":
+        return torch.amp.GradScaler(pick_device(device).type, enabled=p.loss_scaling)
+    if kind == "labkit":
+        return DynamicLossScaler(enabled=p.loss_scaling)
+    raise LabkitError(f"unknown scaler kind {kind!r}: use 'torch' or 'labkit'")
+
+
+class AmpTrainer:
+    """One optimizer step for a `Precision` preset, with optional gradient accumulation and clipping.
+
+    Converts `model` in place to the preset's parameter dtype and moves it to `device`. `step(x, y)` returns the
+    mean loss of the batch (a detached fp32 tensor: no host sync). With `micro_batches=k` the batch is split
+    into k slices whose losses are weighted by slice size, so the gradient equals the full batch's.
+    """
+
+    def __init__(self, model: nn.Module, precision: Precision | str = "fp32", *, device=None, optimizer: str = "adam",
+                 lr: float = 1e-3, scaler: str = "torch", micro_batches: int = 1, max_grad_norm: float | None = None,
+                 loss_fn: Callable = F.cross_entropy, loss_weight: float = 1.0):
+        self.precision = p = get_precision(precision)
+        self.device = pick_device(device)
+        if micro_batches < 1:
+            raise LabkitError(f"micro_batches must be >= 1, got {micro_batches}")
+        self.model = model.to(device=self.device, dtype=p.param_dtype)
+        self.master = Fp32MasterWeights(self.model) if p.master_weights else None
+        params = self.master.master_params if self.master else [q for q in self.model.parameters() if q.requires_grad]
+        if optimizer == "adam":
+            self.optimizer = torch.optim.Adam(params, lr=lr)
+        elif optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
+        else:
+            raise LabkitError(f"unknown optimizer {optimizer!r}: use 'adam' or 'sgd'")
+        self.scaler = make_scaler(scaler, self.device, p) if p.loss_scaling else None
+        self.micro_batches, self.max_grad_norm = micro_batches, max_grad_norm
+        self.loss_fn, self.loss_weight = loss_fn, loss_weight
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Accumulate the (scaled) gradients of the batch mean loss over `micro_batches` slices."""
+        p, n = self.precision, x.shape[0]
+        if self.micro_batches > n:
+            raise LabkitError(f"micro_batches={self.micro_batches} is more than the batch size {n}")
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        if p.autocast_dtype is None and x.is_floating_point():
+            x = x.to(p.param_dtype)
+        total = torch.zeros((), device=self.device)
+        for xs, ys in zip(torch.tensor_split(x, self.micro_batches), torch.tensor_split(y, self.micro_batches),
+                          strict=True):
+            with autocast_context(p, self.device):
+                out = self.model(xs)
+            # Loss in fp32 even for pure-half models, as autocast does for cross-entropy.
+            loss = self.loss_fn(out.float(), ys) * (xs.shape[0] / n)
+            scaled = loss * self.loss_weight
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total += loss.detach()
+        return total
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """zero_grad, forward/backward (accumulated), unscale + clip if asked, optimizer step, scaler update."""
+        with torch_switches(tf32=self.precision.tf32) if self.device.type == "cuda" else contextlib.nullcontext():
+            self.model.zero_grad(set_to_none=True)
+            loss = self.forward_backward(x, y)
+            if self.master:
+                self.master.grads_to_master()
+            if self.max_grad_norm is not None:
+                clip_grad_norm_(self.optimizer, self.max_grad_norm, self.scaler)
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            if self.master:
+                self.master.master_to_model()
+        return loss
+
+
+# ----------------------------------------------------------------------------------------- precision race
+
+
+@dataclass
+class RaceResult:
+    """Loss curves of the same model, data and seed trained under several precision presets."""
+
+    losses: dict[str, list[float]]  # preset -> loss per step (unweighted, nan once diverged)
+    zero_grad_fraction: dict[str, float]  # preset -> share of parameter-gradient elements exactly 0 at the end
+    loss_weight: float = 1.0  # factor the loss was multiplied by before backward
+    scales: dict[str, list[float]] = field(default_factory=dict)  # preset -> loss scale per step, where scaled
+
+    def first_nonfinite(self, name: str) -> int | None:
+        """First step whose loss is inf/NaN, or None if the run stayed finite."""
+        return next((i for i, v in enumerate(self.losses[name]) if not math.isfinite(v)), None)
+
+    def final(self, name: str, last: int = 5) -> float:
+        """Mean loss over the last `last` steps (nan if any of them is not finite)."""
+        tail = self.losses[name][-last:]
+        return sum(tail) / len(tail)
+
+    def table(self) -> str:
+        rows = [f"{'precision':<13} {'first loss':>10} {'final loss':>10} {'diverged at':>11} {'zero grads':>10}"]
+        for name, ls in self.losses.items():
+            nf = self.first_nonfinite(name)
+            rows.append(f"{name:<13} {ls[0]:>10.4f} {self.final(name):>10.4f} {'-' if nf is None else nf:>11} "
+                        f"{self.zero_grad_fraction[name]:>10.1%}")
+        return "\n".join(rows)
+
+    def plot(self, ax=None, title: str | None = None):
+        import matplotlib.pyplot as plt
+
+        ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+        for name, ls in self.losses.items():
+            ax.plot(ls, label=name + (" (NaN)" if self.first_nonfinite(name) is not None else ""))
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.set_title(title or f"same model, same data, loss weight {self.loss_weight:g}")
+        ax.legend()
+        return ax
+
+
+def precision_race(precisions: Sequence[str] = ("fp32", "half", "fp16_noscale", "fp16", "bf16"), *,
+                   steps: int | None = None, batch: int | None = None, cfg: MLPConfig | str | None = None,
+                   lr: float = 1e-3, loss_weight: float = 1.0, scaler: str = "torch", seed: int = 0,
+                   device=None, progress: bool = True) -> RaceResult:
+    """Train the week's model under each preset from the same weights on the same batches (Adam, `lr`).
+
+    `loss_weight` < 1 mimics a loss whose gradients are tiny (a down-weighted auxiliary loss, a mean over
+    millions of elements): Adam does not care about the gradient's size, but fp16 does.
+    """
+    from tqdm.auto import tqdm
+
+    dev = pick_device(device)
+    quick = quick_mode()
+    steps = steps or (40 if quick else 200)
+    batch = batch or (64 if quick else 256)
+    cfg = cfg or ("tiny" if quick else "small")
+    cfg = MLP_PRESETS[cfg] if isinstance(cfg, str) else cfg
+    if steps < 1 or batch < 1:
+        raise LabkitError("precision_race needs steps >= 1 and batch >= 1")
+    data = [teacher_batch(i, batch, cfg, seed=seed, device=dev) for i in range(steps)]
+    res = RaceResult({}, {}, loss_weight)
+    for name in precisions:
+        trainer = AmpTrainer(build_mlp(cfg, seed=seed), name, device=dev, lr=lr, scaler=scaler,
+                             loss_weight=loss_weight)
+        losses, scales = [], []
+        # disable only when asked, so that TQDM_DISABLE=1 in the environment still works otherwise
+        for x, y in tqdm(data, desc=f"race {name}", leave=False, **({} if progress else {"disable": True})):
+            losses.append(float(trainer.step(x, y)))
+            if trainer.scaler is not None:
+                scales.append(trainer.scaler.get_scale())
+        grads = [q.grad for q in trainer.model.parameters() if q.grad is not None]
+        n = sum(g.numel() for g in grads)
+        res.losses[name] = losses
+        res.zero_grad_fraction[name] = sum(int((g == 0).sum()) for g in grads) / n if n else float("nan")
+        if scales:
+            res.scales[name] = scales
+    return res
+
+
+def underflow_fraction(grads: Iterable[torch.Tensor], scale: float = 1.0, dtype=torch.float16) -> dict:
+    """Of the nonzero gradient elements, the share that `dtype` flushes to 0 / turns to inf after `* scale`."""
+    nonzero = under = over = 0
+    for g in grads:
+        g = g.detach().float().flatten()
+        nz = g != 0
+        cast = (g * scale).to(dtype)
+        nonzero += int(nz.sum())
+        under += int((nz & (cast == 0)).sum())
+        over += int(torch.isinf(cast).sum() - torch.isinf(g).sum())
+    if nonzero == 0:
+        raise LabkitError("underflow_fraction: all gradients are zero (run a backward pass first)")
+    return {"underflow": under / nonzero, "overflow": over / nonzero, "elements": nonzero}
+
+
+# ------------------------------------------------------------------------------- scalers on crafted grads
+
+
+def crafted_sequences() -> dict[str, dict]:
+    """Named gradient sequences (true gradients per step, plus the scaler settings) that exercise every rule.
+
+    Each step's gradient is multiplied by the scale and rounded to fp16, as an fp16 backward would hand it over,
+    so a too-large scale overflows to inf exactly as in real training.
+    """
+    one, big = [1e-3, -2e-4, 5e-6], [3.0, -1.0, 0.5]
+    inf, nan = [1.0, float("inf"), 0.0], [float("nan"), 1.0, 0.0]
+    return {
+        "finite": {"grads": [one] * 6, "init_scale": 2.0**10, "growth_interval": 100},
+        "inf_and_nan": {"grads": [one, inf, one, nan, nan, one, one], "init_scale": 2.0**10, "growth_interval": 100},
+        "growth": {"grads": [one] * 10, "init_scale": 2.0**4, "growth_interval": 3},
+        "overflow_backoff": {"grads": [big] * 8 + [one] * 6, "init_scale": 2.0**16, "growth_interval": 4},
+        "odd_factors": {"grads": [big, big, one, one, one, inf, one, one, one, one], "init_scale": 3000.0,
+                        "growth_interval": 2, "growth_factor": 1.7, "backoff_factor": 0.3},
+        "float32_ceiling": {"grads": [[0.0, 0.0, 0.0]] * 4, "init_scale": 2.0**126, "growth_interval": 1},
+    }
+
+
+@dataclass
+class ScalerTrace:
+    """What a scaler did on a gradient sequence."""
+
+    scales: list[float]  # scale in force at each step (before update)
+    skipped: list[bool]  # whether the optimizer step was skipped
+    params: list[list[float]]  # parameter values after each step
+
+
+def drive_scaler(scaler, grads: Sequence[Sequence[float]], device=None) -> ScalerTrace:
+    """Run `scaler` (labkit or torch.amp.GradScaler) through `grads` with one fp32 parameter and SGD(lr=0.1)."""
+    dev = pick_device(device)
+    p = nn.Parameter(torch.ones(len(grads[0]), device=dev))
+    opt = torch.optim.SGD([p], lr=0.1)
+    stepped = []
+    opt.register_step_post_hook(lambda *_: stepped.append(True))
+    trace = ScalerTrace([], [], [])
+    for g in grads:
+        opt.zero_grad(set_to_none=True)
+        factor = scaler.scale(torch.ones((), device=dev))
+        p.grad = (torch.tensor(g, device=dev) * factor).to(torch.float16).float()
+        trace.scales.append(scaler.get_scale())
+        before = len(stepped)
+        scaler.step(opt)
+        scaler.update()
+        trace.skipped.append(len(stepped) == before)
+        trace.params.append(p.detach().cpu().tolist())
+    return trace
+
+
+def compare_scalers(device=None, sequences: dict | None = None) -> dict[str, dict[str, ScalerTrace]]:
+    """Run GradScaler, DynamicLossScaler and StaticLossScaler through each crafted sequence."""
+    dev = pick_device(device)
+    out = {}
+    for name, seq in (sequences or crafted_sequences()).items():
+        kw = {k: seq[k] for k in ("init_scale", "growth_interval", "growth_factor", "backoff_factor") if k in seq}
+        out[name] = {
+            "GradScaler": drive_scaler(torch.amp.GradScaler(dev.type, **kw), seq["grads"], dev),
+            "DynamicLossScaler": drive_scaler(DynamicLossScaler(**kw), seq["grads"], dev),
+            "StaticLossScaler": drive_scaler(StaticLossScaler(kw["init_scale"]), seq["grads"], dev),
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- memory
+
+_STATE_BYTES = {"adam": 2, "adamw": 2, "sgd_momentum": 1, "sgd": 0}  # fp32 state tensors per parameter
+
+
+def predicted_bytes_per_param(precision: Precision | str = "fp32", optimizer: str = "adam") -> dict[str, int]:
+    """Bytes per parameter of training state that lives across steps: params, grads, optimizer state, master.
+
+    Autocast keeps fp32 parameters (they are the master weights) and makes fp16/bf16 copies on the fly, so
+    Adam costs 4 + 4 + 8 = 16 bytes in fp32 and in AMP alike; the fp16-model recipe costs 2 + 2 + 8 + 4 = 16.
+    Activations come on top and scale with the batch (see SavedTensorMeter).
+    """
+    p = get_precision(precision)
+    if optimizer not in _STATE_BYTES:
+        raise LabkitError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(_STATE_BYTES)}")
+    w = p.param_dtype.itemsize
+    opt_item = 4 if p.master_weights or p.param_dtype == torch.float32 else w
+    parts = {"params": w, "grads": w, "optimizer_state": _STATE_BYTES[optimizer] * opt_item,
+             "master_weights": 4 if p.master_weights else 0}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _storage_key(t: torch.Tensor):
+    st = t.untyped_storage()
+    return (st.device, st.data_ptr()), st.nbytes()
+
+
+def measured_bytes_per_param(model: nn.Module, optimizer: torch.optim.Optimizer,
+                             master: Fp32MasterWeights | None = None) -> dict[str, float]:
+    """Bytes per model parameter actually held by params, grads, optimizer state and master weights.
+
+    Counted from the live tensors (each storage once), so run at least one step first: Adam creates its state
+    lazily. The model's parameter count is the denominator.
+    """
+    n = sum(p.numel() for p in model.parameters())
+    if n == 0:
+        raise LabkitError("the model has no parameters")
+    seen: set = set()
+
+    def total(tensors) -> int:
+        b = 0
+        for t in tensors:
+            if t is None or not isinstance(t, torch.Tensor):
+                continue
+            key, nbytes = _storage_key(t)
+            if key not in seen:
+                seen.add(key)
+                b += nbytes
+        return b
+
+    master_ps = master.master_params if master else []
+    parts = {
+        "params": total(model.parameters()),
+        "grads": total(p.grad for p in model.parameters()),
+        "master_weights": total(master_ps),
+        "optimizer_state": total(v for s in optimizer.state.values() for v in s.values()),
+    }
+    parts["grads"] += total(p.grad for p in master_ps)
+    out = {k: v / n for k, v in parts.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+class SavedTensorMeter:
+    """Bytes that autograd keeps for the backward pass (the activation memory), on any device.
+
+        with SavedTensorMeter(model) as m:
+            loss = loss_fn(model(x), y)
+        m.bytes   # activations + autocast's low-precision weight copies; parameters themselves excluded
+
+    Each storage counts once (ReLU's output and the next layer's input are the same memory).
+    """
+
+    def __init__(self, model: nn.Module | None = None):
+        self._exclude = {_storage_key(p)[0] for p in model.parameters()} if model is not None else set()
+        self.bytes = 0
+        self.tensors = 0
+
+    def _pack(self, t: torch.Tensor):
+        key, nbytes = _storage_key(t)
+        if key not in self._seen and key not in self._exclude:
+            self._seen.add(key)
+            self.bytes += nbytes
+            self.tensors += 1
+        return t
+
+    def __enter__(self):
+        self._seen, self.bytes, self.tensors = set(), 0, 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        self._seen = set()
+        return False
+
+
+def activation_bytes(model: nn.Module, x: torch.Tensor, precision: Precision | str = "fp32") -> int:
+    """Bytes saved for backward by one forward pass of `model` on `x` under the preset's autocast."""
+    p = get_precision(precision)
+    dev = next(model.parameters()).device
+    model.train()
+    with SavedTensorMeter(model) as m, autocast_context(p, dev):
+        xin = x.to(dev) if p.autocast_dtype is not None or not x.is_floating_point() else x.to(dev, p.param_dtype)
+        out = model(xin)
+    del out
+    return m.bytes
+
+
+def cuda_peak_bytes(fn: Callable[[], object], device=None) -> dict[str, int]:
+    """Run `fn` once on CUDA: peak bytes allocated during it, and bytes resident before it (CUDA only)."""
+    dev = pick_device(device)
+    if dev.type != "cuda":
+        raise LabkitError("cuda_peak_bytes measures the CUDA caching allocator: it needs a CUDA device")
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    fn()
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev)
+    return {"peak_bytes": peak, "resident_before_bytes": before, "peak_above_resident_bytes": peak - before}
+
+
+# ---------------------------------------------------------------------------------- checkpointing helpers
+
+
+class Checkpointed(nn.Module):
+    """Run `inner` under activation checkpointing while training: keep only its input, recompute in backward.
+
+    Caveat: BatchNorm inside is run twice per step, so its running statistics move twice (gradients are exact).
+    """
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(self.inner, x, use_reentrant=False)
+        return self.inner(x)
+
+
+def checkpoint_blocks(model: nn.Module, block_types: tuple[type, ...] | None = None) -> int:
+    """Wrap every residual block of `model` in `Checkpointed`, in place; returns how many were wrapped.
+
+    Default blocks: the week model's `Block` and ResNet-18's `BasicBlock`. The trade: activation memory of
+    the blocks drops to their inputs; each step pays about one extra forward pass of them.
+    """
+    if block_types is None:
+        from labkit.models import BasicBlock
+
+        block_types = (Block, BasicBlock)
+    count = 0
+    for parent in list(model.modules()):
+        if isinstance(parent, Checkpointed):
+            continue
+        for name, child in list(parent.named_children()):
+            if isinstance(child, block_types):
+                setattr(parent, name, Checkpointed(child))
+                count += 1
+    if count == 0:
+        raise LabkitError(f"no blocks of type {', '.join(t.__name__ for t in block_types)} found to checkpoint "
+                          "(outside Checkpointed wrappers): pass block_types, or the model is already wrapped")
+    return count
+
+
+# ------------------------------------------------------------------------------------------ fp8 outlook
+
+
+def recorded_dtype_rows(result: dict) -> list[dict]:
+    """Every record in a saved matmul result that names a dtype and a TFLOP/s figure, as flat rows.
+
+    Walks the JSON rather than assuming one layout, so it reads any week-2 matmul result file.
+    """
+    rows = []
+
+    def walk(obj):
+        if isinstance(obj, dict):
+            dtype = next((obj[k] for k in ("dtype", "kind", "format", "precision") if isinstance(obj.get(k), str)),
+                         None)
+            tflops = obj.get("tflops")
+            if dtype is not None and isinstance(tflops, (int, float)):
+                if all(isinstance(obj.get(k), int) for k in "mnk"):
+                    shape = f"{obj['m']}x{obj['n']}x{obj['k']}"
+                else:
+                    shape = obj.get("shape", obj.get("size"))
+                rows.append({"dtype": dtype, "shape": shape, "tflops": float(tflops)})
+            for k, v in obj.items():
+                if k != "env":
+                    walk(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                walk(v)
+
+    walk(result)
+    return rows
+
+
+def _mib(b) -> str:
+    return "-" if b is None else f"{b / 2**20:,.1f}"
+
+
+def benchmark_summary(result: dict, parts: Sequence[str] = ("speed", "checkpointing", "bytes", "race", "scalers")) -> str:
+    """Text tables of a `week3_amp` result (benchmarks/week3_amp.py): speed, memory, checkpointing, claims."""
+    lines = []
+    if "speed" in parts and result.get("speed"):
+        lines.append("training step: speed vs strict fp32 (interleaved) and memory (MiB)")
+        lines.append(f"{'model':<9} {'batch':>5} {'precision':<9} {'samples/s':>10} {'vs fp32':>8} {'±IQR':>5} "
+                     f"{'peak MiB':>9} {'activ MiB':>9}")
+        for r in result["speed"]:
+            lines.append(f"{r['model']:<9} {r['batch']:>5} {r['precision']:<9} {r['samples_per_s']:>10,.0f} "
+                         f"{r['speedup_vs_fp32']:>7.2f}x {r['speedup_iqr']:>5.2f} {_mib(r.get('peak_bytes')):>9} "
+                         f"{_mib(r.get('activation_bytes')):>9}")
+    if "checkpointing" in parts and result.get("checkpointing"):
+        lines.append("\nactivation checkpointing (residual blocks): memory saved vs time lost")
+        lines.append(f"{'model':<9} {'batch':>5} {'prec':<5} {'peak MiB plain/ckpt':>20} "
+                     f"{'activ MiB plain/ckpt':>21} {'slowdown':>8}")
+        for r in result["checkpointing"]:
+            peak = f"{_mib(r.get('plain_peak_bytes'))}/{_mib(r.get('checkpointed_peak_bytes'))}"
+            act = f"{_mib(r['plain_activation_bytes'])}/{_mib(r['checkpointed_activation_bytes'])}"
+            lines.append(f"{r['model']:<9} {r['batch']:>5} {r['precision']:<5} {peak:>20} {act:>21} "
+                         f"{r['slowdown']:>7.2f}x")
+    if "bytes" in parts and result.get("bytes_per_param"):
+        lines.append("\nbytes per parameter after one Adam step: predicted, live tensors, CUDA allocator")
+        for p, r in result["bytes_per_param"].items():
+            alloc = r.get("allocator")
+            lines.append(f"  {p:<12} predicted {r['predicted']['total']:>2}  tensors {r['tensors']['total']:6.2f}  "
+                         f"allocator {'-' if alloc is None else f'{alloc:6.2f}'}")
+    if "race" in parts and result.get("race"):
+        lines.append("\n.half() vs autocast race (final loss; NaN step; zero-gradient share)")
+        for w, r in result["race"].items():
+            cells = []
+            for p, ls in r["losses"].items():
+                nf = r["first_nonfinite"][p]
+                cells.append(f"{p} {'NaN@' + str(nf) if nf is not None else f'{ls[-1]:.3f}'}"
+                             f" ({r['zero_grad_fraction'][p]:.0%} zero)")
+            lines.append(f"  loss weight {w}: " + "; ".join(cells))
+    if "scalers" in parts and result.get("scalers"):
+        same = [n for n, r in result["scalers"].items() if r["identical"]]
+        lines.append(f"\nDynamicLossScaler identical to GradScaler on {len(same)}/{len(result['scalers'])} "
+                     "crafted sequences")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("amp", help="mixed precision: .half() vs autocast race, hand-made scaler vs GradScaler, "
+                                   "bytes per parameter")
+    p.add_argument("--device", default="auto", help="device to run on (auto, cpu, cuda, cuda:N)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per race (default 40 quick, 200 full)")
+    p.add_argument("--what", default="race,scalers,memory",
+                   help="comma-separated parts to run: race, scalers, memory")
+    p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    p.set_defaults(func=_cli_amp)
+
+
+def _cli_amp(args) -> int:
+    from labkit.bench import write_json
+
+    dev = pick_device(args.device)
+    parts = {w.strip() for w in args.what.split(",") if w.strip()}
+    unknown = parts - {"race", "scalers", "memory"}
+    if unknown:
+        raise LabkitError(f"unknown part(s) {', '.join(sorted(unknown))}: use race, scalers, memory")
+    record: dict = {"device": str(dev)}
+    if dev.type != "cuda":
+        print("no CUDA: fp16 speed and peak memory are GPU-only (python benchmarks/week3_amp.py records them); "
+              "fp16 here runs on slow CPU kernels")
+    if "race" in parts:
+        for w in (1.0, 1e-5):
+            res = precision_race(steps=args.steps, loss_weight=w, device=dev, progress=True)
+            print(f"\nprecision race on {dev}, loss weight {w:g} (same weights, same batches, Adam):")
+            print(res.table())
+            record[f"race_loss_weight_{w:g}"] = {"losses": res.losses, "zero_grad_fraction": res.zero_grad_fraction}
+    if "scalers" in parts:
+        print(f"\nhand-made scalers vs torch.amp.GradScaler({dev.type!r}) on crafted gradient sequences:")
+        print(f"{'sequence':<17} {'scale history (GradScaler)':<44} {'skipped':<15} dynamic static-skips")
+        ok = True
+        for name, tr in compare_scalers(dev).items():
+            ref, dyn, sta = tr["GradScaler"], tr["DynamicLossScaler"], tr["StaticLossScaler"]
+            same = ref.scales == dyn.scales and ref.skipped == dyn.skipped and ref.params == dyn.params
+            ok &= same
+            hist = ",".join(f"{s:g}" for s in ref.scales)
+            print(f"{name:<17} {hist[:43]:<44} {''.join('x' if s else '.' for s in ref.skipped):<15} "
+                  f"{'identical' if same else 'DIFFERENT'} {sum(sta.skipped)}")
+            record.setdefault("scalers", {})[name] = {k: vars(v) for k, v in tr.items()}
+        print("DynamicLossScaler matches GradScaler on every sequence" if ok else "MISMATCH with GradScaler")
+    if "memory" in parts:
+        print("\nbytes per parameter of training state (Adam), predicted vs measured on the live tensors:")
+        print(f"{'precision':<13} {'predicted':>9} {'measured':>9}  params grads state master")
+        for name in ("fp32", "fp16", "bf16", "fp16_master", "half"):
+            tr = AmpTrainer(build_mlp("tiny"), name, device=dev)
+            tr.step(*teacher_batch(0, 16, device=dev))
+            pred = predicted_bytes_per_param(name)
+            meas = measured_bytes_per_param(tr.model, tr.optimizer, tr.master)
+            print(f"{name:<13} {pred['total']:>9} {meas['total']:>9.2f}  {meas['params']:>6.2f} {meas['grads']:>5.2f}"
+                  f" {meas['optimizer_state']:>5.2f} {meas['master_weights']:>6.2f}")
+            record.setdefault("bytes_per_param", {})[name] = {"predicted": pred, "measured": meas}
+    if args.json:
+        write_json(args.json, record)
+    return 0
