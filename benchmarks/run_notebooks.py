@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import contextlib
 import io
 import json
@@ -157,7 +158,11 @@ class _Session:
             self._show()
 
         plt.show = show
-        self.ns = {"__name__": "__main__", "__builtins__": __builtins__, "display": self.display}
+        # As in IPython, the namespace is the __main__ module: classes defined in a cell can be pickled.
+        main = types.ModuleType("__main__", "the notebook's namespace")
+        main.__dict__.update(__builtins__=builtins, display=self.display)
+        sys.modules["__main__"] = main
+        self.ns = main.__dict__
         _install_ipython_display_shim(self.display)
 
     def _save(self, fig) -> None:
@@ -385,7 +390,7 @@ def render_markdown(path: Path, cells: list[dict], record: dict, env: dict) -> s
             continue
         rec = by_cell.get(c["cell"], {"status": "not run", "outputs": [], "wall_s": None, "error": None})
         took = f", {rec['wall_s']:.2f} s" if rec.get("wall_s") is not None else ""
-        lines += [f"**In [{c['cell']}]** ({rec['status']}{took})", "", _fence(c["source"], "python"), ""]
+        lines += [f"**Cell {c['cell']}** ({rec['status']}{took})", "", _fence(c["source"], "python"), ""]
         for o in rec["outputs"]:
             if o["type"] == "stream":
                 lines += [("stderr:" if o["name"] == "stderr" else None), _fence(o["text"], "text"), ""]
@@ -421,9 +426,12 @@ def _summary_cells(record: dict) -> list[dict]:
     return out
 
 
-def bundle(out: Path, target: Path) -> Path:
-    """Pack everything under `out` into one .tar.gz; members are named from the repository root when `out` is in
-    it (so `tar -xzf` at the root puts them back in place), else from `out`'s own name."""
+def bundle(out: Path, target: Path) -> tuple[Path, str]:
+    """Pack everything under `out` into one .tar.gz; returns it and the folder its members unpack into.
+
+    Members are named from the repository root when `out` is in it (so `tar -xzf` at the root puts them back in
+    place), else from `out`'s own name.
+    """
     target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -436,7 +444,7 @@ def bundle(out: Path, target: Path) -> Path:
             if p.is_file() and p.resolve() not in (target, tmp.resolve()):
                 tar.add(p, arcname=f"{arc}/{p.relative_to(out).as_posix()}", recursive=False)
     os.replace(tmp, target)
-    return target
+    return target, arc
 
 
 def default_out() -> Path:
@@ -530,9 +538,10 @@ def drive(args, argv: list[str]) -> int:
                           out_dir=out, command=command, device="auto")
     print(f"summary: {summary}", file=sys.stderr)
     if args.bundle:
-        b = bundle(out, args.bundle)
+        b, arc = bundle(out, args.bundle)
         size = b.stat().st_size / 2**20
-        print(f"bundle: {b} ({size:.1f} MiB); unpack at the repository root with: tar -xzf {b.name}"
+        print(f"bundle: {b} ({size:.1f} MiB); `tar -xzf {b.name}` unpacks it into {arc}/"
+              + (" (run it at the repository root)" if (REPO_ROOT / arc).resolve() == out else "")
               + ("; it is large: a lower --dpi makes it smaller" if size > 16 else ""), file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

@@ -42,8 +42,8 @@ def write_nb(path: Path, *cells: str) -> Path:
     return path
 
 
-def run_script(*args, cwd, timeout=240):
-    env = {k: v for k, v in os.environ.items() if k != "LABKIT_QUICK"}
+def run_script(*args, cwd, timeout=240, **env_extra):
+    env = {k: v for k, v in os.environ.items() if k != "LABKIT_QUICK"} | env_extra
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -56,12 +56,18 @@ GOOD = [
     "warnings.warn('careful now')\nfor i in range(3):\n    print(f'\\rstep {i}', end='')\nprint()\nx",
     "from IPython.display import Markdown, display\ndisplay(Markdown('**bold words**'))\n{'hidden': 1};",
     "time.sleep(0.3)\nfrom labkit.env import quick_mode\nimport os\nprint('quick', quick_mode(), os.getcwd())",
+    "import pickle\nclass Point:\n    def __init__(self, x):\n        self.x = x\n"
+    "print('unpickled', pickle.loads(pickle.dumps(Point(5))).x)",
     "import builtins\nbuiltins.LEAKED_FROM_GOOD = True",
 ]
 BAD = ["print('one')", "def f():\n    raise ValueError('boom')\nf()", "print('never' + 'X')"]
 # Runs after GOOD: a fresh process per notebook means nothing GOOD did is visible here.
 ISOLATED = ["import builtins\nassert not hasattr(builtins, 'LEAKED_FROM_GOOD')\nassert 'x' not in globals()\n"
             "print('isolated')"]
+# As on a GPU host without Jupyter: IPython cannot be imported, and IPython.display still works.
+NO_IPYTHON = ["import sys\nfrom IPython.display import HTML, Markdown, display\n"
+              "display(Markdown('**from markdown**'), HTML('<b>from html</b>'))\n"
+              "print('display module:', getattr(sys.modules['IPython.display'], '__file__', 'stand-in'))"]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +78,12 @@ def runs(tmp_path_factory):
     good = write_nb(d / "nbs" / "good.ipynb", *GOOD)
     bad = write_nb(d / "nbs" / "bad.ipynb", *BAD)
     iso = write_nb(d / "nbs" / "isolated.ipynb", *ISOLATED)
+    no_ipython = write_nb(d / "nbs" / "no_ipython.ipynb", *NO_IPYTHON)
+    (d / "hide" / "IPython").mkdir(parents=True)
+    (d / "hide" / "IPython" / "__init__.py").write_text("raise ImportError('IPython hidden by the test')\n")
     first = run_script(good, bad, "--out", d / "out", "--quick", cwd=d)
-    second = run_script(iso, "--out", d / "out", "--quick", "--bundle", d / "all.tar.gz", cwd=d)
+    second = run_script(iso, no_ipython, "--out", d / "out", "--quick", "--bundle", d / "all.tar.gz", cwd=d,
+                        PYTHONPATH=str(d / "hide"))
     summary = json.loads((d / "out" / "notebook_runs.json").read_text())
     by_name = {Path(e["path"]).name: e for e in summary["notebooks"]}
     return {"dir": d, "first": first, "second": second, "summary": summary, "nb": by_name}
@@ -91,15 +101,22 @@ def test_summary_names_card_torch_commit_command_and_cell_times(runs):
         assert s["env"].get(key), key
     assert "--quick" in s["env"]["command"]
     # Both runs are kept: the second run adds to the folder's summary instead of replacing it.
-    assert set(runs["nb"]) == {"good.ipynb", "bad.ipynb", "isolated.ipynb"}
+    assert set(runs["nb"]) == {"good.ipynb", "bad.ipynb", "isolated.ipynb", "no_ipython.ipynb"}
     good = runs["nb"]["good.ipynb"]
     assert good["status"] == "ok" and good["quick"] is True and good["env"]["device_name"]
-    assert [c["status"] for c in good["cells"]] == ["ok"] * 6
+    assert [c["status"] for c in good["cells"]] == ["ok"] * 7
     assert all(isinstance(c["wall_s"], float) and c["wall_s"] >= 0 for c in good["cells"])
     sleepy = good["cells"][4]
     assert 0.3 <= sleepy["wall_s"] < 10, sleepy
     assert good["wall_s"] == pytest.approx(sum(c["wall_s"] for c in good["cells"]))
     assert runs["nb"]["isolated.ipynb"]["status"] == "ok"
+
+
+def test_ipython_display_works_without_ipython(runs):
+    assert runs["nb"]["no_ipython.ipynb"]["status"] == "ok"
+    md = (runs["dir"] / "out" / "no_ipython.md").read_text()
+    assert "display module: stand-in" in md
+    assert "\n**from markdown**\n" in md and "\n<b>from html</b>\n" in md
 
 
 def test_record_shows_outputs_and_figures_in_order(runs):
@@ -113,7 +130,7 @@ def test_record_shows_outputs_and_figures_in_order(runs):
         assert (out / f).read_bytes()[:8] == PNG_MAGIC
         assert f"]({f})" in md
     # Interleaved as JupyterLab shows them: text, first figure, text, the cell's value, second figure.
-    shown = md.split("**In [2]**")[1].split("**In [3]**")[0].split("\nax\n```", 1)[1]  # after the source
+    shown = md.split("**Cell 2**")[1].split("**Cell 3**")[0].split("\nax\n```", 1)[1]  # after the source
     order = [shown.index(s) for s in ("before", figs[0], "between", "<Axes", figs[1])]
     assert order == sorted(order), order
     assert "step 2" in md and "step 0" not in md  # a progress line shows its final state only
@@ -121,6 +138,7 @@ def test_record_shows_outputs_and_figures_in_order(runs):
     assert "\n42\n" in md
     assert "**bold words**" in md and "hidden" not in md.split("{'hidden': 1};", 1)[1]
     assert f"quick True {runs['dir'] / 'nbs'}" in md  # quick mode on, and the notebook's folder as cwd
+    assert "unpickled 5" in md  # a class defined in a cell pickles, as in Jupyter
 
 
 def test_error_is_recorded_and_later_cells_do_not_run(runs):
@@ -143,6 +161,23 @@ def test_bundle_holds_every_output_file(runs):
     assert {"out/notebook_runs.json", "out/good.md", "out/bad.md", "out/isolated.md",
             "out/good_files/cell02_fig2.png"} <= names
     assert md == (out / "good.md").read_bytes()
+
+
+def test_bundle_inside_the_repository_unpacks_in_place(tmp_path):
+    out = ROOT / "runs" / f"bundle-test-{os.getpid()}"
+    try:
+        (out / "x_files").mkdir(parents=True)
+        (out / "x_files" / "a.png").write_bytes(PNG_MAGIC)
+        (out / "x.md").write_text("x")
+        target, arc = rn.bundle(out, tmp_path / "b.tar.gz")
+        with tarfile.open(target) as tar:
+            names = sorted(tar.getnames())
+    finally:
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+    assert arc == f"runs/{out.name}"
+    assert names == [f"{arc}/x.md", f"{arc}/x_files/a.png"]
 
 
 @pytest.mark.parametrize("source, what", [
@@ -180,12 +215,12 @@ def test_timeout_stops_the_notebook_and_what_it_started(tmp_path):
     nb = write_nb(tmp_path / "slow.ipynb", "print('first done')",
                   "import subprocess, time\np = subprocess.Popen(['sleep', '600'])\n"
                   "open('sleep.pid', 'w').write(str(p.pid))\ntime.sleep(600)")
-    r = run_script(nb, "--out", tmp_path / "out", "--timeout", 12, cwd=tmp_path)
+    r = run_script(nb, "--out", tmp_path / "out", "--timeout", 15, cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     rec = json.loads((tmp_path / "out" / "notebook_runs.json").read_text())["notebooks"][0]
     assert rec["status"] == "error"
     assert [c["status"] for c in rec["cells"]] == ["ok", "error"]
-    assert "timed out after 12 s" in rec["cells"][1]["error"]
+    assert "timed out after 15 s" in rec["cells"][1]["error"]
     md = (tmp_path / "out" / "slow.md").read_text()
     assert "first done" in md and "timed out" in md
     pid = int((tmp_path / "sleep.pid").read_text())
