@@ -562,19 +562,25 @@ def plot_number_line(formats: Sequence = ("fp8_e4m3", "fp8_e5m2"), lo: float = 0
     return ax
 
 
-def plot_spacing(formats: Sequence | None = None, ax=None):
-    """Gap to the next representable value (ulp) against the value, log-log, over each format's range."""
+def plot_spacing(formats: Sequence | None = None, relative: bool = True, ax=None):
+    """Gap to the next representable value against the value, over each format's whole range (log-log).
+
+    relative=True divides the gap by the value: flat at about eps for normals (precision), rising towards 1
+    in the subnormals, and the horizontal extent is the range.
+    """
     ax = _axes(ax, (8, 4.5))
     for f in (get_format(x) for x in (formats or FORMATS)):
-        x = torch.logspace(math.log10(f.min_subnormal), math.log10(f.max), 2000, dtype=torch.float64)
+        x = torch.logspace(math.log10(f.min_subnormal), math.log10(f.max), 4000, dtype=torch.float64)
         _, e = torch.frexp(x)
         ulp = _pow2((e.long() - 1).clamp(min=f.emin) - f.mantissa_bits)
-        ax.step(x.numpy(), ulp.numpy(), where="post", label=f.name, linewidth=1)
+        y = ulp / x if relative else ulp
+        ax.plot(x.numpy(), y.numpy(), label=f.name, linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("value")
-    ax.set_ylabel("spacing to the next value (ulp)")
-    ax.set_title("Spacing grows with magnitude; below min normal it is constant (subnormals)")
+    ax.set_ylabel("gap to next value / value" if relative else "gap to the next value (ulp)")
+    ax.set_title("Relative spacing: flat (about eps) for normals, rising in the subnormals" if relative
+                 else "Spacing doubles at every power of two")
     ax.legend(fontsize=8)
     return ax
 
@@ -584,8 +590,10 @@ def plot_gradient_histogram(grads: dict, formats: Sequence = ("fp16", "bf16", "f
     ax = _axes(ax, (9, 4.5))
     allv = torch.cat(list(grads.values())).double().log2()
     bins = torch.linspace(float(allv.min()) - 1, float(allv.max()) + 1, 80).numpy()
-    for label, mags in grads.items():
-        ax.hist(mags.double().log2().numpy(), bins=bins, alpha=0.55, label=f"{label} ({mags.numel():,})")
+    for label, mags in grads.items():  # each series as shares of its own total, so small sets stay visible
+        logs = mags.double().log2().numpy()
+        ax.hist(logs, bins=bins, weights=[1 / len(logs)] * len(logs), alpha=0.55,
+                label=f"{label} ({mags.numel():,} values)")
     ymax = ax.get_ylim()[1]
     for i, f in enumerate(get_format(x) for x in formats):
         y0 = -ymax * (0.08 + 0.07 * i)
@@ -595,8 +603,9 @@ def plot_gradient_histogram(grads: dict, formats: Sequence = ("fp16", "bf16", "f
         ax.axvline(lo, color=f"C{i + 2}", linewidth=0.8, linestyle="--")
     ax.set_xlim(bins[0] - 2, max(bins[-1], 0) + 2)
     ax.set_ylim(-ymax * (0.12 + 0.07 * len(formats)), ymax)
+    ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= ymax])
     ax.set_xlabel("log2 |gradient|   (dashed: smallest subnormal; left of it rounds to 0)")
-    ax.set_ylabel("count")
+    ax.set_ylabel("share of values per bin")
     ax.set_title("Real gradients against each format's range")
     ax.legend(fontsize=8, loc="upper left")
     return ax

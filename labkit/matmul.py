@@ -422,17 +422,18 @@ def plot_roofline(points: Sequence[dict], peak_tflops: float, bandwidth: float, 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))
     xs = [p["intensity"] for p in points]
-    lo, hi = min(xs + [1.0]) / 2, max(xs + [peak_tflops * 1e12 / bandwidth]) * 2
+    ridge = peak_tflops * 1e12 / bandwidth
+    lo, hi = min(xs + [ridge]) / 4, max(xs + [ridge]) * 4
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(grid, [roofline(x, peak_tflops * 1e12, bandwidth) / 1e12 for x in grid], "k-", linewidth=1.5,
-            label=f"roof: {peak_tflops:.3g} TFLOP/s, {bandwidth / 1e9:.3g} GB/s")
+            label=f"roof: {peak_tflops:.4g} TFLOP/s, {bandwidth / 1e9:.4g} GB/s")
     ax.scatter(xs, [p["tflops"] for p in points], zorder=3, label="measured")
     for p in points:
         ax.annotate(f"k={p['k']}", (p["intensity"], p["tflops"]), fontsize=7, xytext=(3, -9),
                     textcoords="offset points")
-    ridge = peak_tflops * 1e12 / bandwidth
     ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
-    ax.text(ridge, peak_tflops * 0.05, f" ridge {ridge:.0f} FLOP/B", fontsize=8, color="grey")
+    ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak_tflops), xytext=(4, 6), textcoords="offset points",
+                fontsize=8, color="grey")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
