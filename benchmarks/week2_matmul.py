@@ -63,6 +63,8 @@ def run(device, quick: bool, repeats: int) -> dict:
     else:
         print(f"fp8 skipped: {fp8_why}")
 
+    if not mm.kind_support("bf16", dev)[0]:
+        raise LabkitError("bf16 matmuls do not run on this device; the week-2 benchmark needs bf16 (Ampere or newer)")
     bandwidth = mm.measure_copy_bandwidth(dev, (16 << 20) if quick else (1 << 30), repeats=repeats)
     ks = [16, 32, 64, 128] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
     points = mm.roofline_points("bf16", [(big, big, k) for k in ks], dev, repeats=repeats)

@@ -630,7 +630,7 @@ def add_cli(sub) -> None:
 
 def _cli_formats(args) -> int:
     names = [get_format(n).name for n in args.formats] if args.formats else list(FORMATS)
-    print(text_table(property_table(names)))
+    print(text_table(property_table(names), floatfmt=".6g"))
     bad = finfo_mismatches(names)
     print("\ntorch.finfo agrees with every format above that torch has" if not bad else "\n" + "\n".join(bad))
     for v in args.value or []:
