@@ -76,7 +76,9 @@ def setup_source(root: Path = REPO_ROOT) -> str:
     repo, branch = colab_repo(root)
     return "\n".join([
         SETUP_MARKER,
-        "import os, subprocess, sys",
+        "import os",
+        "import subprocess",
+        "import sys",
         'if "google.colab" in sys.modules and not os.path.isdir("/content/labkit"):',
         f'    subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{branch}",',
         f'                    "https://github.com/{repo}", "/content/labkit"], check=True)',

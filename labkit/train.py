@@ -1,0 +1,574 @@
+"""One ResNet-18 training engine; every optimization is a switch in `TrainConfig`.
+
+The ladder (`LADDER`) is a list of presets, each rung adding exactly one change to the rung before it, all run
+by the same `train()`. `labkit ladder` runs them and writes a table, JSON and a chart; `labkit train` runs one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from labkit import data as D
+from labkit.bench import synchronize
+from labkit.env import LabkitError, environment, pick_device, torch_switches
+from labkit.models import resnet18, train_flops_per_image
+
+PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
+LOADERS = ("pil", "tensor", "resident")
+OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused")
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+
+
+@dataclass
+class TrainConfig:
+    name: str = "custom"                 # label in tables and result files
+    data: str = "synthetic"              # dataset: synthetic | digits | cifar10
+    n_train: int | None = None           # training images (None: the dataset's full train split)
+    n_test: int | None = None            # test images (None: full test split)
+    width: int = 64                      # ResNet-18 base width; 64 is the real model, smaller only for CPU demos
+    epochs: int = 5                      # passes over the training set
+    batch_size: int = 128                # images per optimizer step
+    lr: float = 0.1                      # peak SGD learning rate at batch 128; scaled by sqrt(batch/128)
+    momentum: float = 0.9                # SGD Nesterov momentum
+    weight_decay: float = 5e-4           # L2 on all parameters
+    label_smoothing: float = 0.1         # cross-entropy label smoothing
+    warmup_frac: float = 0.2             # share of steps with linearly rising LR, then linear decay to 0
+    precision: str = "default"           # fp32 (strict, TF32 off) | default (torch defaults: cuDNN TF32 on) | tf32 | fp16 (autocast + GradScaler) | bf16 (autocast)
+    channels_last: bool = False          # NHWC memory format: tensor-core convolutions without transposes
+    optimizer: str = "sgd"               # sgd (per-parameter loop) | sgd-foreach | sgd-fused (one kernel)
+    loader: str = "pil"                  # pil: PNG files + PIL transforms in a DataLoader | tensor: packed uint8 in host memory, batched aug on CPU | resident: uint8 on the training device, batched aug there
+    workers: int = 2                     # DataLoader worker processes (pil loader); -1: one per CPU core, at most 16
+    pin_memory: bool = False             # page-locked host batches for asynchronous copies to the GPU
+    persistent_workers: bool = False     # keep workers alive between epochs (no restart cost)
+    prefetch_factor: int | None = None   # batches each worker prepares ahead (None: torch default of 2)
+    augment: bool = True                 # random crop (pad 4) + horizontal flip
+    sync_every_step: bool = True         # read loss.item() every step like a naive script (forces a host sync)
+    cudnn_benchmark: bool = False        # let cuDNN time its algorithms for each shape and keep the fastest
+    compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs)
+    accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
+    checkpointing: bool = False          # recompute each stage's activations in backward to save memory
+    seed: int = 0                        # model init, data order and augmentation
+    max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
+    evaluate: bool = True                # compute test accuracy after training
+    data_dir: str | None = None          # an existing image folder (<class>/<file>) for the pil loader; None: written from `data` into the cache
+
+
+def with_changes(cfg: TrainConfig, **changes) -> TrainConfig:
+    """A copy of `cfg` with fields replaced; unknown field names raise a clear error."""
+    bad = sorted(set(changes) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if bad:
+        raise LabkitError(f"unknown TrainConfig field(s) {bad}: see labkit train --help")
+    return dataclasses.replace(cfg, **changes)
+
+
+# ------------------------------------------------------------------------------------------------ ladder
+
+# Each rung: (name, what it changes, the fields it changes). Rungs are cumulative.
+LADDER = [
+    ("baseline", "naive script: torch defaults (cuDNN TF32), PNG files + PIL transforms, batch 128, 2 workers, "
+                 ".item() every step", {}),
+    ("no_sync", "keep losses on the device: no .item() host sync inside the step", dict(sync_every_step=False)),
+    ("loader", "tuned DataLoader: a worker per core, pinned memory, persistent workers, prefetch 4",
+     dict(workers=-1, pin_memory=True, persistent_workers=True, prefetch_factor=4)),
+    ("bf16", "mixed precision: bf16 autocast", dict(precision="bf16")),
+    ("channels_last", "channels_last (NHWC) memory format for model and inputs", dict(channels_last=True)),
+    ("batch_fused", "batch 1024 with a fused SGD kernel", dict(batch_size=1024, optimizer="sgd-fused")),
+    ("cudnn_benchmark", "cudnn.benchmark: cuDNN picks the fastest algorithm per shape", dict(cudnn_benchmark=True)),
+    ("resident_data", "uint8 data resident on the GPU; crop, flip and normalize there in one batched gather",
+     dict(loader="resident")),
+    ("compile", "torch.compile: fused elementwise work (BN, ReLU, adds) and fewer kernels", dict(compile="default")),
+    ("cuda_graphs", "CUDA graphs (torch.compile mode='reduce-overhead'): no per-kernel launch cost",
+     dict(compile="reduce-overhead")),
+]
+RUNG_NAMES = [r[0] for r in LADDER]
+
+
+def preset(name: str, base: TrainConfig | None = None) -> TrainConfig:
+    """The config of ladder rung `name` (all changes up to and including it), on top of `base`."""
+    if name not in RUNG_NAMES:
+        raise LabkitError(f"unknown preset {name!r}: choose one of {', '.join(RUNG_NAMES)}")
+    cfg = base or TrainConfig()
+    for rung, _, changes in LADDER:
+        cfg = with_changes(cfg, **changes)
+        if rung == name:
+            return with_changes(cfg, name=name)
+    raise AssertionError("unreachable")
+
+
+def quick_base() -> TrainConfig:
+    """CPU demo size: width-16 ResNet-18, 4,096 training images, 2 epochs, batch 64 (batch rung: 256).
+
+    128 steps is about the least that reliably lifts test accuracy far above chance (~50% vs 10%).
+    """
+    return TrainConfig(width=16, n_train=4096, n_test=512, epochs=2, batch_size=64)
+
+
+def check_config(cfg: TrainConfig, device: torch.device) -> None:
+    """Reject impossible combinations before anything runs, with the fix in the message."""
+    def need(cond, msg):
+        if not cond:
+            raise LabkitError(f"{cfg.name}: {msg}")
+
+    need(cfg.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, not {cfg.precision!r}")
+    need(cfg.loader in LOADERS, f"loader must be one of {LOADERS}, not {cfg.loader!r}")
+    need(cfg.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {cfg.optimizer!r}")
+    need(cfg.compile in COMPILE_MODES, f"compile must be one of {COMPILE_MODES}, not {cfg.compile!r}")
+    need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
+    need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
+         f"batch_size {cfg.batch_size} must be a multiple of accumulation {cfg.accumulation}")
+    need(cfg.lr > 0, "lr must be positive")
+    if device.type != "cuda":
+        need(cfg.precision != "fp16", "fp16 autocast with GradScaler needs a CUDA GPU: use --device cuda or bf16")
+        need(cfg.compile != "reduce-overhead", "CUDA graphs (compile=reduce-overhead) need a CUDA GPU")
+        need(cfg.optimizer != "sgd-fused" or _fused_sgd_on_cpu(), "fused SGD on CPU needs torch >= 2.4")
+    else:
+        cc = torch.cuda.get_device_capability(device)
+        need(cfg.precision != "bf16" or torch.cuda.is_bf16_supported(),
+             f"bf16 needs compute capability 8.0+, this GPU is {cc[0]}.{cc[1]}: use fp16")
+
+
+def _fused_sgd_on_cpu() -> bool:
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 4)
+
+
+# ------------------------------------------------------------------------------------------------ engine
+
+
+class _Batches:
+    """Yields (images, labels) on the device for one epoch, whatever the loading path."""
+
+    def __init__(self, cfg: TrainConfig, ds: D.ImageData, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.n = len(ds.y_train)
+        self.per_step = cfg.batch_size
+        if self.n < cfg.batch_size:
+            raise LabkitError(f"{cfg.name}: batch_size {cfg.batch_size} is larger than the {self.n} training images")
+        self.steps_per_epoch = self.n // cfg.batch_size  # partial batches dropped: a new shape recompiles
+        self.gen = torch.Generator(device=device if cfg.loader == "resident" else "cpu")
+        self.gen.manual_seed(cfg.seed + 1)
+        if cfg.loader == "pil":
+            if cfg.data_dir:  # a folder the user gave must already hold <class>/<image> files
+                folder = cfg.data_dir
+            else:
+                root = D.cache_dir() / f"images-{ds.name}-{self.n}-{D.fingerprint(ds)}"
+                folder = D.write_image_folder(ds, root, "train")
+            workers = min(16, os.cpu_count() or 1) if cfg.workers < 0 else cfg.workers
+            self.sampler = D.EpochSampler(self.n, cfg.seed)
+            kw = dict(batch_size=cfg.batch_size, sampler=self.sampler, num_workers=workers, drop_last=True,
+                      pin_memory=cfg.pin_memory and device.type == "cuda")
+            if workers > 0:
+                kw.update(persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
+                          worker_init_fn=_seed_worker, generator=torch.Generator().manual_seed(cfg.seed))
+            self.loader = torch.utils.data.DataLoader(D.ImageFileDataset(folder, augment=cfg.augment), **kw)
+        else:
+            where = device if cfg.loader == "resident" else "cpu"
+            self.x = D.to_nchw_uint8(ds.x_train, where)
+            self.y = torch.from_numpy(ds.y_train).to(where)
+
+    def epoch(self, e: int):
+        cfg, dev = self.cfg, self.device
+        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        if cfg.loader == "pil":
+            self.sampler.set_epoch(e)
+            for x, y in self.loader:
+                yield (x.to(dev, non_blocking=True, memory_format=fmt), y.to(dev, non_blocking=True))
+            return
+        order = D.epoch_order(self.n, cfg.seed, e).to(self.x.device)
+        for s in range(self.steps_per_epoch):
+            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            x, y = self.x[idx], self.y[idx]
+            if cfg.augment:
+                x = D.augment_batch(x, self.gen)
+            if x.device != dev:
+                x = x.pin_memory() if cfg.pin_memory and dev.type == "cuda" else x
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            yield D.normalize(x).contiguous(memory_format=fmt), y
+
+
+def _seed_worker(worker_id: int) -> None:
+    # torchvision's random transforms use torch's RNG, which DataLoader already seeds per worker; numpy and
+    # random are seeded too so that custom transforms stay reproducible.
+    import random
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    if cfg.precision in ("fp16", "bf16"):
+        dtype = torch.float16 if cfg.precision == "fp16" else torch.bfloat16
+        return torch.autocast(device.type, dtype=dtype)
+    return contextlib.nullcontext()
+
+
+def _switches(cfg: TrainConfig):
+    tf32 = {"fp32": False, "tf32": True}.get(cfg.precision)  # default/bf16/fp16: leave torch's defaults
+    return torch_switches(tf32=tf32, cudnn_benchmark=cfg.cudnn_benchmark)
+
+
+def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):
+    kw = dict(lr=lr, momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "sgd-foreach":
+        kw["foreach"] = True
+    elif cfg.optimizer == "sgd-fused":
+        kw["fused"] = True
+    else:
+        kw["foreach"] = False
+    return torch.optim.SGD(model.parameters(), **kw)
+
+
+def _checkpointed_forward(model, x):
+    from torch.utils.checkpoint import checkpoint
+
+    out = F.relu(model.bn1(model.conv1(x)))
+    for block in model.layers:
+        out = checkpoint(block, out, use_reentrant=False)
+    return model.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, ds: D.ImageData, cfg: TrainConfig, device: torch.device,
+             batch_size: int = 1000) -> float:
+    """Top-1 accuracy on the test split (fraction in [0, 1])."""
+    model.eval()
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    x_all = D.to_nchw_uint8(ds.x_test, device)
+    y_all = torch.from_numpy(ds.y_test).to(device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    with _autocast(cfg, device):
+        for i in range(0, len(y_all), batch_size):
+            x = D.normalize(x_all[i:i + batch_size]).contiguous(memory_format=fmt)
+            correct += (model(x).argmax(1) == y_all[i:i + batch_size]).sum()
+    model.train()
+    return correct.item() / len(y_all)
+
+
+def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D.ImageData | None = None,
+          peak_tflops: float | None = None, progress=None) -> dict:
+    """Train ResNet-18 as `cfg` says and return a result record.
+
+    Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
+    img_per_s_all (every epoch, the first with its compile and warm-up included), epoch_s (seconds per epoch),
+    first_step_s (the first step alone: compile/autotune cost), peak_mem_bytes (CUDA only), flops_per_image,
+    mfu (against `peak_tflops`), losses (one per optimizer step), accuracy, config, env.
+    """
+    dev = pick_device(device)
+    check_config(cfg, dev)
+    if dataset is None:
+        dataset = D.load(cfg.data, cfg.n_train, cfg.n_test, seed=0)
+    ds = dataset.subset(cfg.n_train, cfg.n_test)
+
+    torch.manual_seed(cfg.seed)
+    model = resnet18(num_classes=ds.num_classes, width=cfg.width).to(dev)
+    flops = train_flops_per_image(model)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    batches = _Batches(cfg, ds, dev)
+    steps_total = batches.steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        steps_total = min(steps_total, cfg.max_steps)
+    lr = cfg.lr * math.sqrt(cfg.batch_size / 128)
+    opt = _make_optimizer(cfg, model, lr)
+    warm = max(1, int(cfg.warmup_frac * steps_total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))
+    scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
+
+    fwd = model
+    if cfg.checkpointing:
+        def fwd(x):
+            return _checkpointed_forward(model, x)
+    if cfg.compile:
+        fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile)
+    micro = cfg.batch_size // cfg.accumulation
+
+    def step(x, y):
+        for i in range(cfg.accumulation):
+            xs, ys = (x, y) if cfg.accumulation == 1 else (x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])
+            with _autocast(cfg, dev):
+                loss = F.cross_entropy(fwd(xs), ys, label_smoothing=cfg.label_smoothing)
+            scaler.scale(loss / cfg.accumulation).backward()
+            if i == 0:
+                first = loss.detach()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        return first
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    losses: list[float] = []
+    epoch_s: list[float] = []
+    first_step_s = None
+    done = 0
+    t_start = time.perf_counter()
+    with _switches(cfg):
+        model.train()
+        for e in range(cfg.epochs):
+            synchronize(dev)
+            t0 = time.perf_counter()
+            dev_losses = []
+            for x, y in batches.epoch(e):
+                loss = step(x, y)
+                if cfg.sync_every_step:
+                    losses.append(loss.item())  # the naive script's per-step logging: a host sync
+                else:
+                    dev_losses.append(loss)
+                done += 1
+                if first_step_s is None:
+                    synchronize(dev)
+                    first_step_s = time.perf_counter() - t0
+                if progress is not None:
+                    progress.update(1)
+                if done >= steps_total:
+                    break
+            synchronize(dev)
+            epoch_s.append(time.perf_counter() - t0)
+            if dev_losses:
+                losses += torch.stack(dev_losses).float().cpu().tolist()
+            if done >= steps_total:
+                break
+        total_s = time.perf_counter() - t_start
+        if not all(math.isfinite(v) for v in losses):
+            raise LabkitError(f"{cfg.name}: the loss became NaN/inf (lr {lr:.3g}, precision {cfg.precision}): "
+                              f"lower lr or use bf16 / fp16 with GradScaler")
+        acc = evaluate(model, ds, cfg, dev) if cfg.evaluate else None
+
+    imgs_per_epoch = batches.steps_per_epoch * cfg.batch_size
+    images_done = done * cfg.batch_size
+    steady = epoch_s[1:] if len(epoch_s) > 1 else epoch_s
+    steady_imgs = imgs_per_epoch * len(steady) if len(epoch_s) > 1 else images_done
+    img_per_s = steady_imgs / sum(steady)
+    rec = {
+        "name": cfg.name,
+        "img_per_s": img_per_s,
+        "img_per_s_all": images_done / total_s,
+        "epoch_s": epoch_s,
+        "first_step_s": first_step_s,
+        "steps": done,
+        "images": images_done,
+        "peak_mem_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+        "flops_per_image": flops,
+        "achieved_tflops": flops * img_per_s / 1e12,
+        "mfu": flops * img_per_s / (peak_tflops * 1e12) if peak_tflops else None,
+        "losses": losses,
+        "final_loss": float(np.mean(losses[-max(1, min(10, len(losses) // 5)):])),
+        "accuracy": acc,
+        "device": str(dev),
+        "config": dataclasses.asdict(cfg),
+    }
+    if cfg.loader == "pil" and cfg.workers != 0:
+        del batches.loader  # stop persistent workers now, not at interpreter exit
+    return rec
+
+
+def peak_matmul_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
+    """Dense matmul rate (TFLOP/s) measured now on `device` with random data: the MFU denominator."""
+    from labkit.bench import time_fn
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = time_fn(lambda: a @ b, device=device, warmup=3, repeats=10)
+    return 2 * n**3 / t.median / 1e12
+
+
+@dataclass
+class LadderPlan:
+    """Which rungs run on this device, and which are skipped with the reason."""
+
+    base: TrainConfig
+    rungs: list[TrainConfig] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = None,
+                base: TrainConfig | None = None) -> LadderPlan:
+    """The rungs to run. On CPU the GPU-only rungs are skipped (and compile in quick mode, for its cold-start)."""
+    for n in names or []:
+        if n not in RUNG_NAMES:
+            raise LabkitError(f"unknown rung {n!r}: choose from {', '.join(RUNG_NAMES)}")
+    base = base or (quick_base() if quick else TrainConfig())
+    plan = LadderPlan(base)
+    for name in RUNG_NAMES:
+        if names and name not in names:
+            continue
+        cfg = preset(name, base)
+        if quick and device.type == "cpu" and cfg.batch_size > 256:
+            cfg = with_changes(cfg, batch_size=256)
+        why = None
+        if device.type != "cuda":
+            if name == "bf16":
+                why = "no tensor cores: bf16 autocast only slows a CPU without bf16 matrix units"
+            elif name == "cuda_graphs":
+                why = "CUDA graphs need a CUDA GPU"
+            elif name == "compile" and quick:
+                why = "torch.compile's cold start (minutes on 2 cores) dwarfs a quick CPU run"
+            elif name == "cudnn_benchmark":
+                why = "cuDNN exists only on CUDA GPUs"
+        if why:
+            plan.skipped.append((name, why))
+            continue
+        if device.type != "cuda":
+            cfg = with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
+        plan.rungs.append(cfg)
+    if not plan.rungs:
+        raise LabkitError("no rung can run on this device with those names: see labkit ladder --list")
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def run_ladder(device=None, quick: bool = False, names: list[str] | None = None, epochs: int | None = None,
+               data: str = "synthetic", out: str | os.PathLike | None = None, base: TrainConfig | None = None,
+               show_progress: bool = True, log=print) -> dict:
+    """Run the ladder's rungs in order on one device; returns {"rungs": [...], "skipped": [...], ...}.
+
+    With `out`, writes ladder.json, ladder.md and ladder.png there; files appear only when every rung finished.
+    """
+    from tqdm.auto import tqdm
+
+    from labkit import report
+    from labkit.bench import write_json
+
+    dev = pick_device(device)
+    base = base or (quick_base() if quick else TrainConfig())
+    base = with_changes(base, data=data, **({"epochs": epochs} if epochs else {}))
+    plan = plan_ladder(dev, quick, names, base)
+    for cfg in plan.rungs:
+        check_config(cfg, dev)
+    if out is not None:
+        out = os.fspath(out)
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise LabkitError(f"--out {out} exists and is not a folder")
+    env = environment(device=dev)
+    log(f"ladder on {env['device_name']}: {len(plan.rungs)} rungs, {base.epochs} epochs each, "
+        f"ResNet-18 width {base.width}, {data} data" + (" (quick mode)" if quick else ""))
+    for name, why in plan.skipped:
+        log(f"  skipped {name}: {why}")
+    ds = D.load(data, base.n_train, base.n_test)
+    peak = peak_matmul_tflops(dev) if dev.type == "cuda" else None
+    if peak:
+        log(f"  measured bf16 matmul peak: {peak:.0f} TFLOP/s (MFU denominator)")
+    records = []
+    for cfg in plan.rungs:
+        n_steps = (min(len(ds.y_train), cfg.n_train or len(ds.y_train)) // cfg.batch_size) * cfg.epochs
+        with tqdm(total=n_steps, desc=f"{cfg.name:<16}", leave=False, disable=None if show_progress else True) as bar:
+            rec = train(cfg, dev, dataset=ds, peak_tflops=peak, progress=bar)
+        records.append(rec)
+        acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
+        log(f"  {cfg.name:<16} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
+    result = {"kind": "ladder", "env": env, "peak_bf16_tflops": peak, "quick": quick,
+              "skipped": [{"rung": n, "why": w} for n, w in plan.skipped], "rungs": records}
+    table = report.ladder_table(records)
+    log("\n" + table)
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+        tmp = os.path.join(out, f".partial-{os.getpid()}")
+        os.makedirs(tmp, exist_ok=True)
+        try:
+            write_json(os.path.join(tmp, "ladder.json"), result)
+            with open(os.path.join(tmp, "ladder.md"), "w") as f:
+                f.write(f"{env['device_name']}, torch {env['torch']}, commit {env['git_commit']}\n\n{table}\n")
+            report.ladder_chart(records, os.path.join(tmp, "ladder.png"),
+                                title=f"ResNet-18 ladder on {env['device_name']}")
+            for fname in ("ladder.json", "ladder.md", "ladder.png"):
+                os.replace(os.path.join(tmp, fname), os.path.join(out, fname))
+        finally:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        log(f"wrote {out}/ladder.json, ladder.md, ladder.png")
+    return result
+
+
+def _parse_sets(pairs: list[str]) -> dict:
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise LabkitError(f"--set takes field=value, got {p!r}")
+        k, v = p.split("=", 1)
+        if k not in types:
+            raise LabkitError(f"unknown TrainConfig field {k!r}: choose from {', '.join(types)}")
+        t = str(types[k])
+        if v.lower() in ("none", "null"):
+            out[k] = None
+        elif "bool" in t:
+            if v.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise LabkitError(f"{k} takes true or false, got {v!r}")
+            out[k] = v.lower() in ("1", "true", "yes", "on")
+        elif "int" in t and "str" not in t:
+            try:
+                out[k] = int(v)
+            except ValueError as e:
+                raise LabkitError(f"{k} takes a whole number, got {v!r}") from e
+        elif "float" in t:
+            try:
+                out[k] = float(v)
+            except ValueError as e:
+                raise LabkitError(f"{k} takes a number, got {v!r}") from e
+        else:
+            out[k] = v
+    return out
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("ladder", help="run the ResNet-18 optimization ladder and write a table, JSON and chart")
+    p.add_argument("--quick", action="store_true", help="small run (width-16 model, 4k images); the default on CPU")
+    p.add_argument("--full", action="store_true", help="full size even on CPU (slow)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--rungs", help="comma-separated rung names to run (default: all that fit the device)")
+    p.add_argument("--epochs", type=int, help="epochs per rung (default 5; quick: 2)")
+    p.add_argument("--data", default="synthetic", choices=["synthetic", "digits", "cifar10"], help="dataset")
+    p.add_argument("--out", default="runs/ladder", help="folder for ladder.json, ladder.md, ladder.png")
+    p.add_argument("--list", action="store_true", help="list the rungs and what each changes, then exit")
+    p.set_defaults(func=_cli_ladder)
+
+    t = sub.add_parser("train", help="train ResNet-18 with one ladder preset (and overrides)")
+    t.add_argument("--preset", default="baseline", help=f"ladder rung: {', '.join(RUNG_NAMES)}")
+    t.add_argument("--quick", action="store_true", help="small CPU-sized run")
+    t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    t.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    t.add_argument("--json", metavar="PATH", help="write the result record here")
+    t.set_defaults(func=_cli_train)
+
+
+def _cli_ladder(args) -> int:
+    if args.list:
+        for name, what, _ in LADDER:
+            print(f"{name:<16} {what}")
+        return 0
+    dev = pick_device(args.device)
+    quick = args.quick or (dev.type == "cpu" and not args.full)
+    if args.epochs is not None and args.epochs < 1:
+        raise LabkitError("--epochs must be >= 1")
+    names = [n.strip() for n in args.rungs.split(",") if n.strip()] if args.rungs else None
+    run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out)
+    return 0
+
+
+def _cli_train(args) -> int:
+    from labkit.bench import write_json
+
+    dev = pick_device(args.device)
+    base = quick_base() if args.quick else TrainConfig()
+    cfg = with_changes(preset(args.preset, base), **_parse_sets(args.set))
+    rec = train(cfg, dev)
+    print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
+          f"accuracy {rec['accuracy']}")
+    if args.json:
+        write_json(args.json, {"kind": "train", "env": environment(device=dev), **rec})
+    return 0

@@ -1,0 +1,137 @@
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from labkit import data as D
+from labkit import train as T
+from labkit.env import LabkitError
+
+TINY = T.TrainConfig(width=8, n_train=512, n_test=128, epochs=1, batch_size=64, augment=False, workers=0)
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return D.synthetic_cifar(4096, 512, seed=0, cache=False)
+
+
+def _run(cfg, ds, **kw):
+    return T.train(T.with_changes(cfg, **kw), "cpu", dataset=ds)
+
+
+def test_quick_training_beats_chance_by_a_wide_margin(ds):
+    cfg = T.with_changes(T.quick_base(), loader="resident", channels_last=True)
+    r = T.train(cfg, "cpu", dataset=ds)
+    assert r["accuracy"] > 0.3  # chance is 0.10
+    assert r["losses"][-1] < r["losses"][0]
+    assert r["img_per_s"] > 0 and r["steps"] == 128 and r["flops_per_image"] > 0
+
+
+def test_every_cpu_rung_trains_with_finite_falling_loss(ds):
+    plan = T.plan_ladder(__import__("torch").device("cpu"), quick=True,
+                         base=T.with_changes(TINY, epochs=2, lr=0.05))
+    assert {n for n, _ in plan.skipped} >= {"bf16", "cuda_graphs"}
+    for cfg in plan.rungs:
+        cfg = T.with_changes(cfg, batch_size=min(cfg.batch_size, 64), workers=min(cfg.workers, 1))
+        r = T.train(cfg, "cpu", dataset=ds)
+        assert all(math.isfinite(v) for v in r["losses"]), cfg.name
+        k = max(2, len(r["losses"]) // 4)
+        assert np.mean(r["losses"][-k:]) < np.mean(r["losses"][:k]), cfg.name
+
+
+def test_loading_paths_and_optimizers_track_the_reference_losses(ds):
+    # Same data order, no augmentation: every path must compute the same function, step for step.
+    K = 6
+    ref = _run(TINY, ds, loader="resident", max_steps=K)["losses"]
+    assert len(ref) == K
+    for changes, tol in [
+        (dict(loader="pil"), 1e-4),            # PNG decode + torchvision transforms: lossless, same numbers
+        (dict(loader="tensor"), 1e-5),
+        (dict(loader="pil", workers=2, pin_memory=True, persistent_workers=True, prefetch_factor=2), 1e-4),
+        (dict(loader="resident", optimizer="sgd-foreach"), 1e-4),
+        (dict(loader="resident", optimizer="sgd-fused"), 1e-4),
+        (dict(loader="resident", channels_last=True), 2e-3),  # different conv algorithms: rounding differs
+        (dict(loader="resident", sync_every_step=False), 1e-6),
+        (dict(loader="resident", checkpointing=True), 1e-4),
+        (dict(loader="resident", precision="fp32"), 1e-4),
+    ]:
+        got = _run(TINY, ds, max_steps=K, **changes)["losses"]
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True))
+        assert rel < tol, (changes, rel)
+    # bf16 autocast: same trajectory within bf16's ~3 significant digits.
+    got = _run(TINY, ds, loader="resident", max_steps=K, precision="bf16")["losses"]
+    assert max(abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True)) < 3e-2
+
+
+def test_bad_configs_fail_clearly():
+    import torch
+
+    cpu = torch.device("cpu")
+    with pytest.raises(LabkitError, match="unknown preset"):
+        T.preset("turbo")
+    with pytest.raises(LabkitError, match="CUDA graphs"):
+        T.check_config(T.with_changes(TINY, compile="reduce-overhead"), cpu)
+    with pytest.raises(LabkitError, match="fp16"):
+        T.check_config(T.with_changes(TINY, precision="fp16"), cpu)
+    with pytest.raises(LabkitError, match="precision must be"):
+        T.check_config(T.with_changes(TINY, precision="fp8"), cpu)
+    with pytest.raises(LabkitError, match="multiple of accumulation"):
+        T.check_config(T.with_changes(TINY, accumulation=3), cpu)
+    with pytest.raises(LabkitError, match="unknown TrainConfig field"):
+        T.with_changes(TINY, turbo=True)
+    with pytest.raises(LabkitError, match="unknown rung"):
+        T.plan_ladder(cpu, True, ["baseline", "warp"])
+
+
+def test_missing_dataset_path_fails_clearly(ds, tmp_path):
+    with pytest.raises(LabkitError, match="does not exist"):
+        _run(TINY, ds, loader="pil", data_dir=str(tmp_path / "missing"), max_steps=1)
+
+
+def test_cli_bad_input_one_line_and_nothing_written(tmp_path):
+    out = tmp_path / "out"
+    for args, needle in [
+        (["ladder", "--rungs", "baseline,warp", "--out", str(out)], "unknown rung"),
+        (["ladder", "--device", "cuda", "--out", str(out)], "no CUDA GPU"),
+        (["train", "--preset", "nope"], "unknown preset"),
+        (["train", "--quick", "--set", "batch_size=lots"], "whole number"),
+        (["train", "--quick", "--set", "precision=fp16"], "fp16"),
+    ]:
+        if "cuda" in args and __import__("torch").cuda.is_available():
+            continue
+        r = subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (args, r.stderr)
+        assert needle in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_ladder_writes_outputs_only_when_complete(tmp_path, ds, monkeypatch):
+    base = T.with_changes(TINY, epochs=1)
+    out = tmp_path / "ladder"
+    res = T.run_ladder("cpu", quick=True, names=["no_sync", "resident_data"], out=out, base=base,
+                       show_progress=False, log=lambda *a: None)
+    assert [r["name"] for r in res["rungs"]] == ["no_sync", "resident_data"]
+    saved = json.loads((out / "ladder.json").read_text())
+    assert saved["env"]["torch"] and len(saved["rungs"]) == 2
+    assert (out / "ladder.png").stat().st_size > 1000 and "| rung |" in (out / "ladder.md").read_text()
+
+    # A failure mid-run leaves nothing new (and no partial files) in a fresh output folder.
+    calls = {"n": 0}
+    real = T.train
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise LabkitError("boom")
+        return real(*a, **k)
+
+    monkeypatch.setattr(T, "train", flaky)
+    out2 = tmp_path / "ladder2"
+    with pytest.raises(LabkitError):
+        T.run_ladder("cpu", quick=True, names=["no_sync", "resident_data"], out=out2, base=base,
+                     show_progress=False, log=lambda *a: None)
+    assert not out2.exists() or list(out2.iterdir()) == []
