@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     steps = 6 if args.quick else 200
     result["race"] = {}
     for w in (1.0, 1e-5):
-        race = amp.precision_race(("fp32", "half", "fp16_noscale", "fp16", "bf16"), steps=steps, loss_weight=w,
+        race = amp.precision_race(("fp32", "half", "fp16_master", "fp16_noscale", "fp16", "bf16"), steps=steps, loss_weight=w,
                                   batch=16 if args.quick else 256, cfg="tiny" if args.quick else "small", device=dev)
         result["race"][f"{w:g}"] = {"losses": race.losses, "zero_grad_fraction": race.zero_grad_fraction,
                                     "first_nonfinite": {k: race.first_nonfinite(k) for k in race.losses},

@@ -447,7 +447,7 @@ class AmpTrainer:
             # Loss in fp32 even for pure-half models, as autocast does for cross-entropy.
             loss = self.loss_fn(out.float(), ys) * (xs.shape[0] / n)
             scaled = loss * self.loss_weight
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             total += loss.detach()
         return total
 
@@ -456,16 +456,16 @@ class AmpTrainer:
         with torch_switches(tf32=self.precision.tf32) if self.device.type == "cuda" else contextlib.nullcontext():
             self.model.zero_grad(set_to_none=True)
             loss = self.forward_backward(x, y)
-            if self.master:
+            if self.master is not None:
                 self.master.grads_to_master()
             if self.max_grad_norm is not None:
                 clip_grad_norm_(self.optimizer, self.max_grad_norm, self.scaler)
-            if self.scaler:
+            if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
             else:
                 self.optimizer.step()
-            if self.master:
+            if self.master is not None:
                 self.master.master_to_model()
         return loss
 
@@ -512,7 +512,8 @@ class RaceResult:
         return ax
 
 
-def precision_race(precisions: Sequence[str] = ("fp32", "half", "fp16_noscale", "fp16", "bf16"), *,
+def precision_race(precisions: Sequence[str] = ("fp32", "half", "fp16_master", "fp16_noscale", "fp16", "bf16"),
+                   *,
                    steps: int | None = None, batch: int | None = None, cfg: MLPConfig | str | None = None,
                    lr: float = 1e-3, loss_weight: float = 1.0, scaler: str = "torch", seed: int = 0,
                    device=None, progress: bool = True) -> RaceResult:
@@ -525,8 +526,8 @@ def precision_race(precisions: Sequence[str] = ("fp32", "half", "fp16_noscale", 
 
     dev = pick_device(device)
     quick = quick_mode()
-    steps = steps or (40 if quick else 200)
-    batch = batch or (64 if quick else 256)
+    steps = (40 if quick else 200) if steps is None else steps
+    batch = (64 if quick else 256) if batch is None else batch
     cfg = cfg or ("tiny" if quick else "small")
     cfg = MLP_PRESETS[cfg] if isinstance(cfg, str) else cfg
     if steps < 1 or batch < 1:

@@ -129,6 +129,17 @@ def test_state_dict_moves_between_labkit_and_gradscaler():
     assert back.growth_interval == 4
 
 
+def test_update_with_new_scale_like_gradscaler():
+    for s in (amp.DynamicLossScaler(), torch.amp.GradScaler("cpu")):
+        s.scale(torch.ones(()))
+        s.update(1000.3)
+        assert s.get_scale() == amp._fp32(1000.3)
+        s.update(torch.tensor(64.0))
+        assert s.get_scale() == 64.0
+    with pytest.raises(LabkitError):
+        amp.DynamicLossScaler().update(torch.ones(2))
+
+
 def test_disabled_scaler_is_a_pass_through():
     s = amp.DynamicLossScaler(enabled=False)
     loss = torch.tensor(2.0)
@@ -315,9 +326,9 @@ def test_underflow_fraction():
 
 
 def test_precision_race_half_diverges_autocast_converges():
-    res = amp.precision_race(("fp32", "half", "fp16", "bf16"), steps=25, batch=64, progress=False)
+    res = amp.precision_race(("fp32", "half", "fp16_master", "fp16", "bf16"), steps=25, batch=64, progress=False)
     assert res.first_nonfinite("half") is not None
-    for p in ("fp32", "fp16", "bf16"):
+    for p in ("fp32", "fp16_master", "fp16", "bf16"):
         assert res.first_nonfinite(p) is None
         assert res.final(p) < 0.75 * res.losses[p][0], p
         assert res.final(p) == pytest.approx(res.final("fp32"), rel=0.02)
