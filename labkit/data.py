@@ -267,9 +267,10 @@ def augment_batch(x: torch.Tensor, generator: torch.Generator | None = None, pad
 
 def normalize(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 (B, 3, H, W) to normalized floats with the CIFAR mean/std, in `dtype`."""
-    mean = torch.tensor(CIFAR_MEAN, device=x.device, dtype=torch.float32).view(1, 3, 1, 1) * 255
-    std = torch.tensor(CIFAR_STD, device=x.device, dtype=torch.float32).view(1, 3, 1, 1) * 255
-    return ((x.float() - mean) / std).to(dtype)
+    # Same arithmetic as torchvision's ToTensor + Normalize, so every loading path gives identical inputs.
+    mean = torch.tensor(CIFAR_MEAN, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR_STD, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+    return ((x.float() / 255 - mean) / std).to(dtype)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:

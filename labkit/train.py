@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from labkit import data as D
 from labkit.bench import synchronize
@@ -255,13 +256,15 @@ def evaluate(model: torch.nn.Module, ds: D.ImageData, cfg: TrainConfig, device: 
 
 
 def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D.ImageData | None = None,
-          peak_tflops: float | None = None, progress=None) -> dict:
+          peak_tflops: float | None = None, progress=None, on_step=None) -> dict:
     """Train ResNet-18 as `cfg` says and return a result record.
 
     Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
     img_per_s_all (every epoch, the first with its compile and warm-up included), epoch_s (seconds per epoch),
     first_step_s (the first step alone: compile/autotune cost), peak_mem_bytes (CUDA only), flops_per_image,
     mfu (against `peak_tflops`), losses (one per optimizer step), accuracy, config, env.
+    `progress` (a tqdm bar) and `on_step(steps_done)` (e.g. a profiler's `step`) are called after each step;
+    the step's phases carry record_function labels: data, forward, backward, optimizer.
     """
     dev = pick_device(device)
     check_config(cfg, dev)
@@ -293,18 +296,21 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile)
     micro = cfg.batch_size // cfg.accumulation
 
+    # record_function labels cost next to nothing without a profiler and let labkit.profiling split the step.
     def step(x, y):
         for i in range(cfg.accumulation):
             xs, ys = (x, y) if cfg.accumulation == 1 else (x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])
-            with _autocast(cfg, dev):
+            with record_function("forward"), _autocast(cfg, dev):
                 loss = F.cross_entropy(fwd(xs), ys, label_smoothing=cfg.label_smoothing)
-            scaler.scale(loss / cfg.accumulation).backward()
+            with record_function("backward"):
+                scaler.scale(loss / cfg.accumulation).backward()
             if i == 0:
                 first = loss.detach()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
+        with record_function("optimizer"):
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
         return first
 
     if dev.type == "cuda":
@@ -320,8 +326,13 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
             synchronize(dev)
             t0 = time.perf_counter()
             dev_losses = []
-            for x, y in batches.epoch(e):
-                loss = step(x, y)
+            it = iter(batches.epoch(e))
+            while True:
+                with record_function("data"):
+                    batch = next(it, None)
+                if batch is None:
+                    break
+                loss = step(*batch)
                 if cfg.sync_every_step:
                     losses.append(loss.item())  # the naive script's per-step logging: a host sync
                 else:
@@ -332,6 +343,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
                     first_step_s = time.perf_counter() - t0
                 if progress is not None:
                     progress.update(1)
+                if on_step is not None:
+                    on_step(done)
                 if done >= steps_total:
                     break
             synchronize(dev)

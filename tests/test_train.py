@@ -45,7 +45,8 @@ def test_every_cpu_rung_trains_with_finite_falling_loss(ds):
 def test_loading_paths_and_optimizers_track_the_reference_losses(ds):
     # Same data order, no augmentation: every path must compute the same function, step for step.
     K = 6
-    ref = _run(TINY, ds, loader="resident", max_steps=K)["losses"]
+    tiny = T.with_changes(TINY, lr=0.02)  # gentle steps: rounding differences stay rounding-sized
+    ref = _run(tiny, ds, loader="resident", max_steps=K)["losses"]
     assert len(ref) == K
     for changes, tol in [
         (dict(loader="pil"), 1e-4),            # PNG decode + torchvision transforms: lossless, same numbers
@@ -58,11 +59,11 @@ def test_loading_paths_and_optimizers_track_the_reference_losses(ds):
         (dict(loader="resident", checkpointing=True), 1e-4),
         (dict(loader="resident", precision="fp32"), 1e-4),
     ]:
-        got = _run(TINY, ds, max_steps=K, **changes)["losses"]
+        got = _run(tiny, ds, max_steps=K, **changes)["losses"]
         rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True))
         assert rel < tol, (changes, rel)
     # bf16 autocast: same trajectory within bf16's ~3 significant digits.
-    got = _run(TINY, ds, loader="resident", max_steps=K, precision="bf16")["losses"]
+    got = _run(tiny, ds, loader="resident", max_steps=K, precision="bf16")["losses"]
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True)) < 3e-2
 
 
