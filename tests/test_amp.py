@@ -3,6 +3,7 @@
 import copy
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -13,6 +14,16 @@ import torch.nn.functional as F
 from labkit import amp
 from labkit.env import REPO_ROOT, LabkitError
 from labkit.models import resnet18
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_cpu_thread():
+    """These models are tiny: one thread is faster, and immune to stalls when other processes share the cores."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
 
 # ----------------------------------------------------------------------------------- scalers vs GradScaler
 
@@ -384,7 +395,7 @@ def test_cli_amp_scalers_and_memory(capsys, tmp_path):
 def test_benchmark_quick_runs_on_cpu(tmp_results):
     r = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "week3_amp.py"), "--quick", "--device", "cpu",
                         "--rounds", "2", "--out", str(tmp_results)], capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "TQDM_DISABLE": "1"})
+                       env={**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_results / "week3_amp.json").read_text())
     assert res["name"] == "week3_amp" and res["env"]["device_type"] == "cpu"
