@@ -20,7 +20,7 @@ import sys
 import torch
 
 from labkit import amp, bench
-from labkit.env import pick_device, torch_switches
+from labkit.env import LabkitError, pick_device, torch_switches
 from labkit.models import resnet18
 
 NAME = "week3_amp"
@@ -138,7 +138,11 @@ def bytes_per_param_allocator(dev, quick: bool) -> dict:
     out = {}
     cfg = amp.MLP_PRESETS["tiny" if quick else "h100"]
     x, y = (t.to(dev) for t in amp.teacher_batch(0, 64, cfg))
-    for p in ("fp32", "fp16", "bf16", "fp16_master", "half"):
+    precisions = ("fp32", "fp16", "bf16", "fp16_master", "half")
+    # cuBLAS workspaces come from the same allocator and stay: create them before the first "before".
+    for p in precisions:
+        amp.AmpTrainer(amp.build_mlp("tiny"), p, device=dev).step(*amp.teacher_batch(0, 8, device=dev))
+    for p in precisions:
         _free(dev)
         before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
         tr = amp.AmpTrainer(amp.build_mlp(cfg), p, device=dev)
@@ -165,6 +169,13 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
 
     dev = pick_device(args.device)
+    if dev.type != "cuda" and not args.quick:
+        print("week3_amp: no CUDA GPU here; the full sizes are for an H100 (use --quick for a CPU smoke run)",
+              file=sys.stderr)
+        return 2
+    if args.rounds is not None and args.rounds < 1:
+        print("week3_amp: --rounds must be at least 1", file=sys.stderr)
+        return 2
     rounds = args.rounds or (3 if args.quick else 7)
     warmup = 1 if args.quick else 3
     specs = model_specs(args.quick, dev)
@@ -202,4 +213,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except LabkitError as e:
+        print(f"week3_amp: error: {e}", file=sys.stderr)
+        sys.exit(2)
