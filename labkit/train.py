@@ -298,6 +298,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
 
     # record_function labels cost next to nothing without a profiler and let labkit.profiling split the step.
     def step(x, y):
+        if cfg.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs of the last may be reused
         for i in range(cfg.accumulation):
             xs, ys = (x, y) if cfg.accumulation == 1 else (x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])
             with record_function("forward"), _autocast(cfg, dev):

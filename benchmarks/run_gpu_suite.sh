@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
+#   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
+# Steps: doctor ladder matmul peers amp loaders profiling grading reliability notebooks (default: all).
+# The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
+set -u
+out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
+shift
+steps=${*:-doctor ladder matmul peers amp loaders profiling grading reliability notebooks}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NCCL_NVLS_ENABLE=0
+run() {
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc in $((SECONDS - start))s"
+  tail -n "${TAIL:-15}" "$out/$name.log"
+  tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+}
+for s in $steps; do
+  case $s in
+    doctor) run doctor 120 python -m labkit doctor --json "$out/doctor.json" ;;
+    ladder) run ladder "${LADDER_LIMIT:-420}" python benchmarks/ladder.py --epochs "${EPOCHS:-4}" --out "$out" ;;
+    matmul) run matmul 180 python benchmarks/week2_matmul.py --out "$out" ;;
+    peers) run peers 300 python benchmarks/peers.py --epochs 3 --out "$out" ;;
+    amp) run amp 240 python benchmarks/week3_amp.py --out "$out" ;;
+    loaders) run loaders 300 python benchmarks/week4_loaders.py --out "$out" ;;
+    profiling) run profiling 300 python benchmarks/week5_profiling.py --out "$out" --trace-out "$out/gpu_trace.json.gz" ;;
+    grading) run grading 300 python benchmarks/grade_reference_gpu.py --out "$out" ;;
+    reliability) run reliability 300 python benchmarks/grade_reliability.py --out "$out" ;;
+    notebooks) run notebooks 590 python benchmarks/run_notebooks.py --bundle "$out/notebook_runs.tar.gz" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
