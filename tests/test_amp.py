@@ -408,3 +408,12 @@ def test_benchmark_quick_runs_on_cpu(tmp_results):
     assert res["race"]["1"]["first_nonfinite"]["half"] is not None
     assert math.isfinite(res["race"]["1"]["losses"]["bf16"][-1])
     assert "samples/s" in amp.benchmark_summary(res)
+
+
+def test_benchmark_full_size_refuses_cpu(tmp_results):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the full run is allowed")
+    r = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "week3_amp.py"), "--out", str(tmp_results)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--quick" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_results / "week3_amp.json").exists()
