@@ -251,7 +251,20 @@ def check_fp16_training(mod, ctx) -> dict:
                        f"{m['reference_final_loss']:.4f}); every matmul in float16", "measurements": m}
 
 
+def _gate(mod, ctx, steps: int = 10) -> None:
+    """Correctness before the sync count: a step that does nothing never syncs."""
+    step, cls = student_attr(mod, "fp16_train_step"), student_attr(mod, "DynamicScaler")
+    ref, *_ = _train(ref_fp16_train_step, RefDynamicScaler(), ctx.device, steps)
+    got, counts, *_ = _train(lambda *a: call_student("fp16_train_step", step, *a),
+                             call_student("DynamicScaler()", cls), ctx.device, steps)
+    for s in range(steps):
+        require(math.isclose(got[s], ref[s], rel_tol=2e-2, abs_tol=1e-3),
+                f"step {s}: loss {got[s]:.5f} differs from the reference {ref[s]:.5f}; fix lab1.fp16_training first")
+    require(counts["opt_steps"] > 0, "fp16_train_step never called optimizer.step(); fix lab1.fp16_training first")
+
+
 def check_host_syncs(mod, ctx) -> dict:
+    _gate(mod, ctx)
     step = student_attr(mod, "fp16_train_step")
     cls = student_attr(mod, "DynamicScaler")
     torch.manual_seed(0)

@@ -1,0 +1,141 @@
+"""The nbgrader course, tested the way nbgrader tests itself: for every lab, generate the release, validate the
+source (passes) and the release (fails), then autograde two submissions (the reference solution and the
+untouched release) and check every cell's score. All of it in a copy of assignments/ under a temporary folder,
+so no gradebook, release or autograded folder ever appears in the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+COURSE = ROOT / "assignments"
+LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun"]
+# Cells whose check needs hardware this machine may lack: on a CPU they score 0 with a clear message.
+NEEDS_CUDA = {"test_lab4_speed"}
+NBGRADER = str(Path(sys.executable).with_name("nbgrader"))
+
+
+def _cells(nb_path: Path):
+    return nbformat.read(nb_path, as_version=4).cells
+
+
+def _grade_cells(nb_path: Path) -> dict[str, dict]:
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in _cells(nb_path)
+            if c.metadata.get("nbgrader", {}).get("grade")}
+
+
+def _run(args, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TQDM_DISABLE="1", LABKIT_QUICK="1", MPLBACKEND="Agg")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return subprocess.run([NBGRADER, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("course") / "assignments"
+    shutil.copytree(COURSE, dest, ignore=shutil.ignore_patterns("release", "autograded", "submitted", "feedback",
+                                                                "gradebook.db", "student_*.py", "__pycache__"))
+    return dest
+
+
+def test_source_notebooks_follow_the_conventions():
+    from autograder.harness import ASSIGNMENTS, CHECKS, STUDENT_FILES
+
+    assert sorted(ASSIGNMENTS.values()) == LABS
+    used = set()
+    for prefix, lab in ASSIGNMENTS.items():
+        nb_path = COURSE / "source" / lab / f"{lab}.ipynb"
+        cells = _cells(nb_path)
+        assert all(not c.get("outputs") and not c.get("execution_count") for c in cells if c.cell_type == "code")
+        writefile = [c for c in cells if c.source.startswith("%%writefile")]
+        assert len(writefile) == 1 and writefile[0].source.splitlines()[0] == f"%%writefile {STUDENT_FILES[prefix]}"
+        assert writefile[0].metadata["nbgrader"]["solution"] and "### BEGIN SOLUTION" in writefile[0].source
+        for gid, cell in _grade_cells(nb_path).items():
+            calls = re.findall(r'grade\("([\w.]+)", "([\w.]+)", points=(\d+(?:\.\d+)?)\)', cell.source)
+            assert len(calls) == 1, f"{lab}/{gid}: one harness call per test cell"
+            check, student_file, points = calls[0]
+            assert check in CHECKS and check.startswith(prefix + ".") and student_file == STUDENT_FILES[prefix]
+            # The partial credit grade() returns is in the cell's points: they must agree.
+            assert float(points) == cell.metadata["nbgrader"]["points"], f"{lab}/{gid}"
+            assert cell.metadata["nbgrader"]["locked"]
+            used.add(check)
+    assert used == set(CHECKS), f"checks no notebook uses: {set(CHECKS) - used}"
+
+
+def test_lab3_hands_out_the_graders_slow_script():
+    assert (COURSE / "source" / "lab3_profile_fix" / "slow_train.py").read_text() == \
+        (ROOT / "autograder" / "lab3_slow.py").read_text()
+
+
+def test_course_config_sets_the_policies():
+    cfg = (COURSE / "nbgrader_config.py").read_text()
+    for needle in ("c.Execute.timeout", "add_missing_cells = True", "ClearSolutions.code_stub", "TQDM_DISABLE"):
+        assert needle in cfg
+    ignored = (COURSE / ".gitignore").read_text()
+    for needle in ("gradebook.db", "release/", "autograded/", "submitted/", "student_*.py"):
+        assert needle in ignored
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_generate_validate_autograde(course, lab):
+    src = course / "source" / lab / f"{lab}.ipynb"
+
+    gen = _run(["generate_assignment", lab, "--force"], course)
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    release = course / "release" / lab / f"{lab}.ipynb"
+    assert release.exists()
+    released = release.read_text()
+    assert "BEGIN SOLUTION" not in released and "BEGIN HIDDEN TESTS" not in released
+    assert "raise NotImplementedError()" in released
+    assert not (course / "release" / lab / "student_*.py").exists()
+
+    ok = _run(["validate", str(src)], course)
+    assert ok.returncode == 0 and "Success! Your notebook passes all the tests." in ok.stdout, \
+        ok.stdout[-3000:] + ok.stderr[-2000:]
+    bad = _run(["validate", str(release)], course)
+    assert "VALIDATION FAILED" in bad.stdout, bad.stdout[-3000:] + bad.stderr[-2000:]
+
+    # Two submissions: the reference solution and the release as handed out (with its data files).
+    for student, nb in [("reference", src), ("untouched", release)]:
+        dest = course / "submitted" / student / lab
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(release.parent, dest)
+        shutil.copy(nb, dest / f"{lab}.ipynb")
+    auto = _run(["autograde", lab, "--force"], course)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+
+    from nbgrader.api import Gradebook
+
+    cuda = torch.cuda.is_available()
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        ref = gb.find_submission_notebook(lab, lab, "reference")
+        blank = gb.find_submission_notebook(lab, lab, "untouched")
+        ref_scores = {g.name: (g.score, g.max_score) for g in ref.grades}
+        blank_scores = {g.name: g.score for g in blank.grades}
+    assert ref_scores and set(ref_scores) == set(blank_scores)
+    for name, (score, max_score) in ref_scores.items():
+        if name in NEEDS_CUDA and not cuda:
+            assert score == 0, f"{lab}/{name}: an ungradable check must not earn points"
+        else:
+            assert score == max_score, f"{lab}/{name}: reference got {score} of {max_score}"
+    assert all(v == 0 for v in blank_scores.values()), blank_scores
+
+    graded = course / "autograded" / "reference" / lab / f"{lab}.ipynb"
+    if not cuda:
+        for gid, cell in _grade_cells(graded).items():
+            if gid in NEEDS_CUDA:
+                assert "not gradable on this hardware" in json.dumps(cell.outputs), f"{lab}/{gid}"
+    # No test cell of the reference wrote to stderr (that alone would score 0).
+    for gid, cell in _grade_cells(graded).items():
+        assert not [o for o in cell.outputs if o.get("name") == "stderr"], f"{lab}/{gid} wrote to stderr"
