@@ -1,9 +1,10 @@
 """Image datasets for the course, all as packed uint8 arrays (N, 32, 32, 3) plus int64 labels.
 
 - `synthetic_cifar`: deterministic, learnable, CIFAR-shaped; generated from a seed in seconds, cached on disk.
-  Each class is an oriented grating (5 orientations x 2 frequencies) inside a soft blob at a random place,
-  with random phase, colours, contrast and a weaker distractor grating. Random phase and position defeat a
-  linear classifier on raw pixels; a CNN reads orientation and frequency easily.
+  Each class is a texture (vertical or horizontal stripes, cross-hatch, checkerboard, rings; wide or fine)
+  inside a soft blob at a random place, with random phase, colours, contrast and a weaker distractor
+  grating. Random phase and position defeat a linear classifier on raw pixels; a CNN reads texture easily.
+  Every class is unchanged by a horizontal flip, so flip augmentation never changes the true label.
 - `image_folder`: the same arrays written as PNG files, for the naive PIL loading path.
 - `digits32`: scikit-learn's handwritten digits (real data shipped inside the package), upscaled to 32x32 RGB.
 - `cifar10`: CIFAR-10 through torchvision when the machine is online, with a clear error when it is not.
@@ -23,7 +24,8 @@ from labkit.env import LabkitError
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
-CLASSES = [f"{o}deg-{f}" for f in ("wide", "fine") for o in (0, 36, 72, 108, 144)]
+CLASSES = [f"{kind}-{f}" for kind in ("vstripes", "hstripes", "crosshatch", "checker", "rings")
+           for f in ("wide", "fine")]
 
 
 @dataclass
@@ -55,27 +57,42 @@ def cache_dir() -> Path:
 
 
 def _render(labels: np.ndarray, rng: np.random.Generator, size: int = 32) -> np.ndarray:
-    """Render one image per label; vectorized over the batch. Returns uint8 (N, size, size, 3)."""
+    """Render one image per label; vectorized over the batch. Returns uint8 (N, size, size, 3).
+
+    Every class is invariant under horizontal flips (so flip augmentation keeps labels true): vertical
+    stripes, horizontal stripes, diagonal cross-hatch, checkerboard and concentric rings, each wide or fine.
+    """
     n = len(labels)
     yy, xx = np.meshgrid(np.arange(size, dtype=np.float32), np.arange(size, dtype=np.float32), indexing="ij")
     yy, xx = yy[None], xx[None]
 
-    def grating(theta, freq, phase):
+    def col(v):
+        return np.asarray(v, dtype=np.float32)[:, None, None]
+
+    def wave(theta, freq, phase, cy=None, cx=None):
         u = np.cos(theta)[:, None, None] * xx + np.sin(theta)[:, None, None] * yy
-        return np.sin(2 * np.pi * freq[:, None, None] * u + phase[:, None, None])
+        return np.sin(2 * np.pi * col(freq) * u + col(phase))
 
-    def blob(cy, cx, r):
-        return np.exp(-((yy - cy[:, None, None]) ** 2 + (xx - cx[:, None, None]) ** 2) / (2 * r[:, None, None] ** 2))
+    kind, fine = labels // 2, labels % 2
+    freq = np.where(fine == 1, rng.uniform(0.24, 0.30, n), rng.uniform(0.09, 0.13, n)).astype(np.float32)
+    jitter = rng.normal(0, 0.05, n)
+    cy, cx = rng.uniform(10, 22, n), rng.uniform(10, 22, n)
+    p1, p2 = rng.uniform(0, 2 * np.pi, n), rng.uniform(0, 2 * np.pi, n)
+    vert = wave(jitter, freq, p1)
+    horiz = wave(np.pi / 2 + jitter, freq, p1)
+    hatch = 0.5 * (wave(np.pi / 4 + jitter, freq, p1) + wave(-np.pi / 4 + jitter, freq, p2))
+    checker = 2 * wave(jitter, freq / 1.4, p1) * wave(np.pi / 2 + jitter, freq / 1.4, p2)
+    r = np.sqrt((yy - col(cy)) ** 2 + (xx - col(cx)) ** 2)
+    rings = np.sin(2 * np.pi * col(freq) * r + col(p1))
+    k = kind[:, None, None]
+    signal = np.select([k == 0, k == 1, k == 2, k == 3], [vert, horiz, hatch, checker], rings).clip(-1, 1)
 
-    orient = labels % 5
-    fine = labels // 5
-    theta = orient * (np.pi / 5) + rng.normal(0, 0.06, n)
-    freq = np.where(fine == 1, rng.uniform(0.26, 0.32, n), rng.uniform(0.10, 0.14, n)).astype(np.float32)
-    signal = grating(theta, freq, rng.uniform(0, 2 * np.pi, n))
-    mask = blob(rng.uniform(10, 22, n), rng.uniform(10, 22, n), rng.uniform(8, 12, n))
-    # Distractor: a weaker grating of random orientation and frequency at another random place.
-    d_sig = grating(rng.uniform(0, np.pi, n), rng.uniform(0.08, 0.34, n).astype(np.float32),
-                    rng.uniform(0, 2 * np.pi, n))
+    def blob(cy, cx, rad):
+        return np.exp(-((yy - col(cy)) ** 2 + (xx - col(cx)) ** 2) / (2 * col(rad) ** 2))
+
+    mask = blob(cy, cx, rng.uniform(8, 12, n))
+    # Distractor: a weaker plain grating of random orientation and frequency at another random place.
+    d_sig = wave(rng.uniform(0, np.pi, n), rng.uniform(0.08, 0.32, n), rng.uniform(0, 2 * np.pi, n))
     d_mask = 0.3 * blob(rng.uniform(4, 28, n), rng.uniform(4, 28, n), rng.uniform(4, 7, n))
 
     fg = rng.uniform(0, 1, (n, 1, 1, 3)).astype(np.float32)
@@ -96,7 +113,7 @@ def synthetic_cifar(n_train: int = 50_000, n_test: int = 10_000, seed: int = 0, 
     """
     if n_train < 1 or n_test < 1:
         raise LabkitError(f"synthetic_cifar needs n_train >= 1 and n_test >= 1 (got {n_train}, {n_test})")
-    path = cache_dir() / f"synthetic-cifar-{n_train}-{n_test}-s{seed}-v1.npz"
+    path = cache_dir() / f"synthetic-cifar-{n_train}-{n_test}-s{seed}-v2.npz"
     if cache and path.exists():
         try:
             with np.load(path) as z:

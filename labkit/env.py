@@ -59,7 +59,7 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
     if isinstance(name, torch.device):
         name = str(name)
     if name in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError) as e:
@@ -69,6 +69,8 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
             raise LabkitError(f"device {name!r} asked for, but this machine has no CUDA GPU: use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise LabkitError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+        if dev.index is None:  # an explicit index, so that tensor.device == device comparisons hold
+            dev = torch.device("cuda", torch.cuda.current_device())
     elif dev.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
             raise LabkitError("device 'mps' asked for, but MPS is not available here: use --device cpu")
@@ -78,7 +80,12 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
 
 
 def git_commit(root: Path = REPO_ROOT) -> str | None:
-    """The checkout's commit hash, with '+dirty' when tracked files have uncommitted changes; None outside git."""
+    """The checkout's commit hash, with '+dirty' when tracked files have uncommitted changes.
+
+    Outside a git checkout (a copied tree on a benchmark host) LABKIT_GIT_COMMIT names it; else None.
+    """
+    if os.environ.get("LABKIT_GIT_COMMIT"):
+        return os.environ["LABKIT_GIT_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:

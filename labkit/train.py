@@ -80,12 +80,12 @@ LADDER = [
     ("no_sync", "keep losses on the device: no .item() host sync inside the step", dict(sync_every_step=False)),
     ("loader", "tuned DataLoader: a worker per core, pinned memory, persistent workers, prefetch 4",
      dict(workers=-1, pin_memory=True, persistent_workers=True, prefetch_factor=4)),
+    ("resident_data", "uint8 data resident on the GPU; crop, flip and normalize there in one batched gather",
+     dict(loader="resident")),
     ("bf16", "mixed precision: bf16 autocast", dict(precision="bf16")),
     ("channels_last", "channels_last (NHWC) memory format for model and inputs", dict(channels_last=True)),
     ("batch_fused", "batch 1024 with a fused SGD kernel", dict(batch_size=1024, optimizer="sgd-fused")),
     ("cudnn_benchmark", "cudnn.benchmark: cuDNN picks the fastest algorithm per shape", dict(cudnn_benchmark=True)),
-    ("resident_data", "uint8 data resident on the GPU; crop, flip and normalize there in one batched gather",
-     dict(loader="resident")),
     ("compile", "torch.compile: fused elementwise work (BN, ReLU, adds) and fewer kernels", dict(compile="default")),
     ("cuda_graphs", "CUDA graphs (torch.compile mode='reduce-overhead'): no per-kernel launch cost",
      dict(compile="reduce-overhead")),
@@ -190,7 +190,7 @@ class _Batches:
             x, y = self.x[idx], self.y[idx]
             if cfg.augment:
                 x = D.augment_batch(x, self.gen)
-            if x.device != dev:
+            if x.device.type != dev.type:
                 x = x.pin_memory() if cfg.pin_memory and dev.type == "cuda" else x
                 x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             yield D.normalize(x).contiguous(memory_format=fmt), y
