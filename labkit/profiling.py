@@ -1,0 +1,887 @@
+"""Profile a few training steps and name the bottleneck, with the evidence behind it.
+
+- `profile_steps(target)`: torch.profiler with a wait/warmup/active schedule around a training loop (a ladder
+  rung's `TrainConfig`, a scenario `Workload`, or any step function), phases labelled data / forward /
+  backward / optimizer; returns a `Profile` (the Chrome/Perfetto trace, gzipped on disk, and the key-averages
+  table). Traces stay small by default: 3 active steps, no shapes, no stacks, no memory events.
+- `diagnose(trace or profile)` -> `Diagnosis`: kind "data" (data-loading bound), "overhead" (CPU/launch bound),
+  "sync" (synchronization bound) or "compute" (GPU compute bound; "compute bound" on a CPU), with the numbers
+  it used (`evidence`), the sentences that explain them (`reasons`) and the fix the course teaches (`fix`).
+- The Python profilers as plain functions (they also run in a script, no IPython magics): `cprofile`,
+  `line_profile`, `memory_usage`, `memory_lines`, `py_spy_top` (optional tool), `cuda_memory_snapshot`,
+  `nvidia_smi`.
+
+How the diagnosis decides. On a GPU: if the GPU runs kernels (or copies) less than 70% of the step, the idle
+time is split by what the host was doing: waiting in "data", coming back from a host sync
+(cudaStreamSynchronize & co.; `.item()` / `.cpu()` cause them), or anything else (Python and kernel launches);
+the largest share names the bottleneck. Otherwise the GPU itself is the limit. On a CPU there is no queue to
+starve: the step is data-loading bound when "data" takes half of it, CPU/launch (framework overhead) bound when
+most of the compute phases is spent outside operators that last 20 us or more, compute bound otherwise.
+Holistic Trace Analysis was weighed for this: it analyses GPU kernels only (nothing to say on a CPU trace)
+and knows nothing of our phase labels, so this small parser does the job and is tested on committed traces.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import gzip
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+import zlib
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from labkit.env import LabkitError, pick_device
+
+PHASES = ("data", "forward", "backward", "optimizer", "metrics")
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+KINDS = {
+    "data": "data-loading bound",
+    "overhead": "CPU/launch bound",
+    "sync": "synchronization bound",
+    "compute": "GPU compute bound",
+}
+# Host calls that block until the device catches up. cudaMemcpy (not ...Async) waits for the stream.
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                        "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"})
+HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::item")  # .item(), int(t), float(t), bool(t), if t: ...
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+GPU_IDLE_LIMIT = 0.30      # GPU idle share above which the host is the bottleneck
+CPU_DATA_LIMIT = 0.50      # CPU: share of the step in "data" that makes it data-loading bound
+CPU_OVERHEAD_LIMIT = 0.60  # CPU: share of compute phases not in the self time of operators >= SMALL_OP_US
+SMALL_OP_US = 20.0
+SYNC_TOLERANCE_US = 20.0   # host and device clocks in a trace agree to within a few microseconds
+
+FIXES = {
+    "data": "Feed the step faster than it eats: a DataLoader worker per core, pin_memory=True with non_blocking "
+            "copies, persistent_workers and prefetch; better, packed uint8 arrays with batched augmentation on "
+            "the GPU instead of per-sample Python transforms (week 4).",
+    "overhead": "Give each kernel more work and launch fewer: a larger batch, a fused or foreach optimizer "
+                "(fused=True), torch.compile to fuse elementwise operators, CUDA graphs (mode='reduce-overhead') "
+                "to launch the whole step at once; no Python loops over tensors inside the step.",
+    "sync": "Take host reads out of the step: keep losses and metrics on the device (accumulate detached "
+            "tensors), read them every N steps or at the end; no .item(), .cpu(), print(tensor) or `if tensor:` "
+            "in the loop. torch.cuda.set_sync_debug_mode('warn') points at every remaining sync.",
+    "compute_cuda_cores": "The GPU is the limit and its matmuls run on CUDA cores: bf16 autocast (or TF32 for "
+                          "fp32), channels_last, dimensions that are multiples of 8; then fuse elementwise work "
+                          "with torch.compile. Compare MFU with the measured peak to know the headroom.",
+    "compute_tensor_cores": "The GPU is the limit and already runs on tensor cores: fuse elementwise kernels "
+                            "(torch.compile), cut memory traffic (channels_last, fused optimizer), or do less work; "
+                            "compare MFU with the measured peak to know the headroom.",
+    "compute_cpu": "The arithmetic itself is the limit on this CPU: on a GPU it would move to tensor cores "
+                   "(bf16 autocast); on the CPU only fewer FLOPs (a smaller model or batch) or more cores help.",
+}
+
+
+# --------------------------------------------------------------------------------------------- profiling
+
+
+@dataclass
+class ProfileSchedule:
+    wait: int = 1      # steps run before the profiler starts (first-step costs: allocation, autotune, compile)
+    warmup: int = 1    # steps traced and thrown away (the profiler's own start-up cost)
+    active: int = 3    # steps recorded and analysed
+
+    @property
+    def total(self) -> int:
+        return self.wait + self.warmup + self.active
+
+    def check(self) -> None:
+        if self.wait < 0 or self.warmup < 0 or self.active < 1:
+            raise LabkitError(f"profile schedule needs wait >= 0, warmup >= 0 and active >= 1, got {self}")
+
+
+def suggest_schedule(target, device=None, active: int = 3) -> ProfileSchedule:
+    """A schedule that skips what is not steady state for this target.
+
+    A DataLoader starts with full prefetch queues (2 per worker), so on a GPU the wait lasts until they drain,
+    or a data-bound run looks fine; compiled steps need a few calls to compile and record CUDA graphs.
+    """
+    from labkit.train import TrainConfig
+
+    dev = pick_device(device)
+    wait = 1
+    if isinstance(target, TrainConfig):
+        if target.compile:
+            wait = 4
+        if target.loader == "pil" and dev.type == "cuda":
+            workers = min(16, os.cpu_count() or 1) if target.workers < 0 else target.workers
+            wait = max(wait, min(12, 2 + 2 * workers * (target.prefetch_factor or 2)))
+    return ProfileSchedule(wait=wait, warmup=1, active=active)
+
+
+@dataclass
+class Profile:
+    """What `profile_steps` recorded: the Chrome/Perfetto trace (parsed), its file, and the key-averages table."""
+
+    name: str
+    device: str                 # "cpu" or "cuda"
+    trace: dict                 # the Chrome trace JSON of the active steps
+    table: str                  # torch.profiler key averages, sorted by self device time (GPU) or self CPU time
+    schedule: ProfileSchedule
+    trace_path: Path | None = None
+
+    def diagnose(self) -> Diagnosis:
+        return diagnose(self.trace)
+
+
+@contextlib.contextmanager
+def _quiet_profiler():
+    """Hide the profiler's start/stop chatter (C++ lines on fd 2, a once-per-cycle warning)."""
+    from labkit.matmul import _native_stderr_filtered
+
+    with warnings.catch_warnings(), _native_stderr_filtered():
+        warnings.filterwarnings("ignore", message=".*[Pp]rofiler clears events.*")
+        warnings.filterwarnings("ignore", message=".*CUPTI.*")
+        yield
+
+
+def _key_table(prof, device: torch.device, row_limit: int) -> str:
+    ka = prof.key_averages()
+    keys = ("self_device_time_total", "self_cuda_time_total") if device.type == "cuda" else ("self_cpu_time_total",)
+    for key in keys:
+        try:
+            return ka.table(sort_by=key, row_limit=row_limit)
+        except (KeyError, AttributeError, RuntimeError, ValueError):
+            continue
+    return ka.table(row_limit=row_limit)
+
+
+def _train_config_for_profile(cfg, total: int):
+    """The rung's config trimmed to `total` steps, all in one epoch (a new epoch restarts the workers)."""
+    from labkit.train import with_changes
+
+    n_train = max(cfg.n_train or 0, total * cfg.batch_size)
+    return with_changes(cfg, n_train=n_train, epochs=1, max_steps=total, evaluate=False)
+
+
+def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = None, out: str | os.PathLike | None = None,
+                  name: str | None = None, record_shapes: bool = False, with_stack: bool = False,
+                  profile_memory: bool = False, dataset=None, row_limit: int = 15, progress: bool = False) -> Profile:
+    """Run a few training steps under torch.profiler with a wait/warmup/active schedule.
+
+    `target`: a `labkit.train.TrainConfig` (runs `train()`, trimmed to the schedule's steps), a
+    `labkit.scenarios.Workload` (its `step()`), or a callable doing one training step. Label the phases of your
+    own step with `torch.profiler.record_function("data" | "forward" | "backward" | "optimizer")` so
+    `diagnose` can split the step time. With `out` (a folder), writes `<name>.pt.trace.json.gz` (open it in
+    Perfetto, https://ui.perfetto.dev, or chrome://tracing) and `<name>.keyavg.txt`.
+    """
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import schedule as make_schedule
+    from tqdm.auto import tqdm
+
+    from labkit.train import TrainConfig, train
+
+    dev = pick_device(device)
+    sched = schedule or suggest_schedule(target, dev)
+    sched.check()
+    if isinstance(target, TrainConfig):
+        label = name or target.name
+    else:
+        label = name or getattr(getattr(target, "cfg", None), "name", None) or getattr(target, "__name__", "steps")
+    captured: dict = {}
+
+    def ready(prof):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "trace.json")
+            prof.export_chrome_trace(p)
+            captured["trace"] = json.loads(Path(p).read_text())
+        captured["table"] = _key_table(prof, dev, row_limit)
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    bar = tqdm(total=sched.total, desc=f"profiling {label}", leave=False, disable=None if progress else True)
+    with _quiet_profiler(), profile(activities=acts, record_shapes=record_shapes, with_stack=with_stack,
+                                    profile_memory=profile_memory, on_trace_ready=ready,
+                                    schedule=make_schedule(wait=sched.wait, warmup=sched.warmup,
+                                                           active=sched.active, repeat=1)) as prof:
+        def on_step(_done=None):
+            bar.update(1)
+            prof.step()
+
+        if isinstance(target, TrainConfig):
+            train(_train_config_for_profile(target, sched.total), dev, dataset=dataset, on_step=on_step)
+        else:
+            step = target.step if hasattr(target, "step") else target
+            if not callable(step):
+                raise LabkitError(f"profile_steps needs a TrainConfig, a Workload or a step function, "
+                                  f"not {type(target).__name__}")
+            for _ in range(sched.total):
+                step()
+                on_step()
+    bar.close()
+    if "trace" not in captured:
+        raise LabkitError(f"{label}: the profiler recorded nothing; the run ended before the {sched.total} steps "
+                          f"that wait={sched.wait} + warmup={sched.warmup} + active={sched.active} need")
+    trace = captured["trace"]
+    trace["labkit"] = {"name": label, "device": dev.type, "schedule": asdict(sched)}
+    result = Profile(label, dev.type, trace, captured["table"], sched)
+    if out is not None:
+        result.trace_path = save_trace(trace, Path(out) / f"{_safe(label)}.pt.trace.json.gz")
+        (Path(out) / f"{_safe(label)}.keyavg.txt").write_text(result.table)
+    return result
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "trace"
+
+
+def save_trace(trace: dict, path: str | os.PathLike) -> Path:
+    """Write a Chrome trace as gzipped JSON (what Perfetto and chrome://tracing open); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with gzip.open(tmp, "wt", compresslevel=9) as f:
+        json.dump(trace, f, separators=(",", ":"))
+    os.replace(tmp, path)
+    return path
+
+
+def load_trace(path: str | os.PathLike) -> dict:
+    """Read a torch.profiler Chrome trace (.json or .json.gz), with a clear LabkitError for a bad file."""
+    p = Path(path)
+    if not p.exists():
+        raise LabkitError(f"no trace file at {p}: record one with labkit profile --out DIR (or profile_steps)")
+    if p.is_dir():
+        found = sorted(p.glob("*.json.gz")) + sorted(p.glob("*.json"))
+        if len(found) != 1:
+            raise LabkitError(f"{p} is a folder with {len(found)} trace files: name one of them")
+        p = found[0]
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(2)
+        opener = gzip.open if magic == b"\x1f\x8b" else open
+        with opener(p, "rt", encoding="utf-8") as f:
+            trace = json.load(f)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise LabkitError(f"trace {p} is truncated or not valid gzip ({type(e).__name__}): record it again") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LabkitError(f"trace {p} is not complete JSON ({e}): the file was cut short or is not a trace; "
+                          f"record it again") from e
+    _check_trace(trace, str(p))
+    return trace
+
+
+def _check_trace(trace, where: str) -> None:
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise LabkitError(f"{where} is JSON but not a torch.profiler Chrome trace (no 'traceEvents' list)")
+    cats = {e.get("cat") for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"}
+    if not cats & {"cpu_op", "user_annotation", "kernel"}:
+        raise LabkitError(f"{where} has no profiler events (no operators, annotations or kernels): "
+                          f"was it recorded with torch.profiler?")
+
+
+# ------------------------------------------------------------------------------------------- trace stats
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _clip(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def _overlap(merged: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of [lo, hi] covered by `merged` (sorted, disjoint)."""
+    i = max(0, bisect.bisect_right(merged, (lo, float("inf"))) - 1)
+    total = 0.0
+    while i < len(merged) and merged[i][0] < hi:
+        a, b = merged[i]
+        total += max(0.0, min(b, hi) - max(a, lo))
+        i += 1
+    return total
+
+
+def _overlap_all(merged, lo: float, hi: float) -> float:
+    return _overlap(merged, lo, hi) if merged else 0.0
+
+
+def _median(xs: list[float]) -> float:
+    import statistics
+
+    return statistics.median(xs) if xs else 0.0
+
+
+def _self_times(ops: list[dict]) -> list[tuple[dict, float]]:
+    """(event, self time in us) for CPU operators: duration minus that of the operators nested in it, per thread."""
+    by_thread = defaultdict(list)
+    for e in ops:
+        by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    out = []
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[list] = []  # [event, time of its children]
+        for e in evs:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                top = stack.pop()
+                out.append((top[0], top[0]["dur"] - top[1]))
+            if stack:
+                stack[-1][1] += e["dur"]
+            stack.append([e, 0.0])
+        out += [(ev, ev["dur"] - kids) for ev, kids in reversed(stack)]
+    return out
+
+
+def trace_stats(trace: dict | str | os.PathLike) -> dict:
+    """Per-step numbers from a torch.profiler trace: phase shares, GPU busy/idle and its causes, syncs,
+    host reads, launches, kernels, tensor-core share, top kernels or operators. Times in ms, shares in [0, 1]."""
+    if not isinstance(trace, dict):
+        trace = load_trace(trace)
+    _check_trace(trace, "the trace")
+    from labkit.matmul import is_tensor_core_kernel
+
+    X = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
+         and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    notes: list[str] = []
+    steps = sorted((e for e in X if str(e.get("name", "")).startswith("ProfilerStep#")
+                    and e.get("cat") in ("user_annotation", "cpu_op")), key=lambda e: e["ts"])
+    host = [e for e in X if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
+    if steps:
+        main = (steps[0].get("pid"), steps[0].get("tid"))
+        steps = [s for s in steps if (s.get("pid"), s.get("tid")) == main]
+        w0, w1 = steps[0]["ts"], max(s["ts"] + s["dur"] for s in steps)
+    else:
+        notes.append("no ProfilerStep markers (no schedule): the whole trace counts as one step")
+        main = None
+        w0, w1 = min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host)
+    n_steps = max(1, len(steps))
+    gpu = [e for e in X if e.get("cat") in GPU_CATS]
+    kernels = [e for e in gpu if e.get("cat") == "kernel"]
+    on_gpu = bool(kernels)
+    if on_gpu:
+        w1 = max(w1, max(e["ts"] + e["dur"] for e in gpu if e["ts"] + e["dur"] > w0))
+    span = max(w1 - w0, 1e-9)
+
+    def in_window(e):
+        return e["ts"] < w1 and e["ts"] + e["dur"] > w0
+
+    # Phases: record_function ranges on the stepping thread (or any thread without step markers).
+    phase_iv = {}
+    for ph in PHASES:
+        iv = [(e["ts"], e["ts"] + e["dur"]) for e in X if e.get("name") == ph and e.get("cat") in ("user_annotation", "cpu_op")
+              and (main is None or (e.get("pid"), e.get("tid")) == main)]
+        phase_iv[ph] = _union(_clip(iv, w0, w1))
+    # Per step, then the median over steps on a CPU: one step stretched by a preempted thread does not decide.
+    # On a GPU, work launched in one step runs in the next, so there the whole window is the unit.
+    windows = [(w0, w1)] if on_gpu or not steps else [(s["ts"], s["ts"] + s["dur"]) for s in steps]
+
+    def shares(iv_of):
+        return [_overlap_all(iv_of, a, b) / max(b - a, 1e-9) for a, b in windows]
+
+    phase_share = {ph: _median(shares(iv)) for ph, iv in phase_iv.items()}
+    labelled = _union([x for iv in phase_iv.values() for x in iv])
+    phase_share["other"] = max(0.0, 1 - _median(shares(labelled)))
+    if not phase_iv["data"]:
+        notes.append("no 'data' label in the trace: time waiting for data cannot be separated")
+
+    ops = [e for e in X if e.get("cat") == "cpu_op" and in_window(e)]
+    runtime = [e for e in X if e.get("cat") in ("cuda_runtime", "cuda_driver") and in_window(e)]
+    syncs = [e for e in runtime if e.get("name") in SYNC_CALLS]
+    launches = [e for e in runtime if "Launch" in str(e.get("name", ""))]
+    reads = [e for e in ops if e.get("name") == HOST_READ_OPS[0]] or [e for e in ops if e.get("name") == HOST_READ_OPS[1]]
+    dtoh = [e for e in gpu if e.get("cat") == "gpu_memcpy" and "dtoh" in str(e.get("name", "")).lower()
+            and in_window(e)]
+
+    st = {
+        "device": "cuda" if on_gpu else "cpu",
+        "steps": len(steps) or 1,
+        "step_ms": span / n_steps / 1e3,
+        "phase_share": phase_share,
+        "data_share": phase_share["data"],
+        "host_reads_per_step": len(reads) / n_steps,
+        "syncs_per_step": len(syncs) / n_steps,
+        "sync_wait_share": _length(_union([(e["ts"], e["ts"] + e["dur"]) for e in syncs])) / span,
+        "dtoh_copies_per_step": len(dtoh) / n_steps,
+        "notes": notes,
+    }
+
+    # Compute phases on the host: how much of them is spent in operators big enough to be real work.
+    comp = _union([x for ph in COMPUTE_PHASES for x in phase_iv[ph]]) or [(w0, w1)]
+    rows = _self_times(ops)
+    heavy_small = []
+    for a, b in windows:
+        c = _clip(comp, a, b)
+        heavy = sum(s for e, s in rows if s >= SMALL_OP_US and a <= e["ts"] < b and _overlap(c, e["ts"], e["ts"] + e["dur"]) > 0)
+        heavy_small.append(max(0.0, 1 - heavy / max(_length(c), 1e-9)))
+    st["ops_per_step"] = len(ops) / n_steps
+    st["small_op_share"] = _median(heavy_small)
+
+    if on_gpu:
+        busy = _union(_clip([(e["ts"], e["ts"] + e["dur"]) for e in gpu], w0, w1))
+        k_iv = _union(_clip([(e["ts"], e["ts"] + e["dur"]) for e in kernels], w0, w1))
+        st["gpu_busy_share"] = _length(busy) / span
+        st["gpu_idle_share"] = 1 - st["gpu_busy_share"]
+        st["kernel_busy_share"] = _length(k_iv) / span
+        gaps, t = [], w0
+        for a, b in busy:
+            if a > t:
+                gaps.append((t, a))
+            t = max(t, b)
+        if t < w1:
+            gaps.append((t, w1))
+        data_iv = phase_iv["data"]
+        sync_ends = sorted(e["ts"] + e["dur"] for e in syncs)
+        cause = {"data": 0.0, "sync": 0.0, "overhead": 0.0}
+        for a, b in gaps:
+            d = _overlap(data_iv, a, b)
+            cause["data"] += d
+            k = bisect.bisect_left(sync_ends, a - SYNC_TOLERANCE_US)
+            after_sync = k < len(sync_ends) and sync_ends[k] <= b
+            cause["sync" if after_sync else "overhead"] += (b - a) - d
+        st["idle_by_cause"] = {k: v / span for k, v in cause.items()}
+        k_in = [e for e in kernels if in_window(e)]
+        k_time = sum(e["dur"] for e in k_in)
+        tc_time = sum(e["dur"] for e in k_in if is_tensor_core_kernel(str(e.get("name", "")))[0] is True)
+        mm_time = sum(e["dur"] for e in k_in if is_tensor_core_kernel(str(e.get("name", "")))[0] is not None)
+        st.update(kernels_per_step=len(k_in) / n_steps, launches_per_step=len(launches) / n_steps,
+                  kernel_ms_per_step=k_time / n_steps / 1e3,
+                  launch_ms_per_step=sum(e["dur"] for e in launches) / n_steps / 1e3,
+                  mean_kernel_us=k_time / max(1, len(k_in)),
+                  tensor_core_share=tc_time / k_time if k_time else 0.0,
+                  matmul_share=mm_time / k_time if k_time else 0.0)
+        st["top"] = _top([(str(e.get("name", "")), e["dur"]) for e in k_in], n_steps, k_time, tc=True)
+    else:
+        st.update(gpu_busy_share=None, gpu_idle_share=None, idle_by_cause=None, tensor_core_share=None)
+        selfs = [(str(e.get("name", "")), s) for e, s in rows if str(e.get("name", "")).startswith("aten::")]
+        st["top"] = _top(selfs, n_steps, sum(s for _, s in selfs), tc=False)
+    return st
+
+
+def _top(items: list[tuple[str, float]], n_steps: int, total: float, tc: bool, k: int = 6) -> list[dict]:
+    from labkit.matmul import is_tensor_core_kernel
+
+    agg: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for name, t in items:
+        agg[name][0] += t
+        agg[name][1] += 1
+    rows = []
+    for name, (t, n) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:k]:
+        row = {"name": name if len(name) <= 100 else name[:97] + "...", "ms_per_step": t / n_steps / 1e3,
+               "calls_per_step": n / n_steps, "share": t / total if total else 0.0}
+        if tc:
+            row["tensor_core"] = is_tensor_core_kernel(name)[0]
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- diagnose
+
+
+@dataclass
+class Diagnosis:
+    """The bottleneck of a profiled run, the evidence for it, and the fix.
+
+    kind: "data" | "overhead" | "sync" | "compute" (see KINDS for titles); evidence: the numbers of
+    `trace_stats` (shares are fractions of the step's wall time; ms per step); reasons: sentences citing the
+    numbers that decided; notes: secondary findings; fix: what the course teaches for this bottleneck.
+    """
+
+    kind: str
+    title: str
+    device: str
+    reasons: list[str]
+    fix: str
+    evidence: dict
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        ev = self.evidence
+        lines = [f"{self.title} ({self.device}: {ev['steps']} steps of {ev['step_ms']:.2f} ms)"]
+        lines += [f"  - {r}" for r in self.reasons]
+        lines += [f"  note: {n}" for n in self.notes]
+        if ev.get("top"):
+            lines.append("  top " + ("kernels" if self.device == "cuda" else "operators (self time)") + ":")
+            for r in ev["top"][:5]:
+                tc = {True: " [tensor cores]", False: " [CUDA cores]"}.get(r.get("tensor_core"), "")
+                lines.append(f"    {100 * r['share']:5.1f}%  {r['ms_per_step']:8.3f} ms/step  {r['name']}{tc}")
+        lines.append(f"  fix: {self.fix}")
+        return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def diagnose(source) -> Diagnosis:
+    """Name the bottleneck of a profiled run: data-loading, CPU/launch, synchronization or GPU compute bound.
+
+    `source`: a `Profile` from `profile_steps`, a trace file (.json / .json.gz from torch.profiler), a parsed
+    trace dict, or a torch.profiler.profile object. Raises LabkitError for a missing, truncated or non-profiler
+    trace. The result's `kind` is one of "data", "overhead", "sync", "compute"; `evidence` holds the numbers.
+    """
+    if isinstance(source, Profile):
+        trace = source.trace
+    elif isinstance(source, dict):
+        trace = source
+    elif isinstance(source, (str, os.PathLike)):
+        trace = load_trace(source)
+    elif hasattr(source, "export_chrome_trace"):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "trace.json")
+            source.export_chrome_trace(p)
+            trace = load_trace(p)
+    else:
+        raise LabkitError(f"diagnose needs a Profile, a trace file or a trace dict, not {type(source).__name__}")
+    st = trace_stats(trace)
+    return _decide_gpu(st) if st["device"] == "cuda" else _decide_cpu(st)
+
+
+def _decide_gpu(st: dict) -> Diagnosis:
+    idle, causes = st["gpu_idle_share"], st["idle_by_cause"]
+    reasons, notes = [], list(st["notes"])
+    tc = st["tensor_core_share"]
+    busy_line = (f"GPU busy {_pct(st['gpu_busy_share'])} of the step, idle {_pct(idle)}: "
+                 f"{_pct(causes['data'])} while the host waited in 'data', {_pct(causes['sync'])} right after host "
+                 f"syncs, {_pct(causes['overhead'])} while the host ran Python and launched kernels")
+    launch_line = (f"{st['kernels_per_step']:.0f} kernels per step averaging {st['mean_kernel_us']:.1f} us; "
+                   f"launch calls {st['launch_ms_per_step']:.2f} ms vs kernel time {st['kernel_ms_per_step']:.2f} ms "
+                   f"per step")
+    sync_line = (f"{st['syncs_per_step']:.0f} host syncs, {st['dtoh_copies_per_step']:.0f} device-to-host copies and "
+                 f"{st['host_reads_per_step']:.0f} .item()-style reads per step; the host waited in syncs "
+                 f"{_pct(st['sync_wait_share'])} of the step")
+    if idle < GPU_IDLE_LIMIT:
+        kind = "compute"
+        reasons += [busy_line + f" (below the {_pct(GPU_IDLE_LIMIT)} that would blame the host)",
+                    f"tensor cores ran {_pct(tc)} of kernel time; matmul kernels {_pct(st['matmul_share'])}"]
+        fix = FIXES["compute_tensor_cores" if tc >= 0.5 else "compute_cuda_cores"]
+        if st["data_share"] >= 0.2:
+            notes.append(f"the host spends {_pct(st['data_share'])} of the step in 'data' while the GPU is busy: "
+                         f"it is waiting behind queued GPU work (a blocking copy), so faster loading will not help")
+    else:
+        kind = max(causes, key=causes.get)
+        reasons.append(busy_line)
+        if kind == "data":
+            reasons.append(f"the host spent {_pct(st['data_share'])} of the step inside 'data' (the next batch)")
+        elif kind == "sync":
+            reasons.append(sync_line)
+        else:
+            reasons.append(launch_line)
+        fix = FIXES[kind]
+        second = sorted(causes.items(), key=lambda kv: -kv[1])[1]
+        if second[1] >= 0.1:
+            notes.append(f"also {_pct(second[1])} of the step idle for {KINDS[second[0]]} reasons")
+    if kind != "sync" and st["syncs_per_step"] >= 1:
+        notes.append(sync_line)
+    if kind != "overhead":
+        notes.append(launch_line)
+    return Diagnosis(kind, KINDS[kind], "cuda", reasons, fix, st, notes)
+
+
+def _decide_cpu(st: dict) -> Diagnosis:
+    reasons, notes = [], list(st["notes"])
+    ps = st["phase_share"]
+    comp = sum(ps[p] for p in COMPUTE_PHASES)
+    split = (f"step time: data {_pct(ps['data'])}, forward {_pct(ps['forward'])}, backward {_pct(ps['backward'])}, "
+             f"optimizer {_pct(ps['optimizer'])}, other {_pct(ps['other'] + ps['metrics'])}")
+    small = (f"{st['ops_per_step']:.0f} operators per step; {_pct(st['small_op_share'])} of forward/backward/optimizer "
+             f"time is spent outside operators of {SMALL_OP_US:.0f} us or more (Python, dispatch, tiny ops)")
+    if st["data_share"] >= CPU_DATA_LIMIT:
+        kind = "data"
+        reasons += [split, f"the step waits for data {_pct(st['data_share'])} of the time "
+                           f"(at least {_pct(CPU_DATA_LIMIT)} makes it data-loading bound)"]
+        fix = FIXES["data"]
+    elif st["small_op_share"] >= CPU_OVERHEAD_LIMIT:
+        kind = "overhead"
+        reasons += [split, small + f" (at least {_pct(CPU_OVERHEAD_LIMIT)} makes it overhead bound)"]
+        fix = FIXES["overhead"]
+    else:
+        kind = "compute"
+        reasons += [split, f"forward/backward/optimizer take {_pct(comp)} of the step, mostly in operators that do "
+                           f"real work ({_pct(1 - st['small_op_share'])} of that time)"]
+        fix = FIXES["compute_cpu"]
+    if kind != "data" and st["data_share"] >= 0.2:
+        notes.append(f"data loading still takes {_pct(st['data_share'])} of the step")
+    if st["host_reads_per_step"] >= 1:
+        notes.append(f"{st['host_reads_per_step']:.0f} host reads per step (.item() and the like): free on a CPU, "
+                     f"but on a GPU each one makes the host wait for the device")
+    title = "compute bound" if kind == "compute" else KINDS[kind]
+    return Diagnosis(kind, title, "cpu", reasons, fix, st, notes)
+
+
+# ------------------------------------------------------------------------------------- Python profilers
+
+
+@dataclass
+class PyProfile:
+    """A Python profiler's report: the text it prints, its rows as dicts, and the profiled call's return value."""
+
+    text: str
+    rows: list[dict]
+    result: object = None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def cprofile(fn, *args, sort: str = "cumulative", limit: int = 12, **kwargs) -> PyProfile:
+    """Run `fn(*args, **kwargs)` under cProfile; rows: function, calls, tottime_s (own), cumtime_s (with callees)."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    result = pr.runcall(fn, *args, **kwargs)
+    buf = io.StringIO()
+    stats = pstats.Stats(pr, stream=buf).strip_dirs().sort_stats(sort)
+    stats.print_stats(limit)
+    key = {"cumulative": 3, "tottime": 2, "calls": 1, "ncalls": 1}.get(sort, 3)
+    rows = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():
+        rows.append({"function": f"{func} ({file}:{line})", "calls": nc, "tottime_s": tt, "cumtime_s": ct,
+                     "_k": (None, nc, tt, ct)[key]})
+    rows.sort(key=lambda r: -r.pop("_k"))
+    return PyProfile(buf.getvalue(), rows[:limit], result)
+
+
+def line_profile(fn, *args, functions=None, **kwargs) -> PyProfile:
+    """Time every line of `functions` (default: `fn`) while `fn(*args, **kwargs)` runs, with line_profiler.
+
+    Rows: function, line, hits, time_s, share (of the profiled functions' total), code. On a GPU the time of
+    asynchronous kernels is charged to the line that waits for them (an .item(), a print), not to the line that
+    launched them.
+    """
+    import linecache
+
+    from line_profiler import LineProfiler
+
+    lp = LineProfiler(*(functions or [fn]))
+    result = lp.runcall(fn, *args, **kwargs)
+    buf = io.StringIO()
+    lp.print_stats(stream=buf, output_unit=1e-3, stripzeros=True)
+    st = lp.get_stats()
+    rows = []
+    for (file, _first, func), timings in st.timings.items():
+        for line, hits, t in timings:
+            rows.append({"function": func, "line": line, "hits": hits, "time_s": t * st.unit,
+                         "code": linecache.getline(file, line).strip()})
+    total = sum(r["time_s"] for r in rows) or 1.0
+    for r in rows:
+        r["share"] = r["time_s"] / total
+    rows.sort(key=lambda r: -r["time_s"])
+    return PyProfile(buf.getvalue(), rows, result)
+
+
+def memory_usage(fn, *args, interval: float = 0.01, **kwargs) -> dict:
+    """Resident memory of this process sampled every `interval` s while `fn` runs (memory_profiler).
+
+    Returns start_mib, peak_mib, samples_mib (MiB) and result. Host memory only: tensors on a GPU do not show.
+    """
+    from memory_profiler import memory_usage as mu
+
+    samples, result = mu((fn, args, kwargs), interval=interval, retval=True, include_children=False)
+    return {"start_mib": samples[0], "peak_mib": max(samples), "samples_mib": list(samples),
+            "interval_s": interval, "result": result}
+
+
+def memory_lines(fn, *args, functions=None, **kwargs) -> PyProfile:
+    """Memory after each line of `functions` (default `fn`) and its increment, with memory_profiler (slow: small
+    inputs only). Rows: line, mem_mib, increment_mib, code."""
+    import linecache
+
+    import memory_profiler as mp
+
+    prof = mp.LineProfiler(backend="psutil")
+    for f in functions or [fn]:
+        prof.add_function(getattr(f, "__func__", f))
+    prof.enable_by_count()
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        prof.disable_by_count()
+    buf = io.StringIO()
+    mp.show_results(prof, stream=buf, precision=1)
+    rows = []
+    for code, lines in prof.code_map.items():
+        for line, entry in lines:
+            if entry:
+                inc, mem = entry[0], entry[1]
+                rows.append({"line": line, "mem_mib": mem, "increment_mib": inc,
+                             "code": linecache.getline(code.co_filename, line).strip()})
+    return PyProfile(buf.getvalue(), rows, result)
+
+
+PTRACE_NOTE = ("py-spy reads another process's memory, which Linux guards with ptrace permissions: a program it "
+               "starts itself (py-spy record -- python ...) works as a normal user; attaching to a running process "
+               "(--pid) needs root or kernel.yama.ptrace_scope=0; in Docker add --cap-add SYS_PTRACE; on macOS use "
+               "sudo.")
+
+
+def py_spy_path() -> str | None:
+    """The py-spy executable (an optional tool: pip install 'labkit[profiling]'), or None."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def py_spy_top(argv: list[str], *, rate: int = 200, top: int = 10, timeout: float = 300,
+               native: bool = False) -> dict | None:
+    """Sample a Python program with py-spy (`py-spy record -- argv`) and list where it spent its time.
+
+    Returns {"samples", "self": [(function, share)], "inclusive": [(function, share)]}, or None (with a printed
+    reason) when py-spy is absent or may not trace. py-spy sees Python frames (with `native`, C frames too), not
+    what a GPU runs.
+    """
+    exe = py_spy_path()
+    if exe is None:
+        print("py-spy is not installed (an optional tool: pip install py-spy): skipped")
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        raw = os.path.join(d, "raw.txt")
+        cmd = [exe, "record", "--format", "raw", "-o", raw, "--rate", str(rate)] + (["--native"] if native else [])
+        try:
+            proc = subprocess.run(cmd + ["--", *argv], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"py-spy: the program ran longer than {timeout:.0f} s: skipped")
+            return None
+        if proc.returncode != 0 or not os.path.exists(raw):
+            err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            print(f"py-spy could not sample ({err}). {PTRACE_NOTE}")
+            return None
+        text = Path(raw).read_text()
+    own: dict[str, int] = defaultdict(int)
+    incl: dict[str, int] = defaultdict(int)
+    total = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        total += n
+        own[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    if not total:
+        print("py-spy took no samples (the program ended too soon): skipped")
+        return None
+
+    def best(d):
+        return [(f, n / total) for f, n in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
+
+    return {"samples": total, "self": best(own), "inclusive": best(incl)}
+
+
+def cuda_memory_snapshot(fn, path: str | os.PathLike, *, max_entries: int = 100_000) -> Path | None:
+    """Record every CUDA allocation while `fn()` runs and dump a snapshot for https://pytorch.org/memory_viz.
+
+    CUDA only: on a machine without a CUDA GPU it prints why and returns None.
+    """
+    if not torch.cuda.is_available():
+        print("CUDA memory snapshots record the CUDA caching allocator: this machine has no CUDA GPU, skipped")
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    try:
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    print(f"wrote {path}: drag it onto https://pytorch.org/memory_viz")
+    return path
+
+
+def nvidia_smi(fields=("utilization.gpu", "memory.used", "memory.total", "power.draw")) -> list[dict] | None:
+    """One nvidia-smi reading per GPU (utilization.gpu is the share of time any kernel ran, not how busy the
+    SMs were); None with a printed reason where nvidia-smi is absent."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        print("nvidia-smi is not here (no NVIDIA driver): skipped")
+        return None
+    out = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        print(f"nvidia-smi failed: {out.stderr.strip()[:200]}")
+        return None
+    return [dict(zip(fields, (v.strip() for v in line.split(",")), strict=False))
+            for line in out.stdout.strip().splitlines()]
+
+
+# -------------------------------------------------------------------------------------------------- CLI
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("profile", help="profile a few training steps, write the trace, print the diagnosed bottleneck")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--preset", help="ladder rung to profile (labkit ladder --list); the default is baseline")
+    what.add_argument("--scenario", help="planted-bottleneck scenario: data, overhead, sync or compute")
+    what.add_argument("--trace", metavar="PATH", help="diagnose an existing torch.profiler trace (.json or .json.gz)")
+    p.add_argument("--fixed", action="store_true", help="with --scenario: profile the fixed version")
+    p.add_argument("--out", default="runs/profile", help="folder for the trace, key-averages table and diagnosis")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--quick", action="store_true", help="small sizes (the default without a GPU)")
+    p.add_argument("--full", action="store_true", help="full sizes even on a CPU (slow)")
+    p.add_argument("--wait", type=int, help="steps before recording (default: chosen per target)")
+    p.add_argument("--warmup", type=int, default=1, help="steps traced and discarded (default 1)")
+    p.add_argument("--active", type=int, default=3, help="steps recorded and analysed (default 3)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and rungs, then exit")
+    p.set_defaults(func=_cli_profile)
+
+
+def _cli_profile(args) -> int:
+    from labkit import scenarios as S
+    from labkit import train as T
+    from labkit.bench import write_json
+    from labkit.env import quick_mode
+
+    if args.list:
+        for s in S.SCENARIOS.values():
+            print(f"scenario {s.name:<9} planted: {s.planted}\n{'':18} fix: {s.fix}")
+        print("rungs: " + ", ".join(T.RUNG_NAMES))
+        return 0
+    if args.trace:
+        d = diagnose(args.trace)
+        print(d)
+        return 0
+    if args.fixed and not args.scenario:
+        raise LabkitError("--fixed goes with --scenario NAME")
+    dev = pick_device(args.device)
+    quick = args.quick or (quick_mode() and not args.full)
+    if args.scenario:
+        if args.scenario not in S.SCENARIOS:
+            raise LabkitError(f"unknown scenario {args.scenario!r}: choose one of {', '.join(S.SCENARIOS)}")
+        sc = S.SCENARIOS[args.scenario]
+        if dev.type != "cuda" and not sc.cpu_shows_it:
+            print(f"note: {sc.name} on a CPU: {sc.cpu_note}")
+        target = S.workload(args.scenario, dev, fixed=args.fixed, quick=quick)
+    else:
+        name = args.preset or "baseline"
+        target = T.preset(name, T.quick_base() if quick else T.TrainConfig())
+        if dev.type != "cuda":
+            T.check_config(target, dev)
+    sched = suggest_schedule(target, dev, active=args.active)
+    sched = ProfileSchedule(wait=sched.wait if args.wait is None else args.wait, warmup=args.warmup,
+                            active=args.active)
+    print(f"profiling {getattr(target, 'name', None) or target.cfg.name} on {dev} "
+          f"(wait {sched.wait}, warmup {sched.warmup}, active {sched.active} steps)"
+          + (" in quick mode" if quick else "") + ("" if dev.type == "cuda" else "; no GPU: CPU operators only"))
+    prof = profile_steps(target, dev, schedule=sched, out=args.out, progress=True)
+    d = prof.diagnose()
+    diag_path = Path(args.out) / f"{_safe(prof.name)}.diagnosis.json"
+    write_json(diag_path, d.to_dict())
+    print("\n".join(prof.table.splitlines()[:14]))
+    print(d)
+    print(f"wrote {prof.trace_path} (open in https://ui.perfetto.dev), {diag_path}")
+    return 0
