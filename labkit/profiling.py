@@ -223,6 +223,7 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
         raise LabkitError(f"{label}: the profiler recorded nothing; the run ended before the {sched.total} steps "
                           f"that wait={sched.wait} + warmup={sched.warmup} + active={sched.active} need")
     trace = captured["trace"]
+    trace["traceName"] = label  # export wrote it to a temporary file whose path means nothing later
     trace["labkit"] = {"name": label, "device": dev.type, "schedule": asdict(sched)}
     result = Profile(label, dev.type, trace, captured["table"], sched)
     if out is not None:
@@ -697,7 +698,8 @@ def memory_usage(fn, *args, interval: float = 0.01, **kwargs) -> dict:
 
 def memory_lines(fn, *args, functions=None, **kwargs) -> PyProfile:
     """Memory after each line of `functions` (default `fn`) and its increment, with memory_profiler (slow: small
-    inputs only). Rows: line, mem_mib, increment_mib, code."""
+    inputs only). Rows: line, mem_mib, increment_mib, code. The functions must live in a .py file (memory_profiler
+    reads their source): a function defined in a notebook cell is skipped with an error line."""
     import linecache
 
     import memory_profiler as mp
@@ -713,12 +715,11 @@ def memory_lines(fn, *args, functions=None, **kwargs) -> PyProfile:
     buf = io.StringIO()
     mp.show_results(prof, stream=buf, precision=1)
     rows = []
-    for code, lines in prof.code_map.items():
+    for filename, lines in prof.code_map.items():
         for line, entry in lines:
             if entry:
-                inc, mem = entry[0], entry[1]
-                rows.append({"line": line, "mem_mib": mem, "increment_mib": inc,
-                             "code": linecache.getline(code.co_filename, line).strip()})
+                rows.append({"line": line, "mem_mib": entry[1], "increment_mib": entry[0],
+                             "code": linecache.getline(filename, line).strip()})
     return PyProfile(buf.getvalue(), rows, result)
 
 

@@ -106,7 +106,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
                      "waits for the device hundreds of times per step",
              "keep losses and counts on the device and read them once at the end",
              dict(host_reads="sample", optimizer="sgd-foreach"), dict(host_reads="none"),
-             {"full": dict(width=2048, depth=4, batch=1024), "quick": dict(width=128, depth=2, batch=128)}, False,
+             {"full": dict(width=2048, depth=4, batch=512), "quick": dict(width=128, depth=2, batch=128)}, False,
              "a CPU has no asynchronous queue to drain: .item() costs no wait there, only Python per sample"),
     Scenario("compute", "a wide MLP in strict fp32: the matmuls run on CUDA cores",
              "bf16 autocast, so the matmuls run on tensor cores (then fuse and cut work; the GPU stays the limit)",
@@ -213,7 +213,7 @@ class Workload:
 
         for i in idx.tolist():
             with Image.open(io.BytesIO(self.png[i])) as im:
-                img = torch.from_numpy(np.asarray(im.convert("RGB"))).permute(2, 0, 1)
+                img = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
             if self.cfg.augment:
                 img = F.pad(img, (4, 4, 4, 4))
                 oy, ox = self.py_rng.randrange(9), self.py_rng.randrange(9)
