@@ -33,6 +33,7 @@ import io
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -505,15 +506,20 @@ def _spawn(names, path: Path, budget: float, device: str):
     cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, str(path), *names]
     err = None
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
+        # A session of its own: on a timeout the whole group goes, DataLoader workers and other children included
+        # (a surviving child would hold the pipes open and hang the grader).
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env, cwd=cwd, start_new_session=hasattr(os, "killpg"))
         try:
-            p = subprocess.run(cmd, input=nonce + "\n", capture_output=True, text=True, timeout=budget, env=env,
-                               cwd=cwd)
-            out, errtext = p.stdout, p.stderr
+            out, errtext = p.communicate(nonce + "\n", timeout=budget)
             if p.returncode != 0:
                 err = f"the grading process exited with status {p.returncode}: {_tail(errtext)}"
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        except subprocess.TimeoutExpired:
+            _kill_group(p)
+            out, _ = p.communicate()
             err = f"timed out after {budget:.0f} s (an endless loop, or far too slow)"
+        finally:
+            _kill_group(p)
     started, got = [], {}
     for line in out.splitlines():
         if not line.startswith(nonce + " "):
@@ -527,6 +533,15 @@ def _spawn(names, path: Path, budget: float, device: str):
     if err is None and len(got) < len(names):
         err = "the grading process stopped early (did the submission call exit()?)"
     return started, got, err
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    """Kill the worker and everything it started (its own process group); the worker alone elsewhere."""
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        if hasattr(os, "killpg"):
+            os.killpg(p.pid, signal.SIGKILL)
+        elif p.poll() is None:
+            p.kill()
 
 
 def _tail(text: str, n: int = 3) -> str:

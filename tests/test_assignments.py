@@ -91,6 +91,11 @@ def test_course_config_sets_the_policies():
 def test_generate_validate_autograde(course, lab):
     src = course / "source" / lab / f"{lab}.ipynb"
 
+    ok = _run(["validate", str(src)], course)
+    assert ok.returncode == 0 and "Success! Your notebook passes all the tests." in ok.stdout, \
+        ok.stdout[-3000:] + ok.stderr[-2000:]
+    assert list(src.parent.glob("student_*.py")), "validating the source runs its %%writefile cell"
+
     gen = _run(["generate_assignment", lab, "--force"], course)
     assert gen.returncode == 0, gen.stderr[-2000:]
     release = course / "release" / lab / f"{lab}.ipynb"
@@ -98,11 +103,8 @@ def test_generate_validate_autograde(course, lab):
     released = release.read_text()
     assert "BEGIN SOLUTION" not in released and "BEGIN HIDDEN TESTS" not in released
     assert "raise NotImplementedError()" in released
-    assert not (course / "release" / lab / "student_*.py").exists()
+    assert not list(release.parent.glob("student_*.py")), "the reference module must not travel with the release"
 
-    ok = _run(["validate", str(src)], course)
-    assert ok.returncode == 0 and "Success! Your notebook passes all the tests." in ok.stdout, \
-        ok.stdout[-3000:] + ok.stderr[-2000:]
     bad = _run(["validate", str(release)], course)
     assert "VALIDATION FAILED" in bad.stdout, bad.stdout[-3000:] + bad.stderr[-2000:]
 
