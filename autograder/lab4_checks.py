@@ -130,8 +130,10 @@ def _as_float(loss) -> float:
     return float(loss.detach().float().reshape(-1)[0]) if isinstance(loss, torch.Tensor) else float(loss)
 
 
-def _state(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().float().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+def _twin_dtype(device) -> torch.dtype:
+    """bf16 where the device has it (CPU, Ampere and newer), else fp16 (older GPUs)."""
+    dev = torch.device(device)
+    return torch.float16 if dev.type == "cuda" and not torch.cuda.is_bf16_supported() else torch.bfloat16
 
 
 def _flat(model, keys) -> torch.Tensor:
@@ -153,7 +155,7 @@ def _correctness(mod, ctx, hyper, seed, keep: dict | None = None) -> dict:
     keys = [k for k, v in base_model.state_dict().items() if v.is_floating_point() and "running" not in k]
     theirs, mine, twin = _clone(base_model, ctx), _clone(base_model, ctx), _clone(base_model, ctx)
     ref = NaiveStep(mine, device=ctx.device, **hyper)
-    ref_amp = NaiveStep(twin, device=ctx.device, amp=torch.bfloat16, **hyper)
+    ref_amp = NaiveStep(twin, device=ctx.device, amp=_twin_dtype(ctx.device), **hyper)
     step = _build(mod, theirs, ctx, hyper)
     losses, ref_losses, amp_losses, changed = [], [], [], 0
     trail = {"theirs": [_flat(theirs, keys)], "mine": [_flat(mine, keys)], "twin": [_flat(twin, keys)]}
@@ -253,7 +255,9 @@ def _tensor_core_evidence(step, x, y) -> dict:
         total = tc = 0.0
         names = set()
         for e in prof.key_averages():
-            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0
+            if "CUDA" not in str(getattr(e, "device_type", "")):
+                continue  # CPU-side ops also carry their kernels' time: count each kernel once
+            t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0
             total += t
             if TENSOR_CORE_KERNEL.search(e.key):
                 tc += t
