@@ -29,6 +29,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -317,12 +318,6 @@ def _overlap_all(merged, lo: float, hi: float) -> float:
     return _overlap(merged, lo, hi) if merged else 0.0
 
 
-def _median(xs: list[float]) -> float:
-    import statistics
-
-    return statistics.median(xs) if xs else 0.0
-
-
 def _self_times(ops: list[dict]) -> list[tuple[dict, float]]:
     """(event, self time in us) for CPU operators: duration minus that of the operators nested in it, per thread."""
     by_thread = defaultdict(list)
@@ -382,16 +377,21 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
         iv = [(e["ts"], e["ts"] + e["dur"]) for e in X if e.get("name") == ph and e.get("cat") in ("user_annotation", "cpu_op")
               and (main is None or (e.get("pid"), e.get("tid")) == main)]
         phase_iv[ph] = _union(_clip(iv, w0, w1))
-    # Per step, then the median over steps on a CPU: one step stretched by a preempted thread does not decide.
-    # On a GPU, work launched in one step runs in the next, so there the whole window is the unit.
-    windows = [(w0, w1)] if on_gpu or not steps else [(s["ts"], s["ts"] + s["dur"]) for s in steps]
+    # On a CPU the shares come from the step of median length: one step stretched by a preempted thread does
+    # not decide, and the shares still add up. On a GPU, work launched in one step runs in the next, so there
+    # the whole window is the unit.
+    if on_gpu or not steps:
+        a, b = w0, w1
+    else:
+        mid = sorted(steps, key=lambda e: e["dur"])[(len(steps) - 1) // 2]
+        a, b = mid["ts"], mid["ts"] + mid["dur"]
 
-    def shares(iv_of):
-        return [_overlap_all(iv_of, a, b) / max(b - a, 1e-9) for a, b in windows]
+    def share(iv_of):
+        return _overlap_all(iv_of, a, b) / max(b - a, 1e-9)
 
-    phase_share = {ph: _median(shares(iv)) for ph, iv in phase_iv.items()}
+    phase_share = {ph: share(iv) for ph, iv in phase_iv.items()}
     labelled = _union([x for iv in phase_iv.values() for x in iv])
-    phase_share["other"] = max(0.0, 1 - _median(shares(labelled)))
+    phase_share["other"] = max(0.0, 1 - share(labelled))
     if not phase_iv["data"]:
         notes.append("no 'data' label in the trace: time waiting for data cannot be separated")
 
@@ -419,13 +419,10 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
     # Compute phases on the host: how much of them is spent in operators big enough to be real work.
     comp = _union([x for ph in COMPUTE_PHASES for x in phase_iv[ph]]) or [(w0, w1)]
     rows = _self_times(ops)
-    heavy_small = []
-    for a, b in windows:
-        c = _clip(comp, a, b)
-        heavy = sum(s for e, s in rows if s >= SMALL_OP_US and a <= e["ts"] < b and _overlap(c, e["ts"], e["ts"] + e["dur"]) > 0)
-        heavy_small.append(max(0.0, 1 - heavy / max(_length(c), 1e-9)))
+    c = _clip(comp, a, b)
+    heavy = sum(s for e, s in rows if s >= SMALL_OP_US and a <= e["ts"] < b and _overlap(c, e["ts"], e["ts"] + e["dur"]) > 0)
     st["ops_per_step"] = len(ops) / n_steps
-    st["small_op_share"] = _median(heavy_small)
+    st["small_op_share"] = max(0.0, 1 - heavy / max(_length(c), 1e-9))
 
     if on_gpu:
         busy = _union(_clip([(e["ts"], e["ts"] + e["dur"]) for e in gpu], w0, w1))
@@ -622,6 +619,47 @@ def _decide_cpu(st: dict) -> Diagnosis:
     return Diagnosis(kind, title, "cpu", reasons, fix, st, notes)
 
 
+def breakdown(d) -> dict[str, float]:
+    """Where a step's time went, as shares that sum to 1: on a GPU the busy share and the idle share by cause,
+    on a CPU the phases. `d`: a Diagnosis or its evidence dict (e.g. from a recorded result)."""
+    ev = d.evidence if isinstance(d, Diagnosis) else d
+    if ev.get("gpu_busy_share") is not None:
+        c = ev["idle_by_cause"]
+        return {"GPU busy": ev["gpu_busy_share"], "idle: data": c["data"], "idle: after sync": c["sync"],
+                "idle: launch/Python": c["overhead"]}
+    ps = ev["phase_share"]
+    parts = {p: ps[p] for p in ("data", "forward", "backward", "optimizer")}
+    parts["other"] = max(0.0, 1 - sum(parts.values()))
+    return parts
+
+
+def plot_breakdown(named: dict, ax=None, title: str = "where the step's time goes"):
+    """Stacked horizontal bars of `breakdown` for each named Diagnosis (or evidence dict); returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.45 * len(named) + 1.4))
+    names = list(named)
+    parts = [breakdown(named[n]) for n in names]
+    keys = list(dict.fromkeys(k for p in parts for k in p))
+    left = [0.0] * len(names)
+    for k in keys:
+        vals = [100 * p.get(k, 0.0) for p in parts]
+        ax.barh(names, vals, left=left, label=k)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    for i, n in enumerate(names):
+        d = named[n]
+        kind = d.kind if isinstance(d, Diagnosis) else None
+        if kind:
+            ax.text(101, i, d.title, va="center", fontsize=8)
+    ax.set_xlim(0, 100 if not any(isinstance(d, Diagnosis) for d in named.values()) else 135)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of step time")
+    ax.set_title(title)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=len(keys), fontsize=8, frameon=False)
+    return ax
+
+
 # ------------------------------------------------------------------------------------- Python profilers
 
 
@@ -736,12 +774,13 @@ def py_spy_path() -> str | None:
 
 
 def py_spy_top(argv: list[str], *, rate: int = 200, top: int = 10, timeout: float = 300,
-               native: bool = False) -> dict | None:
+               native: bool = False, within: str | None = None) -> dict | None:
     """Sample a Python program with py-spy (`py-spy record -- argv`) and list where it spent its time.
 
-    Returns {"samples", "self": [(function, share)], "inclusive": [(function, share)]}, or None (with a printed
-    reason) when py-spy is absent or may not trace. py-spy sees Python frames (with `native`, C frames too), not
-    what a GPU runs.
+    `within`: keep only samples taken inside a function of that name (e.g. "step"), so start-up and imports
+    do not crowd the list. Returns {"samples", "self": [(function, share)], "inclusive": [(function, share)]},
+    or None (with a printed reason) when py-spy is absent or may not trace. py-spy sees Python frames (with
+    `native`, C frames too), not what a GPU runs.
     """
     exe = py_spy_path()
     if exe is None:
@@ -768,13 +807,15 @@ def py_spy_top(argv: list[str], *, rate: int = 200, top: int = 10, timeout: floa
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        frames = stack.split(";")
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]  # one row per function, not per line
+        if within is not None and not any(f.split(" (")[0].split(".")[-1] == within for f in frames):
+            continue
         total += n
         own[frames[-1]] += n
         for f in set(frames):
             incl[f] += n
     if not total:
-        print("py-spy took no samples (the program ended too soon): skipped")
+        print("py-spy took no samples" + (f" inside {within}()" if within else "") + " (too short a run?): skipped")
         return None
 
     def best(d):

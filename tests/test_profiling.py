@@ -342,6 +342,8 @@ def test_py_spy_finds_the_hot_function():
         pytest.skip("py-spy may not trace here (ptrace permissions)")
     assert res["samples"] > 10 and res["inclusive"]
     assert any("hot_loop" in f for f, _ in res["self"][:3]), res
+    inside = P.py_spy_top([sys.executable, "-c", prog], rate=200, within="hot_loop")
+    assert inside["self"][0][0].startswith("hot_loop") and inside["self"][0][1] > 0.9, inside
 
 
 def test_gpu_only_tools_say_so_on_cpu(tmp_path, capsys):
