@@ -72,12 +72,13 @@ def corpus_size(quick: bool) -> dict:
 
 
 class TokenBatch(NamedTuple):
-    """A batch of token rows: tokens (B, L), segments (B, L: 0 = pad, k >= 1 = k-th sequence of the row) and
-    positions (B, L: position inside its own sequence)."""
+    """A batch of token rows: tokens (B, L), segments (B, L: 0 = pad, k >= 1 = k-th sequence of the row),
+    positions (B, L: position inside its own sequence), and whether rows hold several sequences (packed)."""
 
     tokens: torch.Tensor
     segments: torch.Tensor
     positions: torch.Tensor
+    packed: bool = False  # known on the host, so the model picks its mask without reading the device
 
     @property
     def real_tokens(self) -> int:
@@ -88,7 +89,7 @@ class TokenBatch(NamedTuple):
         return self.tokens.numel()
 
     def to(self, device, non_blocking: bool = False) -> TokenBatch:
-        return TokenBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
+        return TokenBatch(*(t.to(device, non_blocking=non_blocking) for t in self[:3]), self.packed)
 
 
 class TokenDataset(torch.utils.data.Dataset):
@@ -243,7 +244,7 @@ class PackedRows(torch.utils.data.Dataset):
                 segments[r, at:at + len(s)] = k
                 positions[r, at:at + len(s)] = torch.arange(len(s))
                 at += len(s)
-        return TokenBatch(tokens, segments, positions)
+        return TokenBatch(tokens, segments, positions, packed=True)
 
 
 class TokenLoader:
@@ -327,7 +328,7 @@ class TinyEncoder(nn.Module):
         """Per-token outputs (B, L, d_model) of the encoder layer."""
         x = self.tok(b.tokens) + self.pos(b.positions)
         seg = b.segments
-        if int(seg.max()) <= 1:  # one sequence per row: a key-padding mask is enough (and cheaper)
+        if not b.packed:  # one sequence per row: a key-padding mask is enough (and cheaper)
             return self.layer(x, src_key_padding_mask=seg == 0)
         same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
         same |= torch.eye(seg.shape[1], dtype=torch.bool, device=seg.device)  # pad queries see themselves: no NaN

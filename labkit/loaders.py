@@ -697,9 +697,12 @@ def plot_workers(series: dict[str, list[dict]], model_rates: dict | None = None,
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
+    ticks = set()
     for label, rows in series.items():
         ok = [r for r in rows if "skipped" not in r]
         ax.plot([r["workers"] for r in ok], [r["samples_per_s"] for r in ok], "o-", label=label)
+        ticks |= {r["workers"] for r in ok}
+    ax.set_xticks(sorted(ticks))
     for i, (label, m) in enumerate((model_rates or {}).items()):
         ax.axhline(m["img_per_s"], ls="--", color=f"C{i + 5}", label=f"{label}: {m['img_per_s']:,.0f} img/s")
     ax.set_xlabel("num_workers")
@@ -760,7 +763,8 @@ def run_sweeps(which, device="auto", quick: bool = True, n: int | None = None, w
             rows = B.strategy_table(B.synthetic_corpus(**B.corpus_size(quick)), device=dev, quick=quick)
             log(B.strategy_markdown(rows))
         else:
-            plan = {"workers": [(naive, workers), (packed, workers)],
+            steady = dict(persistent_workers=True)  # timed epochs after the warm-up: the steady rate
+            plan = {"workers": [(with_changes(naive, **steady), workers), (with_changes(packed, **steady), workers)],
                     "pin_memory": [(with_changes(naive, workers=max(workers)), [False, True])],
                     "persistent_workers": [(with_changes(naive, workers=max(workers)), [False, True])],
                     "prefetch_factor": [(with_changes(naive, workers=max(max(workers), 1)), [1, 2, 4])],
