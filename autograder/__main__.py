@@ -1,0 +1,85 @@
+"""`python -m autograder grade <assignment> --submissions DIR`: grade a class, unattended."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from autograder.grade import PRESETS, default_out, grade_class
+from labkit.env import LabkitError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description="Grade a class of nbgrader "
+                                     "submissions: isolated, resumable, with checks re-run outside the students' kernels.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    g = sub.add_parser("grade", help="grade every hand-in of one assignment and write grades.csv and feedback")
+    g.add_argument("assignment", help="assignment id, e.g. lab4_speedrun (a folder under COURSE/source/)")
+    g.add_argument("--submissions", required=True, metavar="DIR",
+                   help="folder (or .zip) of hand-ins: one folder per student, or LMS-named files/zips")
+    g.add_argument("--course", default=None, help="nbgrader course root (default: assignments)")
+    g.add_argument("--out", default=None, help="output folder (default: grading/<assignment>)")
+    g.add_argument("--work", default=None, help="scratch folder (default: a temporary folder, removed afterwards)")
+    g.add_argument("--preset", choices=sorted(PRESETS), default="class",
+                   help="limits: 'class' for a GPU box (default), 'quick' for small CPU assignments")
+    g.add_argument("--cell-timeout", type=int, default=None, metavar="S", help="per-cell time limit, seconds")
+    g.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="one student's whole grading, seconds (the process group is killed past it)")
+    g.add_argument("--memory-gb", type=float, default=None, help="memory budget of one student's processes, GiB")
+    g.add_argument("--jobs", type=int, default=None,
+                   help="students graded at once (default: one per GPU; 1 without a GPU)")
+    g.add_argument("--trust-kernel", action="store_true",
+                   help="keep the test cells' scores from inside the notebook instead of re-running the harness "
+                        "checks outside it (faster, but a student's added cell can fake them)")
+    g.add_argument("--harness", default=None, metavar="MODULE",
+                   help="module providing run_checks/run_check for the trusted re-run (default: autograder.harness)")
+    g.add_argument("--force", action="store_true", help="regrade students that already have a result")
+    g.add_argument("--only", nargs="+", default=(), metavar="STUDENT", help="grade only these student ids")
+    g.add_argument("--keep-work", action="store_true", help="keep each student's scratch course for debugging")
+    g.add_argument("--lms-regex", default=None,
+                   help="regular expression with (?P<student_id>...) for LMS-named files")
+    g.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback pages")
+    g.add_argument("--show-hidden-tests", action="store_true",
+                   help="leave hidden tests visible in the feedback (hidden by default)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.set_defaults(func=_cli_grade)
+    return parser
+
+
+def _cli_grade(args) -> int:
+    cfg = PRESETS[args.preset]
+    changes = {"course": args.course, "out": args.out or str(default_out(args.assignment)), "work": args.work,
+               "cell_timeout_s": args.cell_timeout, "wall_timeout_s": args.timeout, "memory_gb": args.memory_gb,
+               "jobs": args.jobs, "harness_module": args.harness, "lms_regex": args.lms_regex}
+    cfg = replace(cfg, **{k: v for k, v in changes.items() if v is not None}, force=args.force,
+                  only=tuple(args.only), keep_work=args.keep_work, trusted_recheck=not args.trust_kernel,
+                  feedback=not args.no_feedback, hide_hidden_tests=not args.show_hidden_tests,
+                  progress=not args.no_progress)
+    if cfg.jobs is not None and cfg.jobs < 1:
+        raise LabkitError("--jobs must be at least 1")
+    rep = grade_class(args.assignment, args.submissions, cfg)
+    print((rep.out / "summary.txt").read_text(), end="")
+    print(f"\n{rep.graded_now} graded now in {rep.wall_s:.0f} s. Wrote {rep.out / 'grades.csv'}, "
+          f"{rep.out / 'feedback'}/, {rep.out / 'gradebook.db'}; log: {rep.out / 'grade_log.txt'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except LabkitError as e:
+        print(f"autograder {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"autograder {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The course side of grading: generate an assignment once, build scratch courses, render feedback, find GPUs.
+
+`prepare_course` runs `nbgrader generate_assignment` on a private copy of the instructor's course and keeps what
+every student's scratch course needs in memory (the generated gradebook, the assignment's data files, the
+structure of its grade cells); the copy is then deleted, so no solution or hidden test is left on disk where a
+submission's code could look. `write_scratch` lays out one student's private course from that, with an
+nbgrader_config.py that loads the course's own settings and then adds the grader's (see nbhooks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from autograder import report, trusted
+from autograder.sandbox import Limits, run_limited, write_log
+from labkit.env import REPO_ROOT, LabkitError
+
+log = logging.getLogger("autograder")
+MAX_SOURCE_BYTES = 1 << 30  # an assignment's data files are kept in memory; beyond this, refuse
+CONFIG_ERROR = "Exception while loading config file"
+
+
+@dataclass
+class Course:
+    """One assignment, generated once: everything a scratch course is built from."""
+
+    assignment: str
+    root: Path  # the instructor's course root
+    config_text: str  # the course's nbgrader_config.py
+    source_files: dict[str, bytes]  # the assignment's non-notebook files (data, helpers), by relative path
+    gradebook: bytes  # the gradebook right after generate_assignment
+    structure: dict  # grade cells, points and checksums, to spot a gradebook rewritten by student code
+    notebooks: list[str]  # notebook ids of the assignment
+    max_score: float  # points available
+    cells: list[dict]  # notebook, cell, max_score of every grade cell
+    calls: list[trusted.HarnessCall]  # harness calls in the test cells, re-run by the grader
+    source_digest: str  # changes when the assignment or the course config changes (then everyone is regraded)
+
+
+def py_env(extra: dict | None = None) -> dict[str, str]:
+    """Environment for nbgrader and harness processes: this interpreter's tools first on PATH, repo importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONSTARTUP", "PYTHONINSPECT", "JPY_"))}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def known_assignments(course: Path) -> list[str]:
+    """Assignment ids with a source notebook under `course`/source."""
+    src = course / "source"
+    return sorted(p.name for p in src.iterdir() if (p / f"{p.name}.ipynb").exists()) if src.is_dir() else []
+
+
+def config_error(text: str) -> str | None:
+    """The error nbgrader logged (and then ignored) when a config file failed to load, or None."""
+    if CONFIG_ERROR not in text:
+        return None
+    block = text[text.index(CONFIG_ERROR):].splitlines()
+    errs = [ln.strip() for ln in block[1:60] if re.match(r"\s*[\w.]+(Error|Exception)\b", ln)]
+    return (errs[-1] if errs else block[0])[:300]
+
+
+def scratch_config(root: Path, *, cell_timeout_s: int | None, hide_hidden_tests: bool, vault: Path | None) -> str:
+    """nbgrader_config.py for a scratch course: the course's own settings, then the grader's."""
+    lines = [
+        "# Written by the grader: the course's settings, then the grader's own.",
+        "from nbgrader.converters.autograde import Autograde",
+        "from nbgrader.converters.generate_feedback import GenerateFeedback",
+        "from nbgrader.preprocessors import Execute, SaveAutoGrades",
+        "from autograder.nbhooks import HideHiddenTests, SealKernel, StderrIsNotFailure, UnsealAfterKernel",
+        "c = get_config()",
+        "load_subconfig('course_nbgrader_config.py')",
+        f"c.CourseDirectory.root = {str(root)!r}",
+        f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'gradebook.db')!r}",
+        # nbgrader's own default is 30 s per cell; a course that sets its own limit keeps it.
+        f"c.Execute.timeout = {cell_timeout_s!r} if {cell_timeout_s is not None!r} "
+        "else c.Execute.get('timeout', 600)",
+        "c.OverwriteCells.add_missing_cells = True",
+        "_pp = list(Autograde.class_traits()['autograde_preprocessors'].default())",
+        "_pp.insert(_pp.index(SaveAutoGrades), StderrIsNotFailure)",
+        "_pp.insert(_pp.index(Execute) + 1, UnsealAfterKernel)",
+        "_pp.insert(_pp.index(Execute), SealKernel)",
+        "c.Autograde.autograde_preprocessors = _pp",
+        f"c.SealKernel.vault = {str(vault or '')!r}",
+        "_fb = list(GenerateFeedback.class_traits()['preprocessors'].default())",
+    ]
+    if hide_hidden_tests:
+        lines += ["_fb.insert(0, HideHiddenTests)",
+                  "c.HideHiddenTests.begin = c.ClearHiddenTests.get('begin_test_delimeter', 'BEGIN HIDDEN TESTS')",
+                  "c.HideHiddenTests.end = c.ClearHiddenTests.get('end_test_delimeter', 'END HIDDEN TESTS')"]
+    lines.append("c.GenerateFeedback.preprocessors = _fb")
+    return "\n".join(lines) + "\n"
+
+
+def _read_source(src: Path, *, with_notebooks: bool) -> dict[str, bytes]:
+    files, total = {}, 0
+    for p in sorted(src.rglob("*")):
+        rel = p.relative_to(src)
+        if not p.is_file() or ".ipynb_checkpoints" in rel.parts or (p.suffix == ".ipynb" and not with_notebooks):
+            continue
+        total += p.stat().st_size
+        if total > MAX_SOURCE_BYTES:
+            raise LabkitError(f"{src} holds more than {MAX_SOURCE_BYTES >> 20} MiB: keep large data out of the "
+                              "assignment folder (generate it in the notebook instead)")
+        files[rel.as_posix()] = p.read_bytes()
+    return files
+
+
+def _write_files(dest: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        p = dest / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+def prepare_course(assignment: str, course: str | Path, work: Path, log_dir: Path, *, cell_timeout_s: int | None,
+                   hide_hidden_tests: bool, find_calls: bool) -> Course:
+    """Check the course and assignment, generate it once in `work`, keep what is needed, delete the copy.
+
+    Raises LabkitError when the course, the assignment or its generation is unusable.
+    """
+    root = Path(course).resolve()
+    if not (root / "nbgrader_config.py").is_file():
+        raise LabkitError(f"{root} is not an nbgrader course (no nbgrader_config.py): pass the course root with "
+                          "--course")
+    src_nb = root / "source" / assignment / f"{assignment}.ipynb"
+    if not src_nb.is_file():
+        names = ", ".join(known_assignments(root)) or "none"
+        raise LabkitError(f"unknown assignment {assignment!r}: no source/{assignment}/{assignment}.ipynb in {root} "
+                          f"(assignments there: {names})")
+    config_text = (root / "nbgrader_config.py").read_text()
+    source = _read_source(root / "source" / assignment, with_notebooks=True)
+    digest = hashlib.sha256(config_text.encode())
+    for rel in sorted(source):
+        digest.update(rel.encode() + b"\0" + source[rel] + b"\0")
+    master = work / f"master-{os.urandom(8).hex()}"
+    try:
+        (master / "source" / assignment).mkdir(parents=True)
+        (master / "course_nbgrader_config.py").write_text(config_text)
+        (master / "nbgrader_config.py").write_text(scratch_config(
+            master, cell_timeout_s=cell_timeout_s, hide_hidden_tests=hide_hidden_tests, vault=None))
+        _write_files(master / "source" / assignment, source)
+        out = run_limited([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
+                          cwd=master, env=py_env(), limits=Limits(wall_s=600, memory_bytes=None))
+        write_log(log_dir / "generate_assignment.log", f"nbgrader generate_assignment {assignment}", out)
+        err = config_error(out.output)
+        if err:
+            raise LabkitError(f"nbgrader could not load {root / 'nbgrader_config.py'}: {err}")
+        db = master / "gradebook.db"
+        if not out.ok or not db.exists():
+            tail = " | ".join(out.output.strip().splitlines()[-3:])
+            raise LabkitError(f"nbgrader generate_assignment {assignment} failed ({out.cause()}): {tail[-400:]}")
+        cells, notebooks = report.gradebook_cells(db, assignment)
+        calls = trusted.find_calls(master / "source" / assignment / f"{assignment}.ipynb") if find_calls else []
+        return Course(assignment, root, config_text,
+                      {k: v for k, v in source.items() if not k.endswith(".ipynb")}, db.read_bytes(),
+                      report.structure(db, assignment), notebooks, sum(c["max_score"] for c in cells), cells, calls,
+                      digest.hexdigest())
+    finally:
+        shutil.rmtree(master, ignore_errors=True)
+
+
+def write_scratch(course: Course, root: Path, student: str, files: dict[str, bytes], *, cell_timeout_s: int | None,
+                  hide_hidden_tests: bool, vault: Path | None) -> Path:
+    """Lay out one student's private course under `root`; returns the submitted folder."""
+    aid = course.assignment
+    root.mkdir(parents=True)
+    (root / "course_nbgrader_config.py").write_text(course.config_text)
+    (root / "nbgrader_config.py").write_text(scratch_config(
+        root, cell_timeout_s=cell_timeout_s, hide_hidden_tests=hide_hidden_tests, vault=vault))
+    (root / "gradebook.db").write_bytes(course.gradebook)
+    (root / "source" / aid).mkdir(parents=True)
+    _write_files(root / "source" / aid, course.source_files)
+    submitted = root / "submitted" / student / aid
+    submitted.mkdir(parents=True)
+    _write_files(submitted, files)
+    return submitted
+
+
+def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:
+    """Run nbgrader generate_assignment on a copy of the course in `dest`; returns the release notebook's path."""
+    course, dest = Path(course), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(course / "nbgrader_config.py", dest / "nbgrader_config.py")
+    shutil.copytree(course / "source" / assignment, dest / "source" / assignment, dirs_exist_ok=True)
+    out = run_limited([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
+                      cwd=dest, env=py_env(), limits=Limits(wall_s=600, memory_bytes=None))
+    release = dest / "release" / assignment / f"{assignment}.ipynb"
+    if not out.ok or not release.exists():
+        raise LabkitError(f"nbgrader generate_assignment {assignment} failed: {out.output[-400:]}")
+    return release
+
+
+def check_harness(module: str) -> None:
+    """LabkitError unless the harness module imports in a fresh isolated interpreter."""
+    code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import {module}"
+    out = run_limited([sys.executable, "-I", "-c", code], cwd=REPO_ROOT, env=py_env(),
+                      limits=Limits(wall_s=120, memory_bytes=None))
+    if not out.ok:
+        tail = (out.output.strip().splitlines() or ["no output"])[-1]
+        raise LabkitError(f"the assignment's test cells call the harness but {module} cannot be imported "
+                          f"({tail[:200]}): fix it, or pass --harness MODULE")
+
+
+def detect_hardware() -> list[dict]:
+    """One entry per GPU torch can see (index, card, class), or one CPU entry; runs torch in a subprocess.
+
+    Classes are the harness's: "tensor_core_gpu" (compute capability >= 7), "gpu", "cpu".
+    """
+    code = (
+        "import json, platform, os, torch\n"
+        "rows = []\n"
+        "for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):\n"
+        "    p = torch.cuda.get_device_properties(i)\n"
+        "    rows.append({'index': i, 'card': p.name, 'capability': f'{p.major}.{p.minor}',\n"
+        "                 'class': 'tensor_core_gpu' if p.major >= 7 else 'gpu'})\n"
+        "if not rows:\n"
+        "    rows.append({'index': None, 'card': f'CPU ({platform.machine()}, {os.cpu_count()} cores)',\n"
+        "                 'capability': None, 'class': 'cpu'})\n"
+        "print(json.dumps(rows))\n"
+    )
+    out = run_limited([sys.executable, "-c", code], cwd=REPO_ROOT, env=py_env(),
+                      limits=Limits(wall_s=180, memory_bytes=None))
+    try:
+        return json.loads(out.output.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        log.warning("could not detect the hardware (%s); grading as CPU", out.cause())
+        return [{"index": None, "card": "unknown", "capability": None, "class": "cpu"}]
+
+
+_FEEDBACK_LOCK = threading.Lock()  # nbgrader's converters share logging and config machinery
+
+
+def render_feedback(root: Path, assignment: str, student: str) -> tuple[dict[str, str], str]:
+    """nbgrader generate_feedback for one student, in this process: it only renders the graded notebook, no
+    student code runs. Returns ({notebook id: html}, log text)."""
+    buf = io.StringIO()
+    with _FEEDBACK_LOCK:
+        try:
+            from nbgrader.converters import GenerateFeedback
+            from nbgrader.coursedir import CourseDirectory
+            from traitlets.config.loader import PyFileConfigLoader
+
+            conf = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+            conf.HTMLExporter.template_name = "feedback"
+            cd = CourseDirectory(config=conf, root=str(root))
+            cd.assignment_id, cd.student_id = assignment, student
+            conv = GenerateFeedback(coursedir=cd, config=conf)
+            conv.force = True
+            handler = logging.StreamHandler(buf)
+            conv.log.addHandler(handler)
+            try:
+                conv.start()
+            finally:
+                conv.log.removeHandler(handler)
+        except Exception as e:  # a notebook nbconvert cannot render: the summary box alone still goes out
+            buf.write(f"generate_feedback failed: {type(e).__name__}: {e}\n")
+    pages = {p.stem: p.read_text(errors="replace") for p in (root / "feedback" / student / assignment).glob("*.html")}
+    return pages, buf.getvalue()

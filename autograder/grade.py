@@ -1,0 +1,522 @@
+"""Grade a whole class with nbgrader, unattended: one isolated scratch course per student, then merge.
+
+For each student the grader lays out a private copy of the course (config, gradebook, the assignment's data
+files; never the source notebook with its solutions), runs `nbgrader autograde` there as one untrusted
+process group under a wall-clock and memory budget, re-runs the test cells' harness checks outside the
+kernel (their verdicts set the score), renders nbgrader's HTML feedback with the measured numbers on top, and
+records the grade in a done-marker (`students/<id>/result.json`, written atomically). Finished students are
+skipped on the next run unless their hand-in or the assignment changed, so an interrupted run resumes where it
+stopped. At the end the marks are merged into one gradebook, `grades.csv` and a summary.
+
+Isolation: hand-ins and the generated assignment are held in memory, every file the grader writes for a
+student is checked (and restored) after the others ran, and each student's processes are all dead before the
+next student starts. Students graded side by side (--jobs > 1, one per GPU) run as the same user at the same
+time; against a deliberately hostile class, grade one at a time or inside a container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from autograder import course as courses
+from autograder import intake, report, trusted
+from autograder.course import Course
+from autograder.sandbox import Limits, Outcome, kill_token, run_limited, write_log
+from labkit.bench import write_json
+from labkit.env import LabkitError
+
+log = logging.getLogger("autograder")
+_TMP_PREFIX = "labkit-grade-"
+
+
+@dataclass
+class GradeConfig:
+    """How a class is graded."""
+
+    course: str = "assignments"  # nbgrader course root: holds nbgrader_config.py and source/<assignment>/
+    out: str | None = None  # grades.csv, feedback/, gradebook.db and the run log; default grading/<assignment>
+    work: str | None = None  # scratch courses; default a temporary folder, removed afterwards
+    cell_timeout_s: int | None = None  # per-cell limit; None: the course's c.Execute.timeout, else 600 (not 30)
+    wall_timeout_s: float = 3600.0  # one student's whole autograde, seconds; its process group is killed past it
+    memory_gb: float = 16.0  # resident memory of one student's processes together, GiB
+    address_space_limit: bool = False  # also RLIMIT_AS per process, CPU only (torch alone reserves ~3.5 GiB)
+    jobs: int | None = None  # students graded at once; None: one per GPU, one without a GPU
+    trusted_recheck: bool = True  # re-run the test cells' harness checks outside the kernel; they set the score
+    harness_module: str = "autograder.harness"  # module providing run_checks(names, file) or run_check(name, file)
+    harness_timeout_s: float = 3600.0  # all trusted checks of one student together, seconds
+    feedback: bool = True  # write per-student HTML feedback
+    hide_hidden_tests: bool = True  # strip hidden-test source (and its tracebacks) from the feedback
+    force: bool = False  # regrade students that already have a result
+    only: tuple[str, ...] = ()  # grade only these student ids (others keep their results)
+    keep_work: bool = False  # keep each student's scratch course (for debugging a submission)
+    lms_regex: str = intake.LMS_REGEX  # student id (and file name) from an LMS download's file names
+    progress: bool = True  # tqdm bar over students
+
+
+PRESETS = {
+    # A GPU box grading the speed lab: generous limits, one student per GPU.
+    "class": GradeConfig(),
+    # Small CPU assignments and CI: short limits so a stuck submission costs minutes, not an hour.
+    "quick": GradeConfig(cell_timeout_s=60, wall_timeout_s=300.0, memory_gb=6.0, harness_timeout_s=300.0),
+}
+
+
+@dataclass
+class StudentResult:
+    """One student's grade and how it was reached (this is the done-marker's content)."""
+
+    student_id: str
+    assignment: str
+    status: str  # "graded" or "not graded"
+    score: float = 0.0  # points, after the trusted re-run of the harness checks
+    max_score: float = 0.0  # points available
+    cause: str | None = None  # why it is not graded, or what went wrong besides its answers
+    message: str = ""  # one line for the instructor and the student
+    cells: list[dict] = field(default_factory=list)  # notebook, cell, score, max_score, source
+    checks: list[dict] = field(default_factory=list)  # trusted verdicts: check, passed, message, ratio, per-s numbers
+    notes: list[str] = field(default_factory=list)  # worth knowing, not fatal (cell timeouts, renamed files, ...)
+    flags: list[str] = field(default_factory=list)  # for the instructor to look at (kernel vs trusted disagreement)
+    hardware: dict = field(default_factory=dict)  # class and card the student was graded on
+    wall_s: float = 0.0  # seconds spent grading this student
+    peak_rss_bytes: int = 0  # largest resident memory of the student's processes, bytes
+    digest: str = ""  # hand-in digest; a change means regrade
+    source_digest: str = ""  # assignment digest; a change means regrade
+    outputs: dict = field(default_factory=dict)  # relative path -> sha256 of every file written for this student
+    finished_at: str = ""  # UTC time the result was recorded
+
+
+@dataclass
+class ClassReport:
+    """What a grading run produced."""
+
+    results: list[StudentResult]
+    out: Path
+    junk: list[str]  # skipped input, one line each
+    graded_now: int  # students graded in this run (the rest were already done)
+    wall_s: float  # seconds this run took
+    hardware: list[dict]
+    restored: list[str] = field(default_factory=list)  # output files rewritten after something changed them
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Outputs:
+    """Writes per-student files under the output folder and remembers them, so that a later submission that
+    rewrites them is noticed and undone."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.kept: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def write(self, rel: str, data: bytes) -> str:
+        p = self.out / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, p)
+        with self.lock:
+            self.kept[rel] = data
+        return _sha(data)
+
+    def adopt(self, rel: str, digest: str | None = None) -> bool:
+        """Guard a file an earlier run wrote; False if it is missing or no longer matches `digest`."""
+        try:
+            data = (self.out / rel).read_bytes()
+        except OSError:
+            return False
+        if digest is not None and _sha(data) != digest:
+            return False
+        with self.lock:
+            self.kept[rel] = data
+        return True
+
+    def restore_changed(self, only: list[str] | None = None) -> list[str]:
+        """Rewrite every remembered file whose content changed; returns their relative paths."""
+        changed = []
+        with self.lock:
+            items = [(k, self.kept[k]) for k in (only if only is not None else list(self.kept)) if k in self.kept]
+        for rel, data in items:
+            p = self.out / rel
+            try:
+                same = p.read_bytes() == data
+            except OSError:
+                same = False
+            if not same:
+                self.write(rel, data)
+                changed.append(rel)
+        return changed
+
+
+# ------------------------------------------------------------------------------------------------ one student
+
+
+def _kernel_cause(outcome: Outcome) -> str | None:
+    """What nbgrader's log says went wrong with the kernel, if anything."""
+    text = outcome.output
+    if "DeadKernelError" in text or "Kernel died" in text or "kernel died" in text:
+        return "kernel died"
+    if ("UnresponsiveKernelError" in text or "Kernel didn't respond" in text
+            or ("Interrupting kernel" in text and "Timeout waiting for IOPub" in text)):
+        return "kernel unresponsive"
+    return None
+
+
+def _notebook_notes(paths: list[Path], cell_timeout_s) -> list[str]:
+    """Errors the graded notebooks show that a student should hear about (interrupted cells, memory)."""
+    import nbformat
+
+    notes = []
+    for p in paths:
+        try:
+            nb = nbformat.read(p, as_version=4)
+        except Exception:  # unreadable output: nothing to report from it
+            continue
+        for i, cell in enumerate(nb.cells):
+            for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+                if o.get("output_type") != "error":
+                    continue
+                ename = o.get("ename", "")
+                if ename == "CellTimeoutError":
+                    notes.append(f"cell {i} hit the per-cell time limit ({cell_timeout_s or 'course'} s) and was "
+                                 "interrupted")
+                elif ename == "MemoryError" or "can't allocate memory" in str(o.get("evalue", "")):
+                    notes.append(f"cell {i} ran out of memory ({ename})")
+    return notes[:10]
+
+
+def _not_graded(sub: intake.Submission, course: Course, cause: str, message: str, hardware: dict) -> StudentResult:
+    return StudentResult(sub.student_id, course.assignment, "not graded", 0.0, course.max_score, cause, message,
+                         cells=[dict(c, score=0.0, source="none") for c in course.cells], notes=list(sub.notes),
+                         hardware=hardware, digest=sub.digest, source_digest=course.source_digest)
+
+
+def _fail(res: StudentResult, course: Course, cause: str, message: str) -> StudentResult:
+    res.status, res.cause, res.message, res.score = "not graded", cause, message, 0.0
+    res.cells = [dict(c, score=0.0, source="none") for c in course.cells]
+    return res
+
+
+def grade_student(sub: intake.Submission, course: Course, cfg: GradeConfig, slot: dict, out: Outputs,
+                  sealed: Path) -> StudentResult:
+    """Grade one hand-in in its own scratch course; always returns a result (never raises for the student)."""
+    hardware = {"class": slot["class"], "card": slot["card"]}
+    sdir = out.out / "students" / sub.student_id
+    sdir.mkdir(parents=True, exist_ok=True)
+    if sub.problem:
+        return _not_graded(sub, course, sub.cause or "bad hand-in", sub.problem, hardware)
+    scratch = sealed / os.urandom(8).hex()
+    try:
+        return _grade_in(scratch, sub, course, cfg, slot, out, sealed)
+    finally:
+        if cfg.keep_work:
+            log.info("%s: scratch course kept in %s", sub.student_id, scratch)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeConfig, slot: dict, out: Outputs,
+              sealed: Path) -> StudentResult:
+    sid, aid = sub.student_id, course.assignment
+    sdir = out.out / "students" / sid
+    root = scratch / "course"
+    courses.write_scratch(course, root, sid, sub.files, cell_timeout_s=cfg.cell_timeout_s,
+                          hide_hidden_tests=cfg.hide_hidden_tests, vault=sealed)
+    env = courses.py_env({"CUDA_VISIBLE_DEVICES": str(slot["index"])} if slot["index"] is not None else {})
+    limits = Limits(wall_s=cfg.wall_timeout_s, memory_bytes=int(cfg.memory_gb * 2**30),
+                    address_space=cfg.address_space_limit and slot["class"] == "cpu")
+    token = os.urandom(16).hex()
+    write_json(sdir / "running.json", {"token": token, "started_at": _now()})
+    outcome = run_limited([sys.executable, "-m", "nbgrader", "autograde", aid, "--student", sid, "--force"],
+                          cwd=root, env=env, limits=limits, token=token)
+    write_log(sdir / "autograde.log", f"nbgrader autograde {aid} --student {sid}", outcome)
+    res = StudentResult(sid, aid, "graded", 0.0, course.max_score, notes=list(sub.notes),
+                        hardware={"class": slot["class"], "card": slot["card"]}, digest=sub.digest,
+                        source_digest=course.source_digest, peak_rss_bytes=outcome.peak_rss_bytes,
+                        wall_s=outcome.wall_s)
+    err = courses.config_error(outcome.output)
+    if err:  # nbgrader carries on without a config it cannot load, i.e. without the grader's safeguards
+        return _fail(res, course, "grader error", f"nbgrader could not load the scratch config: {err}")
+    if outcome.leftovers_killed:
+        res.flags.append(f"{outcome.leftovers_killed} process(es) still running after grading were killed")
+    if outcome.output_bytes > 10 * 2**20:
+        res.notes.append(f"grading printed {outcome.output_bytes / 2**20:.0f} MiB of output (kept head and tail)")
+    if outcome.timed_out:
+        return _fail(res, course, "timeout", f"grading took longer than {cfg.wall_timeout_s:.0f} s and was stopped")
+    if outcome.out_of_memory:
+        return _fail(res, course, "memory", f"the notebook used more than {cfg.memory_gb:g} GiB and was stopped")
+    if outcome.error:
+        return _fail(res, course, "grader error", f"could not start nbgrader: {outcome.error}")
+    graded_dir = root / "autograded" / sid / aid
+    kcause = _kernel_cause(outcome)
+    if not outcome.ok or not all((graded_dir / f"{n}.ipynb").exists() for n in course.notebooks):
+        why = {"kernel died": "the kernel died while running the notebook (os._exit, a crash, or memory)",
+               "kernel unresponsive": "the kernel stopped answering (it ignores interrupts?) and was abandoned"}
+        tail = (outcome.output.strip().splitlines() or [""])[-1][:200]
+        return _fail(res, course, kcause or "nbgrader error", why.get(kcause, f"nbgrader autograde failed: {tail}"))
+
+    res.notes += _notebook_notes([graded_dir / f"{n}.ipynb" for n in course.notebooks], cfg.cell_timeout_s)
+    db = root / "gradebook.db"
+    try:
+        report.check_integrity(db, course.structure, aid)
+        cells = report.read_grades(db, aid, sid)
+    except report.TamperedError as e:
+        res.flags.append(str(e))
+        return _fail(res, course, "tampered gradebook", "the gradebook was changed while the notebook ran")
+    except Exception as e:  # a gradebook the student's code managed to corrupt
+        return _fail(res, course, "gradebook unreadable", f"{type(e).__name__}: {str(e)[:200]}")
+
+    if course.calls:
+        verdicts, outs = trusted.run_trusted(course.calls, graded_dir, scratch / "trusted",
+                                             harness_module=cfg.harness_module, env=env,
+                                             limits=replace(limits, wall_s=cfg.harness_timeout_s))
+        for o in outs:
+            res.peak_rss_bytes = max(res.peak_rss_bytes, o.peak_rss_bytes)
+            res.wall_s += o.wall_s
+        res.flags += trusted.cell_scores(course.calls, verdicts, cells)
+        for v in verdicts.values():
+            res.checks.append({"check": v.check, "passed": v.passed, "fraction": v.fraction, "message": v.message,
+                               "cause": v.cause, **trusted.headline(v.numbers), "measurements": v.numbers})
+            if v.passed is None and v.cause is None:
+                res.notes.append(f"{v.check}: not gradable on {slot['class']}; regrade on the hardware it needs")
+        stuck = [v.cause for v in verdicts.values() if v.cause in ("timeout", "memory")]
+        kcause = kcause or (f"check {stuck[0]}" if stuck else None)
+        report.write_scores(db, aid, sid, cells)
+    res.cells, res.cause = cells, kcause
+    res.score = round(sum(c["score"] for c in cells), 4)
+    res.message = f"{res.score:g} / {res.max_score:g} points"
+
+    if cfg.feedback:
+        pages, flog = courses.render_feedback(root, aid, sid)
+        (sdir / "feedback.log").write_text(flog, errors="replace")
+        for nb in course.notebooks:
+            if nb not in pages:
+                res.notes.append(f"nbgrader wrote no feedback page for {nb}; the summary alone is sent")
+            res.outputs[report.feedback_path(res, nb)] = out.write(report.feedback_path(res, nb),
+                                                                   report.feedback_page(res, pages.get(nb)))
+    for p in sorted(graded_dir.rglob("*")):  # the graded notebook and the student's small files, for the record
+        if p.is_file() and not p.is_symlink() and p.stat().st_size <= 5 * 2**20 and "__pycache__" not in p.parts:
+            rel = f"autograded/{sid}/{aid}/{p.relative_to(graded_dir).as_posix()}"
+            res.outputs[rel] = out.write(rel, p.read_bytes())
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ the class
+
+
+def default_out(assignment: str) -> Path:
+    return Path("grading") / assignment
+
+
+def load_result(path: Path) -> StudentResult | None:
+    """A done-marker, or None if it is missing or unreadable (then the student is graded again)."""
+    try:
+        d = json.loads(path.read_text())
+        return StudentResult(**{k: v for k, v in d.items() if k in StudentResult.__dataclass_fields__})
+    except (OSError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def _setup_logging(out: Path) -> logging.Handler:
+    out.mkdir(parents=True, exist_ok=True)
+    h = logging.FileHandler(out / "grade_log.txt", encoding="utf-8")
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    log.addHandler(h)
+    log.setLevel(logging.INFO)
+    return h
+
+
+def _remove_sealed(sealed: Path) -> None:
+    if sealed.exists():
+        with contextlib.suppress(OSError):
+            os.chmod(sealed, 0o700)
+        shutil.rmtree(sealed, ignore_errors=True)
+
+
+def _remove_stale_temps() -> None:
+    """Scratch folders of runs that were killed (their pid is gone)."""
+    import psutil
+
+    for d in Path(tempfile.gettempdir()).glob(_TMP_PREFIX + "*"):
+        try:
+            pid = int((d / "pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if not psutil.pid_exists(pid):
+            _remove_sealed(d / "sealed")
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | None = None) -> ClassReport:
+    """Grade every hand-in under `submissions`; returns the report after writing grades.csv, feedback and logs.
+
+    Raises LabkitError (after logging it) only for problems with the whole run: an unknown assignment, a
+    missing submissions folder, a broken course. Anything one student does is caught and recorded.
+    """
+    cfg = cfg or GradeConfig()
+    out = Path(cfg.out or default_out(assignment)).resolve()
+    handler = _setup_logging(out)
+    t0 = time.monotonic()
+    tmp = work = None
+    try:
+        log.info("=== grading %s from %s into %s", assignment, submissions, out)
+        if not Path(submissions).exists():
+            raise LabkitError(f"submissions folder {submissions} does not exist: pass the folder (or .zip) you "
+                              "downloaded with --submissions")
+        if cfg.work:
+            work = Path(cfg.work).resolve()
+        else:
+            _remove_stale_temps()
+            tmp = tempfile.mkdtemp(prefix=_TMP_PREFIX)
+            work = Path(tmp)
+            (work / "pid").write_text(str(os.getpid()))
+        if out == work or out in work.parents:
+            raise LabkitError(f"the scratch folder {work} must not be inside the output folder {out}")
+        sealed = work / "sealed"
+        _remove_sealed(sealed)  # what an interrupted run left
+        sealed.mkdir(parents=True)
+        os.chmod(sealed, 0o300)  # not listable (for users other than root): scratch courses get random names
+        course = courses.prepare_course(assignment, cfg.course, sealed, out, cell_timeout_s=cfg.cell_timeout_s,
+                                        hide_hidden_tests=cfg.hide_hidden_tests, find_calls=cfg.trusted_recheck)
+        if course.calls:
+            courses.check_harness(cfg.harness_module)
+        hardware = courses.detect_hardware()
+        log.info("hardware: %s", "; ".join(f"{h['card']} ({h['class']})" for h in hardware))
+        found = intake.collect(submissions, assignment, scratch=work / "intake", lms_regex=cfg.lms_regex)
+        for line in found.junk:
+            log.warning("intake: %s", line)
+        if not found.submissions:
+            log.warning("no student hand-ins found in %s", submissions)
+        outputs = Outputs(out)
+        results, todo, changed = _plan(found.submissions, course, cfg, outputs)
+        graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
+        ordered = [results[s.student_id] for s in found.submissions if s.student_id in results]
+        report.write_outputs(out, course, ordered, found.junk, hardware, outputs.write)
+        restored = outputs.restore_changed()
+        for rel in restored:
+            log.warning("output %s was changed after it was written (by a submission's code?); restored", rel)
+        junk = list(found.junk) + changed
+        if restored:
+            report.write_outputs(out, course, ordered, junk, hardware, outputs.write)
+        rep = ClassReport(ordered, out, junk, graded_now, time.monotonic() - t0, hardware, restored)
+        log.info("done: %d students (%d graded now) in %.0f s", len(ordered), graded_now, rep.wall_s)
+        return rep
+    except LabkitError as e:
+        log.error("run stopped: %s", e)
+        raise
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+        if work is not None:
+            if cfg.keep_work:
+                with contextlib.suppress(OSError):
+                    os.chmod(work / "sealed", 0o700)
+            else:
+                _remove_sealed(work / "sealed")
+                if tmp:
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outputs: Outputs):
+    """Who needs grading; finished students keep their result and their files are guarded from here on."""
+    results: dict[str, StudentResult] = {}
+    todo, changed = [], []
+    for sub in subs:
+        sdir = outputs.out / "students" / sub.student_id
+        stale = sdir / "running.json"
+        if stale.exists():  # a previous run was killed while grading this student: end what it left running
+            with contextlib.suppress(OSError, json.JSONDecodeError, KeyError):
+                n = kill_token(json.loads(stale.read_text())["token"])
+                if n:
+                    log.warning("%s: killed %d process(es) left by an interrupted run", sub.student_id, n)
+            stale.unlink(missing_ok=True)
+        done = load_result(sdir / "result.json")
+        fresh = done is not None and done.digest == sub.digest and done.source_digest == course.source_digest
+        keep = done is not None and ((cfg.only and sub.student_id not in cfg.only) or (fresh and not cfg.force))
+        if keep:
+            results[sub.student_id] = done
+            outputs.adopt(f"students/{sub.student_id}/result.json")
+            bad = [rel for rel, dg in done.outputs.items() if not outputs.adopt(rel, dg)]
+            if bad:
+                changed.append(f"{sub.student_id}: {bad[0]} changed since it was graded; regrade with --only "
+                               f"{sub.student_id} --force")
+                log.warning(changed[-1])
+        elif not (cfg.only and sub.student_id not in cfg.only):
+            todo.append(sub)
+    log.info("%d hand-ins: %d to grade, %d already graded", len(subs), len(todo), len(results))
+    return results, todo, changed
+
+
+def _run_all(todo, course: Course, cfg: GradeConfig, outputs: Outputs, hardware, results, sealed: Path) -> int:
+    from tqdm.auto import tqdm
+
+    gpus = [h for h in hardware if h["index"] is not None]
+    if gpus:
+        jobs = min(cfg.jobs or len(gpus), len(gpus))
+        if cfg.jobs and cfg.jobs > len(gpus):
+            log.warning("--jobs %d lowered to %d: one student per GPU at a time", cfg.jobs, len(gpus))
+        slots = gpus[:jobs]
+    else:
+        jobs = max(1, cfg.jobs or 1)
+        slots = [hardware[0]] * jobs
+    free = list(range(jobs))
+    markers = [rel for rel in outputs.kept if rel.endswith("/result.json")]
+
+    def one(sub, slot_i):
+        try:
+            res = grade_student(sub, course, cfg, slots[slot_i], outputs, sealed)
+        except Exception as e:  # a grader bug must not stop the class
+            log.exception("%s: grader error", sub.student_id)
+            res = _not_graded(sub, course, "grader error", f"{type(e).__name__}: {e}",
+                              {"class": slots[slot_i]["class"], "card": slots[slot_i]["card"]})
+        res.finished_at = _now()
+        rel = f"students/{sub.student_id}/result.json"
+        outputs.write(rel, (json.dumps(asdict(res), indent=2, default=str) + "\n").encode())
+        (outputs.out / "students" / sub.student_id / "running.json").unlink(missing_ok=True)
+        return res, rel
+
+    bar = tqdm(total=len(todo), desc=f"grading {course.assignment}", unit="student", disable=not cfg.progress)
+    done = 0
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            pending, queue = {}, list(todo)
+            while queue or pending:
+                while queue and free:
+                    s, i = queue.pop(0), free.pop(0)
+                    pending[pool.submit(one, s, i)] = (s, i)
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    sub, i = pending.pop(f)
+                    free.append(i)
+                    res, rel = f.result()
+                    results[sub.student_id] = res
+                    markers.append(rel)
+                    for bad in outputs.restore_changed(markers):  # done-markers are what a resume trusts
+                        log.warning("%s was changed behind the grader's back; restored", bad)
+                    done += 1
+                    log.info("%s: %s%s (%.0f s)", sub.student_id, res.message or res.status,
+                             f" [{res.cause}]" if res.cause else "", res.wall_s)
+                    bar.set_postfix_str(f"{sub.student_id}: {res.score:g}/{res.max_score:g}")
+                    bar.update(1)
+    finally:
+        bar.close()
+    return done

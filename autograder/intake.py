@@ -1,0 +1,260 @@
+"""Find each student's submission in whatever an instructor downloaded, and say clearly what is wrong with it.
+
+Three layouts are understood, mixed freely in one folder (or inside one .zip of it):
+  - a folder per student: `DIR/<student>/<assignment>.ipynb`, or nbgrader's `DIR/<student>/<assignment>/...`;
+  - LMS downloads (nbgrader zip_collect style): flat files `DIR/<student>_<anything>.ipynb` or
+    `DIR/<student>_<anything>.zip`, the student id taken from the file name by a regular expression;
+  - a single archive of either of the above.
+Anything else is reported as junk and skipped. A student's notebook is `<assignment>.ipynb`, or the only
+notebook they handed in under another name (LMS downloads rename files). Archives are unpacked with caps on
+size and file count and refuse paths that leave their folder. Every hand-in is read into memory here, so what
+gets graded is what was handed in, even if a submission graded earlier rewrites files on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from labkit.env import LabkitError
+
+# Canvas, Moodle and Blackboard downloads all start the file name with an id followed by "_".
+LMS_REGEX = r"^(?P<student_id>[A-Za-z0-9.\-]+)_(?P<file>.+)$"
+MAX_NOTEBOOK_BYTES = 50 * 2**20  # a notebook larger than this is refused (outputs committed by mistake)
+MAX_HANDIN_BYTES = 200 * 2**20  # all files of one hand-in together
+MAX_ARCHIVE_BYTES = 500 * 2**20  # total unpacked size of one archive
+MAX_ARCHIVE_FILES = 2000  # files in one archive
+_SKIP = {".ipynb_checkpoints", "__pycache__", "__MACOSX", ".DS_Store"}
+
+
+@dataclass
+class Submission:
+    """One student's hand-in, ready to be copied into a scratch course."""
+
+    student_id: str  # id used in grades.csv and nbgrader's gradebook
+    notebook: str | None = None  # key in `files` of the notebook to grade, None when there is none
+    files: dict[str, bytes] = field(default_factory=dict)  # name inside the assignment folder -> content
+    problem: str | None = None  # why it cannot be graded (then it scores 0 with this cause)
+    cause: str | None = None  # short category of `problem`, for the summary
+    notes: list[str] = field(default_factory=list)  # things worth telling the instructor, not fatal
+    digest: str = ""  # sha256 of every file's name and bytes: a changed hand-in is graded again
+
+    def compute_digest(self) -> str:
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            h.update(name.encode() + b"\0")
+            h.update(self.files[name])
+            h.update(b"\0")
+        self.digest = h.hexdigest()
+        return self.digest
+
+
+@dataclass
+class Intake:
+    """Everything found under a submissions folder."""
+
+    submissions: list[Submission]
+    junk: list[str]  # one line per skipped thing
+
+
+def safe_id(raw: str) -> str:
+    """A student id usable as a folder name and nbgrader id (letters, digits, '_', '.', '-')."""
+    s = re.sub(r"[^A-Za-z0-9_.\-]+", "_", raw.strip()).strip("._-")
+    return s[:64] or "unnamed"
+
+
+def extract_zip(archive: Path, dest: Path) -> list[str]:
+    """Unpack `archive` into `dest` with size, count and path checks; returns problems found (empty if fine)."""
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            infos = [i for i in zf.infolist() if not i.is_dir()]
+            if len(infos) > MAX_ARCHIVE_FILES:
+                return [f"{archive.name}: {len(infos)} files (limit {MAX_ARCHIVE_FILES})"]
+            if sum(i.file_size for i in infos) > MAX_ARCHIVE_BYTES:
+                return [f"{archive.name}: unpacks to more than {MAX_ARCHIVE_BYTES // 2**20} MiB"]
+            dest.mkdir(parents=True, exist_ok=True)
+            root = dest.resolve()
+            for info in infos:
+                target = (dest / info.filename).resolve()
+                if root not in target.parents:
+                    return [f"{archive.name}: entry {info.filename!r} points outside the archive"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+    except (zipfile.BadZipFile, OSError, ValueError, RuntimeError) as e:
+        return [f"{archive.name}: not a readable zip archive ({type(e).__name__}: {e})"]
+    return []
+
+
+def check_notebook(data: bytes, name: str) -> str | None:
+    """None if `data` is a readable Jupyter notebook, else one line (naming file `name`) saying what is wrong."""
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        return f"{name} is {len(data) / 2**20:.0f} MiB (limit {MAX_NOTEBOOK_BYTES // 2**20} MiB): clear its outputs"
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+        nbformat.validate(nb)
+    except json.JSONDecodeError as e:
+        return f"{name} is not a notebook: invalid JSON ({e.msg} at line {e.lineno})"
+    except UnicodeDecodeError:
+        return f"{name} is not a notebook: not UTF-8 text"
+    except nbformat.ValidationError as e:
+        return f"{name} is not a valid notebook: {str(e.message)[:200]}"
+    except Exception as e:  # nbformat raises several types for broken files; all mean the same here
+        return f"{name} is not a valid notebook: {type(e).__name__}: {str(e)[:200]}"
+    if not any(c.cell_type == "code" for c in nb.cells):
+        return f"{name} has no code cells"
+    return None
+
+
+def _collect_folder(sid: str, folder: Path, assignment: str) -> Submission:
+    sub = Submission(student_id=sid)
+    base = folder / assignment if (folder / assignment).is_dir() else folder
+    if base != folder:
+        stray = [p.name for p in folder.iterdir() if p.name != assignment and p.name not in _SKIP]
+        if stray:
+            sub.notes.append(f"ignored files beside the {assignment}/ folder: {', '.join(sorted(stray)[:5])}")
+    paths = {}
+    for p in sorted(base.rglob("*")):
+        rel = p.relative_to(base)
+        if p.is_file() and not p.is_symlink() and not any(part in _SKIP or part.startswith(".") for part in rel.parts):
+            paths[rel.as_posix()] = p
+    _read(sub, paths)
+    if not sub.problem:
+        _pick_notebook(sub, assignment)
+    return sub
+
+
+def _read(sub: Submission, paths: dict[str, Path]) -> None:
+    total = 0
+    for name, p in paths.items():
+        try:
+            size = p.stat().st_size
+            total += size
+            if total > MAX_HANDIN_BYTES:
+                sub.problem = f"hand-in is larger than {MAX_HANDIN_BYTES // 2**20} MiB"
+                sub.cause = "hand-in too large"
+                sub.files.clear()
+                return
+            sub.files[name] = p.read_bytes()
+        except OSError as e:
+            sub.notes.append(f"could not read {name}: {e.strerror}")
+
+
+def _pick_notebook(sub: Submission, assignment: str) -> None:
+    want = f"{assignment}.ipynb"
+    if want in sub.files:
+        sub.notebook = want
+    else:
+        nbs = [n for n in sub.files if n.endswith(".ipynb")]
+        top = [n for n in nbs if "/" not in n]
+        if len(top) == 1:
+            sub.notes.append(f"graded {top[0]!r} as {want} (the only notebook handed in)")
+            sub.files[want] = sub.files.pop(top[0])
+            sub.notebook = want
+        elif not nbs:
+            sub.problem, sub.cause = f"no notebook handed in (expected {want})", "no notebook"
+            return
+        else:
+            sub.problem = f"several notebooks and none named {want}: {', '.join(sorted(nbs)[:5])}"
+            sub.cause = "no notebook"
+            return
+    bad = check_notebook(sub.files[sub.notebook], sub.notebook)
+    if bad:
+        sub.problem, sub.cause = bad, "invalid notebook"
+
+
+def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_regex: str = LMS_REGEX) -> Intake:
+    """Find every student's hand-in under `submissions` (a folder or a .zip); `scratch` receives unpacked archives.
+
+    Raises LabkitError only when `submissions` itself is unusable; anything wrong with one student is recorded
+    on that student's Submission.
+    """
+    src = Path(submissions)
+    if not src.exists():
+        raise LabkitError(f"submissions folder {src} does not exist: pass the folder (or .zip) you downloaded "
+                          "with --submissions")
+    try:
+        rx = re.compile(lms_regex)
+    except re.error as e:
+        raise LabkitError(f"--lms-regex {lms_regex!r} is not a regular expression: {e}") from e
+    if "student_id" not in rx.groupindex:
+        raise LabkitError("--lms-regex needs a named group (?P<student_id>...)")
+    junk: list[str] = []
+    if src.is_file():
+        if src.suffix.lower() != ".zip":
+            raise LabkitError(f"{src} is a file but not a .zip archive: pass a folder or a .zip of submissions")
+        unpacked = scratch / "_archive"
+        shutil.rmtree(unpacked, ignore_errors=True)
+        problems = extract_zip(src, unpacked)
+        if problems:
+            raise LabkitError(f"cannot unpack {src}: {problems[0]}")
+        entries = [p for p in unpacked.iterdir() if p.name not in _SKIP]
+        # An archive holding one folder (e.g. "submissions/") is that folder.
+        src = entries[0] if len(entries) == 1 and entries[0].is_dir() and not _looks_like_student(entries[0], assignment) else unpacked
+    if not src.is_dir():
+        raise LabkitError(f"{src} is not a folder")
+
+    by_id: dict[str, Submission] = {}
+    lms_files: dict[str, list[tuple[str, Path]]] = {}
+    for entry in sorted(src.iterdir()):
+        if entry.name in _SKIP or entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            sid = safe_id(entry.name)
+            sub = _collect_folder(sid, entry, assignment)
+            if sid != entry.name:
+                sub.notes.append(f"folder {entry.name!r} graded as student id {sid!r}")
+            _add(by_id, sub, junk)
+            continue
+        m = rx.match(entry.name)
+        suffix = entry.suffix.lower()
+        if suffix not in (".ipynb", ".zip", ".py") or not m:
+            junk.append(f"skipped {entry.name}: not a student folder, and not an LMS-named .ipynb/.zip/.py file")
+            continue
+        sid = safe_id(m.group("student_id"))
+        name = m.groupdict().get("file") or entry.name
+        if suffix == ".zip":
+            dest = scratch / "_unzipped" / sid / entry.stem
+            shutil.rmtree(dest, ignore_errors=True)
+            problems = extract_zip(entry, dest)
+            if problems:
+                _add(by_id, Submission(sid, problem=problems[0], cause="bad archive"), junk)
+                continue
+            inner = [p for p in dest.iterdir() if p.name not in _SKIP]
+            folder = inner[0] if len(inner) == 1 and inner[0].is_dir() else dest
+            _add(by_id, _collect_folder(sid, folder, assignment), junk)
+        else:
+            lms_files.setdefault(sid, []).append((name, entry))
+    for sid, files in lms_files.items():
+        sub = Submission(sid)
+        _read(sub, dict(files))
+        if not sub.problem:
+            _pick_notebook(sub, assignment)
+        _add(by_id, sub, junk)
+    subs = sorted(by_id.values(), key=lambda s: s.student_id)
+    for s in subs:
+        if s.files:
+            s.compute_digest()
+    return Intake(subs, junk)
+
+
+def _looks_like_student(folder: Path, assignment: str) -> bool:
+    return (folder / f"{assignment}.ipynb").exists() or (folder / assignment).is_dir()
+
+
+def _add(by_id: dict[str, Submission], sub: Submission, junk: list[str]) -> None:
+    old = by_id.get(sub.student_id)
+    if old is None:
+        by_id[sub.student_id] = sub
+    elif old.notebook is None and sub.notebook is not None:
+        junk.append(f"{sub.student_id}: two hand-ins; graded the one with a notebook")
+        by_id[sub.student_id] = sub
+    else:
+        junk.append(f"{sub.student_id}: two hand-ins; kept the first one found")

@@ -1,0 +1,239 @@
+"""Everything the grader writes for people: gradebook reads and merges, grades.csv, feedback pages, summary.
+
+Grades are read from each student's scratch gradebook, checked against the master (a notebook's code could
+have rewritten its own gradebook while it ran), and merged into one fresh `gradebook.db` at the end of every
+run, so the merge is idempotent and the instructor can keep using nbgrader's own tools on it.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import os
+import re
+import statistics
+import warnings
+from collections import Counter
+from pathlib import Path
+
+from nbgrader.api import Gradebook
+
+from labkit.bench import write_json
+
+
+class TamperedError(Exception):
+    """A student's gradebook no longer describes the assignment that was generated."""
+
+
+def _url(db: Path) -> str:
+    return f"sqlite:///{db}"
+
+
+def gradebook_cells(db: Path, assignment: str) -> tuple[list[dict], list[str]]:
+    """Every grade cell (notebook, cell, max_score) of the assignment, and its notebook ids, in notebook order."""
+    with Gradebook(_url(db)) as gb:
+        a = gb.find_assignment(assignment)
+        notebooks = [nb.name for nb in a.notebooks]
+        cells = [{"notebook": nb.name, "cell": gc.name, "max_score": float(gc.max_score)}
+                 for nb in a.notebooks for gc in nb.grade_cells]
+    return cells, notebooks
+
+
+def structure(db: Path, assignment: str) -> dict:
+    """Grade cells (name, points, type) and source cells (name, checksum, locked) per notebook."""
+    with Gradebook(_url(db)) as gb:
+        a = gb.find_assignment(assignment)
+        return {nb.name: (sorted((gc.name, float(gc.max_score), gc.cell_type) for gc in nb.grade_cells),
+                          sorted((sc.name, sc.checksum, sc.locked) for sc in nb.source_cells))
+                for nb in a.notebooks}
+
+
+def check_integrity(student_db: Path, expected: dict, assignment: str) -> None:
+    """Raise TamperedError if the student's gradebook changed the assignment's cells, points or checksums."""
+    if structure(student_db, assignment) != expected:
+        raise TamperedError("grade cells, points or checksums in the scratch gradebook differ from the assignment")
+
+
+def read_grades(db: Path, assignment: str, student: str) -> list[dict]:
+    """Per grade cell: notebook, cell, score (auto score, 0 when none), max_score, needs_manual."""
+    rows = []
+    with Gradebook(_url(db)) as gb:
+        sub = gb.find_submission(assignment, student)
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                score = g.manual_score if g.manual_score is not None else g.auto_score
+                rows.append({"notebook": nb.name, "cell": g.name, "score": float(score or 0.0),
+                             "max_score": float(g.max_score), "needs_manual": bool(g.needs_manual_grade),
+                             "source": "nbgrader"})
+    return rows
+
+
+def write_scores(db: Path, assignment: str, student: str, cells: list[dict]) -> None:
+    """Store the grader's final per-cell scores as auto scores (so nbgrader's feedback shows them)."""
+    with Gradebook(_url(db)) as gb:
+        for c in cells:
+            g = gb.find_grade(c["cell"], c["notebook"], assignment, student)
+            g.auto_score = c["score"]
+            if c.get("source", "").startswith("trusted"):
+                g.needs_manual_grade = False
+        gb.db.commit()
+
+
+def merge_gradebook(master: bytes, dest: Path, assignment: str, results: list) -> None:
+    """Build `dest` from the generated gradebook plus every student's per-cell scores (atomic replace)."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.write_bytes(master)
+    with warnings.catch_warnings(), Gradebook(_url(tmp)) as gb:
+        warnings.simplefilter("ignore")  # SQLAlchemy's autoflush chatter from inside nbgrader's API
+        for r in results:
+            gb.update_or_create_student(r.student_id)
+            gb.update_or_create_submission(assignment, r.student_id)
+            for c in r.cells:
+                g = gb.find_grade(c["cell"], c["notebook"], assignment, r.student_id)
+                g.auto_score = c["score"]
+                g.needs_manual_grade = bool(c.get("needs_manual")) and r.status == "graded"
+        gb.db.commit()
+    os.replace(tmp, dest)
+
+
+# ------------------------------------------------------------------------------------------------ feedback
+
+
+def _fmt(x, spec=",.0f") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else ("-" if x is None else str(x))
+
+
+def _measure_list(m: dict) -> str:
+    items = [f"{k}: {v}" for k, v in m.items() if k not in ("score", "max_score", "gradable", "hardware", "device")
+             and not isinstance(v, (dict, list))]
+    return "; ".join(items)[:400]
+
+
+def summary_box(res) -> str:
+    """An HTML block with the final score, every re-run check with its measurements, and what the grader noticed."""
+    e = html.escape
+    rows = []
+    for s in res.checks:
+        verdict = {True: "passed", False: "failed", None: "not gradable here"}[s.get("passed")]
+        if s.get("passed") and s.get("fraction", 1) < 1:
+            verdict = f"partly ({s['fraction']:.0%})"
+        ratio = f"{s['ratio']:.2f}x" if isinstance(s.get("ratio"), (int, float)) else "-"
+        rows.append("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in (
+            s.get("check"), verdict, _fmt(s.get("baseline_img_s")), _fmt(s.get("student_img_s")), ratio,
+            s.get("message", ""), _measure_list(s.get("measurements") or {}))) + "</tr>")
+    table = ("<table border='1' cellpadding='4' style='border-collapse:collapse'><tr><th>check</th>"
+             "<th>verdict</th><th>baseline per s</th><th>yours per s</th><th>ratio</th><th>message</th>"
+             "<th>measured</th></tr>" + "".join(rows) + "</table>") if rows else ""
+    cells = "".join(f"<li>{e(c['notebook'])} / {e(c['cell'])}: {c['score']:g} of {c['max_score']:g}"
+                    + (" (checked again by the grader outside your notebook)" if c.get("source") == "trusted"
+                       else "") + "</li>" for c in res.cells)
+    notes = "".join(f"<li>{e(n)}</li>" for n in res.notes)
+    cause = f"<p><b>Note:</b> {e(res.message)}</p>" if res.status != "graded" or res.cause else ""
+    return ("<div id='labkit-grade-summary' style='border:2px solid #555;padding:10px;margin:10px;"
+            "font-family:sans-serif'>"
+            f"<h2>{e(res.assignment)}: {res.score:g} / {res.max_score:g} points</h2>{cause}"
+            f"<p>Graded on {e(res.hardware.get('card', '?'))} ({e(res.hardware.get('class', '?'))}).</p>"
+            f"{table}<ul>{cells}</ul>" + (f"<p>Also noticed:</p><ul>{notes}</ul>" if notes else "") + "</div>")
+
+
+def feedback_path(res, notebook: str) -> str:
+    """Where a notebook's feedback page goes, relative to the output folder (nbgrader's own layout)."""
+    return f"feedback/{res.student_id}/{res.assignment}/{notebook}.html"
+
+
+def feedback_page(res, nbgrader_html: str | None) -> bytes:
+    """nbgrader's feedback page with the summary box on top (or the box alone when there is no page)."""
+    box = summary_box(res)
+    if nbgrader_html is None:
+        page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(res.assignment)}</title>"
+                f"</head><body>{box}</body></html>")
+    else:
+        m = re.search(r"<body[^>]*>", nbgrader_html)
+        page = nbgrader_html[:m.end()] + box + nbgrader_html[m.end():] if m else box + nbgrader_html
+    return page.encode("utf-8")
+
+
+# ------------------------------------------------------------------------------------------------ class outputs
+
+
+def _first_speed(r) -> dict:
+    return next((s for s in r.checks if s.get("ratio") is not None), r.checks[0] if r.checks else {})
+
+
+def write_csv(path: Path, course, results: list) -> None:
+    cell_names = [c["cell"] for c in course.cells]
+    cols = ["student_id", "status", "score", "max_score", "percent", "cause", "message", *cell_names,
+            "checks_passed", "ratio", "baseline_img_s", "student_img_s", "card", "hardware", "wall_s",
+            "peak_memory_mib", "flags", "notes", "finished_at"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    for r in results:
+        s = _first_speed(r)
+        row = {"student_id": r.student_id, "status": r.status, "score": f"{r.score:g}", "max_score": f"{r.max_score:g}",
+               "percent": f"{100 * r.score / r.max_score:.1f}" if r.max_score else "", "cause": r.cause or "",
+               "message": r.message,
+               "checks_passed": f"{sum(1 for c in r.checks if c.get('passed'))}/{len(r.checks)}" if r.checks else "",
+               "ratio": s.get("ratio", ""), "baseline_img_s": s.get("baseline_img_s", ""),
+               "student_img_s": s.get("student_img_s", ""), "card": r.hardware.get("card", ""),
+               "hardware": r.hardware.get("class", ""), "wall_s": f"{r.wall_s:.1f}",
+               "peak_memory_mib": f"{r.peak_rss_bytes / 2**20:.0f}", "flags": " | ".join(r.flags),
+               "notes": " | ".join(r.notes), "finished_at": r.finished_at}
+        for c in r.cells:
+            row[c["cell"]] = f"{c['score']:g}"
+        w.writerow(row)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(buf.getvalue(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def summary_text(course, results: list, junk: list[str], hardware: list[dict]) -> str:
+    """The end-of-run table: one line per student, then failures by cause, score statistics and skipped input."""
+    lines = [f"assignment {course.assignment}: {len(results)} students, max {course.max_score:g} points",
+             "hardware: " + "; ".join(f"{h['card']} ({h['class']})" for h in hardware), ""]
+    w = max([len(r.student_id) for r in results] + [7])
+    lines.append(f"{'student':<{w}}  {'score':>11}  {'status':<11} cause / message")
+    for r in results:
+        extra = r.cause or ""
+        if r.status != "graded" or r.cause:
+            extra = f"{r.cause}: {r.message}"
+        if r.flags:
+            extra += ("; " if extra else "") + "FLAGGED: " + r.flags[0]
+        lines.append(f"{r.student_id:<{w}}  {r.score:>5g} / {r.max_score:<3g}  {r.status:<11} {extra}")
+    causes = Counter(r.cause for r in results if r.cause)
+    lines += ["", "failures by cause:" if causes else "failures by cause: none"]
+    lines += [f"  {c:<24} {n}" for c, n in causes.most_common()]
+    graded = [r.score for r in results if r.status == "graded"]
+    if graded:
+        lines += ["", f"graded: {len(graded)}; mean {statistics.mean(graded):.2f}, median "
+                      f"{statistics.median(graded):g}, full marks {sum(1 for s in graded if s >= course.max_score)}"]
+    per = [r.wall_s for r in results if r.wall_s]
+    if per:
+        lines.append(f"grading time per student: median {statistics.median(per):.1f} s, max {max(per):.1f} s")
+    flagged = [r.student_id for r in results if r.flags]
+    if flagged:
+        lines.append("flagged for a look: " + ", ".join(flagged))
+    if junk:
+        lines += ["", "skipped input:"] + [f"  {j}" for j in junk]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, course, results: list, junk: list[str], hardware: list[dict], write) -> None:
+    """grades.csv, summary.txt/json, the merged gradebook.db, and feedback for students who could not be graded.
+
+    `write(relative_path, bytes)` is the grader's writer for per-student files (it keeps them guarded).
+    """
+    for r in results:
+        if r.status != "graded":
+            for nb in course.notebooks:
+                write(feedback_path(r, nb), feedback_page(r, None))
+    write_csv(out / "grades.csv", course, results)
+    text = summary_text(course, results, junk, hardware)
+    (out / "summary.txt").write_text(text, encoding="utf-8")
+    write_json(out / "summary.json", {
+        "assignment": course.assignment, "max_score": course.max_score, "hardware": hardware, "junk": junk,
+        "students": {r.student_id: {"status": r.status, "score": r.score, "cause": r.cause} for r in results},
+        "causes": dict(Counter(r.cause for r in results if r.cause))})
+    merge_gradebook(course.gradebook, out / "gradebook.db", course.assignment, results)

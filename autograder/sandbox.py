@@ -1,0 +1,227 @@
+"""Run one untrusted command with a wall-clock and memory budget, and leave nothing of it behind.
+
+The command gets its own session (process group), so a timeout kills the whole tree: nbgrader, the Jupyter
+kernel it started, and anything the student's code spawned. Memory is bounded two ways: RLIMIT_AS per process
+(only where no CUDA is in use: CUDA reserves far more virtual address space than it touches) and a watchdog
+that sums the resident memory of every process in the session and kills the tree when it passes the budget.
+Every process carries a random token in its environment, so a daemon that escaped the session (double fork,
+setsid) is still found and killed when the command ends. Output is kept as a bounded head and tail, so a
+submission that floods stdout cannot fill the disk or the grader's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+TOKEN_VAR = "LABKIT_GRADER_TOKEN"
+
+
+@dataclass
+class Limits:
+    """What one untrusted command may use."""
+
+    wall_s: float = 1800.0  # whole-command wall clock, seconds; the process group is killed past it
+    memory_bytes: int | None = 16 * 2**30  # resident memory of all its processes together, bytes (None: no cap)
+    address_space: bool = False  # also cap each process's virtual memory at memory_bytes (RLIMIT_AS; CPU only)
+    poll_s: float = 0.25  # how often the watchdog looks, seconds
+    keep_output_bytes: int = 64 * 1024  # how much of the start and of the end of the output is kept, bytes each
+
+
+@dataclass
+class Outcome:
+    """How a limited command ended."""
+
+    returncode: int | None  # exit status (negative: killed by that signal); None if it never started
+    wall_s: float  # seconds from start to the last process gone
+    timed_out: bool = False  # killed for passing Limits.wall_s
+    out_of_memory: bool = False  # killed for passing Limits.memory_bytes
+    peak_rss_bytes: int = 0  # largest total resident memory the watchdog saw, bytes
+    output: str = ""  # stdout and stderr interleaved, head and tail only
+    output_bytes: int = 0  # how many bytes the command wrote in all
+    leftovers_killed: int = 0  # processes still alive after the command ended (daemons), killed
+    error: str | None = None  # why the command could not be started
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not (self.timed_out or self.out_of_memory)
+
+    def cause(self) -> str | None:
+        """A short cause for a failed command, for logs and summaries; None when it succeeded."""
+        if self.error:
+            return "could not start"
+        if self.timed_out:
+            return "timeout"
+        if self.out_of_memory:
+            return "memory"
+        if self.returncode != 0:
+            return f"exit {self.returncode}"
+        return None
+
+
+class _Capture:
+    """Reads a pipe to its end, keeping the first and last `keep` bytes."""
+
+    def __init__(self, stream, keep: int):
+        self.stream, self.keep = stream, keep
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            chunk = self.stream.read1(65536) if hasattr(self.stream, "read1") else self.stream.read(65536)
+            if not chunk:
+                break
+            self.total += len(chunk)
+            room = self.keep - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+                chunk = chunk[room:]
+            if chunk:
+                self.tail += chunk
+                if len(self.tail) > self.keep:
+                    del self.tail[: len(self.tail) - self.keep]
+
+    def text(self) -> str:
+        self.thread.join(timeout=5)
+        head = self.head.decode("utf-8", "replace")
+        if self.total <= len(self.head) + len(self.tail):
+            return head + self.tail.decode("utf-8", "replace")
+        skipped = self.total - len(self.head) - len(self.tail)
+        return head + f"\n[... {skipped} bytes of output left out ...]\n" + self.tail.decode("utf-8", "replace")
+
+
+def _preexec(limits: Limits):
+    """Runs in the child before exec: no core dumps, optional RLIMIT_AS, die with the grader."""
+    def fn():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if limits.address_space and limits.memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        with contextlib.suppress(Exception):  # Linux only; elsewhere the stale-run sweep covers it
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    return fn
+
+
+def _session_members(sid: int, token: str | None, root: psutil.Process | None) -> list[psutil.Process]:
+    procs: dict[int, psutil.Process] = {}
+    if root is not None:
+        with contextlib.suppress(psutil.Error):
+            procs[root.pid] = root
+            for c in root.children(recursive=True):
+                procs[c.pid] = c
+    for p in psutil.process_iter(["pid"]):
+        if p.pid in procs or p.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(p.pid) == sid:
+                procs[p.pid] = p
+                continue
+            if token is not None and p.environ().get(TOKEN_VAR) == token:
+                procs[p.pid] = p
+    return list(procs.values())
+
+
+def kill_token(token: str) -> int:
+    """Kill every process whose environment carries `token` (a stale run's leftovers); returns how many."""
+    victims = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.environ().get(TOKEN_VAR) == token:
+                victims.append(p)
+    return _kill(victims)
+
+
+def _kill(procs: list[psutil.Process]) -> int:
+    n = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+            n += 1
+    psutil.wait_procs(procs, timeout=5)
+    return n
+
+
+def _rss(procs: list[psutil.Process]) -> int:
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] | None = None,
+                limits: Limits | None = None, token: str | None = None) -> Outcome:
+    """Run `cmd` in its own session under `limits`; always returns, never leaves a process behind.
+
+    `token` marks every process of this run (a fresh random one if None); pass a token you recorded if you
+    want to be able to kill the run's leftovers after a crash of the caller (see kill_token).
+    """
+    limits = limits or Limits()
+    token = token or secrets.token_hex(16)
+    env = dict(os.environ if env is None else env)
+    env[TOKEN_VAR] = token
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_preexec(limits))
+    except OSError as e:
+        return Outcome(None, 0.0, error=f"{type(e).__name__}: {e}")
+    cap = _Capture(proc.stdout, limits.keep_output_bytes)
+    out = Outcome(None, 0.0)
+    root = psutil.Process(proc.pid)
+    try:
+        while proc.poll() is None:
+            members = _session_members(proc.pid, None, root)
+            rss = _rss(members)
+            out.peak_rss_bytes = max(out.peak_rss_bytes, rss)
+            if limits.memory_bytes and rss > limits.memory_bytes:
+                out.out_of_memory = True
+                _kill(members)
+                break
+            if time.monotonic() - t0 > limits.wall_s:
+                out.timed_out = True
+                _kill(members)
+                break
+            time.sleep(limits.poll_s)
+    finally:
+        # Whatever happened (including KeyboardInterrupt in the caller), take the whole session down.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out.leftovers_killed = _kill(_session_members(proc.pid, token, None))
+        try:
+            out.returncode = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            out.returncode = None
+        if out.timed_out or out.out_of_memory:
+            out.returncode = -signal.SIGKILL  # psutil may have reaped it first and left 0 behind
+        out.wall_s = time.monotonic() - t0
+        out.output = cap.text()
+        out.output_bytes = cap.total
+        with contextlib.suppress(Exception):
+            proc.stdout.close()
+    return out
+
+
+def write_log(path: Path, header: str, outcome: Outcome) -> None:
+    """Save a command's kept output with a one-line header saying how it ended."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = outcome.cause() or "ok"
+    path.write_text(f"# {header}\n# ended: {state}, {outcome.wall_s:.1f} s, peak {outcome.peak_rss_bytes / 2**20:.0f} MiB, "
+                    f"{outcome.output_bytes} bytes of output, {outcome.leftovers_killed} leftover processes killed\n"
+                    + outcome.output, errors="replace")
+

@@ -1,0 +1,354 @@
+"""The instructor's batch grader: sandbox, intake, trusted re-runs, and a whole adversarial class on CPU.
+
+The class is graded once (module fixture) the way an instructor would meet it: the CLI starts, is killed
+mid-run, and the run is resumed; every fixture submission is then checked against the score it deserves.
+The fixtures are generated from the toy assignment's source and release notebooks (autograder.rehearsal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from autograder import course as courses
+from autograder import grade, intake, rehearsal, sandbox, suite, trusted
+from labkit.env import REPO_ROOT, LabkitError
+
+PY = sys.executable
+AID = rehearsal.TOY_ID
+# Variants graded in the batch. "renamed" is covered by the intake test, "patch_in_file" by the toy harness test.
+SKIP_IN_BATCH = {"renamed", "patch_in_file"}
+IN_BATCH = ["reference", "release", "wrong_fast", "tests_edited", "slow_correct", "tests_deleted", "patch_kernel",
+            "cache", "infinite_loop", "deaf_loop", "kernel_crash", "memory_hog", "output_flood", "stderr_noise", "snoop",
+            "vandal", "malformed", "no_notebook"]
+
+
+# ------------------------------------------------------------------------------------------------ sandbox
+
+
+def _alive_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_sandbox_timeout_kills_the_whole_group(tmp_path):
+    marker = f"sleep-marker-{os.getpid()}-a"
+    code = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',"
+            f" '{marker}']); time.sleep(60)")
+    out = sandbox.run_limited([PY, "-c", code], cwd=tmp_path, limits=sandbox.Limits(wall_s=2.0))
+    assert out.timed_out and out.cause() == "timeout" and out.returncode != 0
+    assert out.wall_s < 20
+    assert not _alive_with(marker)
+
+
+def test_sandbox_memory_budget_and_address_space(tmp_path):
+    hog = "x = []\nwhile True:\n    x.append(bytearray(50 * 2**20))\n"
+    out = sandbox.run_limited([PY, "-c", hog], cwd=tmp_path,
+                              limits=sandbox.Limits(wall_s=60, memory_bytes=400 * 2**20))
+    assert out.out_of_memory and out.cause() == "memory" and out.peak_rss_bytes > 400 * 2**20
+    out = sandbox.run_limited([PY, "-c", hog], cwd=tmp_path,
+                              limits=sandbox.Limits(wall_s=60, memory_bytes=600 * 2**20, address_space=True))
+    assert not out.out_of_memory and out.returncode == 1 and "MemoryError" in out.output
+
+
+def test_sandbox_keeps_head_and_tail_of_a_flood(tmp_path):
+    code = "import sys\nprint('FIRST')\nfor i in range(400000):\n    print('x' * 60)\nprint('LAST')\n"
+    out = sandbox.run_limited([PY, "-c", code], cwd=tmp_path, limits=sandbox.Limits(wall_s=60, keep_output_bytes=4096))
+    assert out.ok and out.output_bytes > 20 * 2**20
+    assert out.output.startswith("FIRST") and out.output.rstrip().endswith("LAST") and len(out.output) < 10_000
+
+
+def test_sandbox_kills_a_daemon_that_left_the_session(tmp_path):
+    marker = f"daemon-marker-{os.getpid()}"
+    code = ("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'])\n"
+            "    os._exit(0)\ntime.sleep(1)\n")
+    out = sandbox.run_limited([PY, "-c", code], cwd=tmp_path, limits=sandbox.Limits(wall_s=30))
+    assert out.ok and out.leftovers_killed >= 1
+    assert not _alive_with(marker)
+
+
+# ------------------------------------------------------------------------------------------------ intake
+
+
+def _nb_bytes(src: str = "print(1)") -> bytes:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src)])
+    return nbformat.writes(nb).encode()
+
+
+def test_intake_understands_folders_lms_files_and_zips(tmp_path):
+    s = tmp_path / "subs"
+    (s / "alice").mkdir(parents=True)
+    (s / "alice" / "lab.ipynb").write_bytes(_nb_bytes())
+    (s / "alice" / "helper.py").write_text("x = 1\n")
+    (s / "bob" / "lab").mkdir(parents=True)  # nbgrader's submitted/<student>/<assignment>/ layout
+    (s / "bob" / "lab" / "lab.ipynb").write_bytes(_nb_bytes())
+    (s / "carol").mkdir()
+    (s / "carol" / "Copy of lab (1).ipynb").write_bytes(_nb_bytes())  # the only notebook, under another name
+    (s / "dave").mkdir()
+    (s / "dave" / "a.ipynb").write_bytes(_nb_bytes())
+    (s / "dave" / "b.ipynb").write_bytes(_nb_bytes())
+    (s / "erin").mkdir()
+    (s / "erin" / "lab.ipynb").write_text('{"cells": [')
+    (s / "frank").mkdir()
+    (s / "frank" / "README.md").write_text("sorry")
+    (s / "gus_12345_678_lab.ipynb").write_bytes(_nb_bytes())  # LMS download, flat
+    with zipfile.ZipFile(s / "hana_999_lab.zip", "w") as z:
+        z.writestr("lab.ipynb", _nb_bytes())
+    with zipfile.ZipFile(s / "ivan_1_evil.zip", "w") as z:
+        z.writestr("../../escape.txt", "x")
+    (s / "notes.txt").write_text("junk")
+    (s / "weird name!").mkdir()
+    (s / "weird name!" / "lab.ipynb").write_bytes(_nb_bytes())
+
+    got = intake.collect(s, "lab", scratch=tmp_path / "scratch")
+    by = {x.student_id: x for x in got.submissions}
+    assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gus", "hana", "ivan", "weird_name"}
+    assert by["alice"].problem is None and set(by["alice"].files) == {"lab.ipynb", "helper.py"}
+    assert by["bob"].problem is None and by["bob"].notebook == "lab.ipynb"
+    assert by["carol"].problem is None and any("only notebook" in n for n in by["carol"].notes)
+    assert by["dave"].cause == "no notebook" and "several notebooks" in by["dave"].problem
+    assert by["erin"].cause == "invalid notebook" and "JSON" in by["erin"].problem
+    assert by["frank"].cause == "no notebook"
+    assert by["gus"].problem is None and by["hana"].problem is None
+    assert by["ivan"].cause == "bad archive" and "outside" in by["ivan"].problem
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "scratch" / "escape.txt").exists()
+    assert any("notes.txt" in j for j in got.junk)
+    assert any("graded as student id" in n for n in by["weird_name"].notes)
+    assert by["alice"].digest and by["alice"].digest != by["bob"].digest
+
+
+def test_intake_takes_one_archive_and_refuses_bad_input(tmp_path):
+    arch = tmp_path / "download.zip"
+    with zipfile.ZipFile(arch, "w") as z:
+        z.writestr("submissions/amy/lab.ipynb", _nb_bytes())
+        z.writestr("submissions/ben/lab.ipynb", _nb_bytes())
+    got = intake.collect(arch, "lab", scratch=tmp_path / "s")
+    assert [x.student_id for x in got.submissions] == ["amy", "ben"]
+    with pytest.raises(LabkitError, match="does not exist"):
+        intake.collect(tmp_path / "nope", "lab", scratch=tmp_path / "s")
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(LabkitError, match="not a .zip"):
+        intake.collect(tmp_path / "f.txt", "lab", scratch=tmp_path / "s")
+    with pytest.raises(LabkitError, match="student_id"):
+        intake.collect(tmp_path, "lab", scratch=tmp_path / "s", lms_regex="(?P<who>.+)")
+
+
+# ------------------------------------------------------------------------------------------------ trusted checks
+
+
+def test_find_calls_in_the_course_and_the_toy(tmp_path):
+    course = rehearsal.build_toy_course(tmp_path / "c")
+    calls = trusted.find_calls(course / "source" / AID / f"{AID}.ipynb")
+    assert [(c.cell, c.check, c.student_file, c.kind) for c in calls] == [
+        ("test_speed", rehearsal.CHECK, "pipeline.py", "run_check")]
+    lab1 = REPO_ROOT / "assignments" / "source" / "lab1_loss_scaling" / "lab1_loss_scaling.ipynb"
+    if lab1.exists():
+        calls = trusted.find_calls(lab1)
+        assert calls and all(c.kind == "grade" and c.student_file.endswith(".py") for c in calls)
+        assert any(c.check.startswith("lab1.") for c in calls)
+
+
+def test_verdicts_rescore_cells_and_flag_disagreement():
+    g = trusted.HarnessCall("nb", "c1", "lab2.loader_speed", "f.py", "grade")
+    v = trusted.interpret(g, {"check": "lab2.loader_speed", "ok": True, "score": 2.0, "max_score": 4.0,
+                              "gradable": True, "message": "2.1x",
+                              "measurements": {"speedup": 2.1, "baseline_samples_per_s": 100,
+                                               "packed_samples_per_s": 210}})
+    assert v.passed is True and v.fraction == 0.5
+    assert trusted.headline(v.numbers) == {"ratio": 2.1, "baseline_img_s": 100, "student_img_s": 210}
+    ng = trusted.interpret(g, {"ok": False, "gradable": False, "score": 0, "max_score": 4, "message": "needs CUDA"})
+    assert ng.passed is None and ng.fraction == 0
+    r = trusted.HarnessCall("nb", "c2", "toy.speed", "f.py", "run_check")
+    assert trusted.interpret(r, {"passed": True}).fraction == 1.0
+    assert trusted.interpret(r, {"passed": False}).fraction == 0.0
+    cells = [{"notebook": "nb", "cell": "c1", "score": 4.0, "max_score": 4.0},
+             {"notebook": "nb", "cell": "c2", "score": 3.0, "max_score": 3.0},
+             {"notebook": "nb", "cell": "c3", "score": 1.0, "max_score": 1.0}]
+    flags = trusted.cell_scores([g, r], {"lab2.loader_speed": v, "toy.speed": trusted.interpret(r, {"passed": False})},
+                                cells)
+    assert [c["score"] for c in cells] == [2.0, 0.0, 1.0]
+    assert len(flags) == 2 and "c2" in flags[1]
+
+
+def test_toy_harness_rejects_replaced_clocks_and_wrong_answers(tmp_path):
+    for body, ok, why in [(rehearsal.REFERENCE, True, "enough"), (rehearsal.BODIES["timer_patch"], False, "clock"),
+                          (rehearsal.BODIES["wrong_fast"], False, "wrong")]:
+        f = tmp_path / "pipeline.py"
+        f.write_text(body)
+        v = rehearsal.run_check(rehearsal.CHECK, str(f))
+        assert v["passed"] is ok and why in v["message"], v
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):
+    from autograder.__main__ import main
+
+    course = rehearsal.build_toy_course(tmp_path / "c")
+    out = tmp_path / "out"
+    rc = main(["grade", AID, "--submissions", str(tmp_path / "missing"), "--course", str(course), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
+    assert "does not exist" in (out / "grade_log.txt").read_text()
+    (tmp_path / "subs").mkdir()
+    rc = main(["grade", "lab9_nope", "--submissions", str(tmp_path / "subs"), "--course", str(course),
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown assignment 'lab9_nope'" in err and AID in err
+    rc = main(["grade", AID, "--submissions", str(tmp_path / "subs"), "--course", str(tmp_path), "--out", str(out)])
+    assert rc == 2 and "not an nbgrader course" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ the class
+
+
+def _cli(cls: Path, work: Path, *extra: str) -> list[str]:
+    return [PY, "-m", "autograder", "grade", AID, "--submissions", str(cls / "subs"), "--course", str(cls / "course"),
+            "--out", str(cls / "out"), "--work", str(work), "--preset", "quick", "--cell-timeout", "20",
+            "--timeout", "120", "--memory-gb", "2.5", "--jobs", "2", "--harness", "autograder.rehearsal",
+            "--no-progress", *extra]
+
+
+def _config(cls: Path, work: Path) -> grade.GradeConfig:
+    return grade.GradeConfig(course=str(cls / "course"), out=str(cls / "out"), work=str(work), cell_timeout_s=20,
+                             wall_timeout_s=120, memory_gb=2.5, harness_timeout_s=300, jobs=2,
+                             harness_module="autograder.rehearsal", progress=False)
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    """Build the class, start grading with the CLI, kill it mid-run, resume; returns what each stage saw."""
+    base = tmp_path_factory.mktemp("klass")
+    cls, work = base / "class", base / "work"  # the scratch folder lies outside what the vandal can reach
+    course = rehearsal.build_toy_course(cls / "course")
+    release = courses.generate_release(course, AID, base / "release")
+    builder = suite.SuiteBuilder(course / "source" / AID / f"{AID}.ipynb", release, AID, rehearsal.BODIES)
+    variants = [v for v in builder.variants(vandal_root=cls) if v.name not in SKIP_IN_BATCH]
+    assert sorted(v.name for v in variants) == sorted(IN_BATCH)
+    suite.write_submissions(variants, cls / "subs")
+    (cls / "subs" / "notes.txt").write_text("not a submission")
+
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.Popen(_cli(cls, work), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    markers = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        markers = sorted((cls / "out" / "students").glob("*/result.json"))
+        if len(markers) >= 3:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {m.parent.name: json.loads(m.read_text())["finished_at"] for m in
+              (cls / "out" / "students").glob("*/result.json")}
+    cfg = _config(cls, work)
+    rep = grade.grade_class(AID, cls / "subs", cfg)
+    return {"cls": cls, "work": work, "builder": builder, "variants": variants, "before": before, "report": rep,
+            "course": course, "cfg": cfg}
+
+
+def test_validate_source_passes_and_release_fails(graded_class, tmp_path):
+    env = courses.py_env()
+    course = rehearsal.build_toy_course(tmp_path / "c")  # a fresh copy: the vandal wrote over the class's
+    for nb, ok in [(course / "source" / AID / f"{AID}.ipynb", True), (tmp_path / f"{AID}.ipynb", False)]:
+        if not ok:
+            nb.write_text(json.dumps(graded_class["builder"].release))
+        out = subprocess.run([PY, "-m", "nbgrader", "validate", str(nb)], capture_output=True, text=True,
+                             env=env, cwd=nb.parent, timeout=300)
+        assert ("Success! Your notebook passes all the tests." in out.stdout) is ok, out.stdout[-2000:]
+
+
+@pytest.mark.parametrize("name", IN_BATCH)
+def test_each_submission_gets_what_it_deserves(graded_class, name):
+    v = next(x for x in graded_class["variants"] if x.name == name)
+    r = next(x for x in graded_class["report"].results if x.student_id == name)
+    assert suite.check(v, r, r.cells, graded_class["builder"].speed_cells) == []
+
+
+def test_the_run_survived_a_kill_and_resumed_without_regrading(graded_class):
+    before, rep = graded_class["before"], graded_class["report"]
+    assert 1 <= len(before) < len(graded_class["variants"])
+    by = {r.student_id: r for r in rep.results}
+    for sid, finished in before.items():
+        assert by[sid].finished_at == finished  # graded once, before the kill
+    assert rep.graded_now == len(graded_class["variants"]) - len(before)
+    assert len(rep.results) == len(graded_class["variants"])
+    out = graded_class["cls"] / "out"
+    assert not list(out.glob("students/*/running.json"))
+    assert not _alive_with(str(graded_class["work"]))
+
+
+def test_outputs_grades_csv_gradebook_feedback_summary(graded_class):
+    rep, out = graded_class["report"], graded_class["cls"] / "out"
+    import csv
+
+    rows = {r["student_id"]: r for r in csv.DictReader((out / "grades.csv").open())}
+    assert set(rows) == {r.student_id for r in rep.results}
+    for r in rep.results:
+        assert float(rows[r.student_id]["score"]) == r.score
+        assert float(rows[r.student_id]["test_speed"]) == next(c["score"] for c in r.cells if c["cell"] == "test_speed")
+    ref = rows["reference"]
+    assert float(ref["ratio"]) > rehearsal.REQUIRED_RATIO and float(ref["student_img_s"]) > float(ref["baseline_img_s"])
+    assert ref["card"].startswith("CPU") and ref["hardware"] == "cpu" and float(ref["wall_s"]) > 0
+
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
+        merged = {s.student.id: s.score for s in gb.assignment_submissions(AID)}
+    assert merged == {r.student_id: r.score for r in rep.results}
+
+    for r in rep.results:
+        page = (out / "feedback" / r.student_id / AID / f"{AID}.html").read_text()
+        assert "labkit-grade-summary" in page and f"{r.score:g} / {r.max_score:g} points" in page
+        assert "default_rng(7)" not in page  # a line of the hidden test
+    assert "baseline per s" in (out / "feedback" / "reference" / AID / f"{AID}.html").read_text()
+    summary = (out / "summary.txt").read_text()
+    assert "failures by cause:" in summary and "kernel died" in summary and "notes.txt" in summary
+    assert "flagged for a look: patch_kernel" in summary
+    assert "notes.txt" in (out / "grade_log.txt").read_text()
+
+
+def test_vandal_changed_nothing_that_counts(graded_class):
+    rep = graded_class["report"]
+    # The vandal really wrote over the class folder (hand-ins, the course), and the grader undid what it owns.
+    assert (graded_class["cls"] / "subs" / "reference" / f"{AID}.ipynb").read_text() == "vandalised"
+    assert rep.restored
+    for r in rep.results:
+        marker = json.loads((graded_class["cls"] / "out" / "students" / r.student_id / "result.json").read_text())
+        assert marker["score"] == r.score
+
+
+def test_rerun_is_idempotent_and_regrades_only_a_changed_hand_in(graded_class):
+    cls, variants = graded_class["cls"], graded_class["variants"]
+    # Put back what the vandal destroyed, as an instructor would from their download.
+    rehearsal.build_toy_course(cls / "course")
+    suite.write_submissions(variants, cls / "subs")
+    csv_before = (cls / "out" / "grades.csv").read_text()
+    again = grade.grade_class(AID, cls / "subs", graded_class["cfg"])
+    assert again.graded_now == 0 and (cls / "out" / "grades.csv").read_text() == csv_before
+    ref_nb = next(v for v in variants if v.name == "reference").files[f"{AID}.ipynb"]
+    (cls / "subs" / "release" / f"{AID}.ipynb").write_bytes(ref_nb)
+    third = grade.grade_class(AID, cls / "subs", graded_class["cfg"])
+    assert third.graded_now == 1
+    by = {r.student_id: r for r in third.results}
+    assert by["release"].score == by["release"].max_score
+    assert by["wrong_fast"].finished_at == {r.student_id: r for r in again.results}["wrong_fast"].finished_at
