@@ -50,29 +50,39 @@ def run_scenarios(names, dev, quick: bool, rounds: int, trace_from: str | None, 
     for name in tqdm(names, desc="scenarios", leave=False):
         sc = S.SCENARIOS[name]
         entry = {"planted": sc.planted, "fix": sc.fix}
-        wls = {}
-        for version in ("slow", "fixed"):
-            wl = S.workload(name, dev, fixed=version == "fixed", quick=quick)
-            prof = profiling.profile_steps(wl, dev)
-            expect = name if version == "slow" and (dev.type == "cuda" or sc.cpu_shows_it) else None
-            entry[version] = _brief(prof.diagnose(), expect)
-            entry[version]["config"] = wl.cfg
-            if trace_out is not None and trace_from == f"{name}-{version}":
-                prof.trace["labkit"]["expect"] = entry[version]["kind"]
-                written = profiling.save_trace(prof.trace, trace_out)
-            wls[version] = wl
-        ab = bench.compare(wls["slow"].step, wls["fixed"].step, device=dev, rounds=rounds, warmup=1)
-        batch_gain = wls["fixed"].cfg.batch / wls["slow"].cfg.batch
-        entry.update(slow_samples_per_s=wls["slow"].cfg.batch / ab.a.median,
-                     fixed_samples_per_s=wls["fixed"].cfg.batch / ab.b.median,
-                     speedup=ab.ratio * batch_gain, speedup_range=[r * batch_gain for r in ab.ratio_range],
-                     step_times=ab.summary())
-        log(f"  {name:<9} slow: {entry['slow']['title']:<24} fixed: {entry['fixed']['title']:<24} "
-            f"samples/s x{entry['speedup']:.1f}")
-        results[name] = entry
-        del wls
+        try:
+            results[name], trace = _one_scenario(name, sc, entry, dev, quick, rounds, trace_from, trace_out)
+            written = written or trace
+            e = results[name]
+            log(f"  {name:<9} slow: {e['slow']['title']:<24} fixed: {e['fixed']['title']:<24} "
+                f"samples/s x{e['speedup']:.1f}")
+        except Exception as e:  # one broken scenario must not cost the whole recording
+            results[name] = {**entry, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=4)}
+            log(f"  {name:<9} failed: {type(e).__name__}: {e}")
         _free(dev)
     return results, written
+
+
+def _one_scenario(name, sc, entry, dev, quick, rounds, trace_from, trace_out):
+    """Profile and diagnose the slow and the fixed version, then time them against each other."""
+    written, wls = None, {}
+    for version in ("slow", "fixed"):
+        wl = S.workload(name, dev, fixed=version == "fixed", quick=quick)
+        prof = profiling.profile_steps(wl, dev)
+        expect = name if version == "slow" and (dev.type == "cuda" or sc.cpu_shows_it) else None
+        entry[version] = _brief(prof.diagnose(), expect)
+        entry[version]["config"] = wl.cfg
+        if trace_out is not None and trace_from == f"{name}-{version}":
+            prof.trace["labkit"]["expect"] = entry[version]["kind"]
+            written = profiling.save_trace(prof.trace, trace_out)
+        wls[version] = wl
+    ab = bench.compare(wls["slow"].step, wls["fixed"].step, device=dev, rounds=rounds, warmup=1)
+    batch_gain = wls["fixed"].cfg.batch / wls["slow"].cfg.batch
+    entry.update(slow_samples_per_s=wls["slow"].cfg.batch / ab.a.median,
+                 fixed_samples_per_s=wls["fixed"].cfg.batch / ab.b.median,
+                 speedup=ab.ratio * batch_gain, speedup_range=[r * batch_gain for r in ab.ratio_range],
+                 step_times=ab.summary())
+    return entry, written
 
 
 def run_rungs(names, dev, quick: bool, log) -> tuple[dict, list]:

@@ -13,8 +13,9 @@
 
 How the diagnosis decides. On a GPU: if the GPU runs kernels (or copies) less than 70% of the step, the idle
 time is split by what the host was doing: waiting in "data", coming back from a host sync
-(cudaStreamSynchronize & co.; `.item()` / `.cpu()` cause them), or anything else (Python and kernel launches);
-the largest share names the bottleneck. Otherwise the GPU itself is the limit. On a CPU there is no queue to
+(cudaStreamSynchronize & co.; `.item()` / `.cpu()` cause them), or anything else (Python and kernel launches).
+Idle while waiting for data (15% of the step or more) names the loader, the slowest stage; otherwise the larger
+of the other two shares decides. If the GPU is busy 70% or more, the GPU itself is the limit. On a CPU there is no queue to
 starve: the step is data-loading bound when "data" takes half of it, CPU/launch (framework overhead) bound when
 most of the compute phases is spent outside operators that last 20 us or more, compute bound otherwise.
 Holistic Trace Analysis was weighed for this: it analyses GPU kernels only (nothing to say on a CPU trace)
@@ -58,6 +59,7 @@ SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaE
 HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::item")  # .item(), int(t), float(t), bool(t), if t: ...
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 GPU_IDLE_LIMIT = 0.30      # GPU idle share above which the host is the bottleneck
+DATA_IDLE_LIMIT = 0.15     # GPU idle share while the host waits in "data" that names the loader the slowest stage
 CPU_DATA_LIMIT = 0.50      # CPU: share of the step in "data" that makes it data-loading bound
 CPU_OVERHEAD_LIMIT = 0.60  # CPU: share of compute phases not in the self time of operators >= SMALL_OP_US
 SMALL_OP_US = 20.0
@@ -105,8 +107,9 @@ class ProfileSchedule:
 def suggest_schedule(target, device=None, active: int = 3) -> ProfileSchedule:
     """A schedule that skips what is not steady state for this target.
 
-    A DataLoader starts with full prefetch queues (2 per worker), so on a GPU the wait lasts until they drain,
-    or a data-bound run looks fine; compiled steps need a few calls to compile and record CUDA graphs.
+    A DataLoader starts with full prefetch queues (2 batches per worker by default), so on a GPU the wait lasts
+    until they drain, or a data-bound run looks fine; compiled steps need a few calls to compile and record CUDA
+    graphs.
     """
     from labkit.train import TrainConfig
 
@@ -117,7 +120,8 @@ def suggest_schedule(target, device=None, active: int = 3) -> ProfileSchedule:
             wait = 4
         if target.loader == "pil" and dev.type == "cuda":
             workers = min(16, os.cpu_count() or 1) if target.workers < 0 else target.workers
-            wait = max(wait, min(12, 2 + 2 * workers * (target.prefetch_factor or 2)))
+            # The queue drains at (consumption - production) per step, which is slow when the two are close.
+            wait = max(wait, min(40, 2 + 6 * workers * (target.prefetch_factor or 2)))
     return ProfileSchedule(wait=wait, warmup=1, active=active)
 
 
@@ -364,12 +368,21 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
     gpu = [e for e in X if e.get("cat") in GPU_CATS]
     kernels = [e for e in gpu if e.get("cat") == "kernel"]
     on_gpu = bool(kernels)
+    h0 = w0  # host side: counts per step cover every recorded step
     if on_gpu:
-        w1 = max(w1, max(e["ts"] + e["dur"] for e in gpu if e["ts"] + e["dur"] > w0))
+        late = [e for e in gpu if e["ts"] + e["dur"] > w0]
+        w1 = max(w1, max(e["ts"] + e["dur"] for e in late))
+        # Kernels launched before the profiler started are not in the trace, yet a host that runs ahead leaves
+        # the GPU busy with them for a while: time shares start at the first recorded GPU activity.
+        g0 = min(e["ts"] for e in late)
+        if g0 - w0 > 0.2 * (w1 - w0):
+            notes.append(f"the first recorded GPU work starts {(g0 - w0) / 1e3:.1f} ms into the first step (the host "
+                         f"ran ahead, or waited before launching); time shares start there")
+        w0 = max(w0, g0)
     span = max(w1 - w0, 1e-9)
 
     def in_window(e):
-        return e["ts"] < w1 and e["ts"] + e["dur"] > w0
+        return e["ts"] < w1 and e["ts"] + e["dur"] > h0
 
     # Phases: record_function ranges on the stepping thread (or any thread without step markers).
     phase_iv = {}
@@ -397,9 +410,12 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
 
     ops = [e for e in X if e.get("cat") == "cpu_op" and in_window(e)]
     runtime = [e for e in X if e.get("cat") in ("cuda_runtime", "cuda_driver") and in_window(e)]
-    syncs = [e for e in runtime if e.get("name") in SYNC_CALLS]
+    # Syncs and reads that stall training are the stepping thread's (a pin-memory thread has its own).
+    syncs = [e for e in runtime if e.get("name") in SYNC_CALLS and (main is None or (e.get("pid"), e.get("tid")) == main)]
     launches = [e for e in runtime if "Launch" in str(e.get("name", ""))]
-    reads = [e for e in ops if e.get("name") == HOST_READ_OPS[0]] or [e for e in ops if e.get("name") == HOST_READ_OPS[1]]
+    main_ops = [e for e in ops if main is None or (e.get("pid"), e.get("tid")) == main]
+    reads = ([e for e in main_ops if e.get("name") == HOST_READ_OPS[0]]
+             or [e for e in main_ops if e.get("name") == HOST_READ_OPS[1]])
     dtoh = [e for e in gpu if e.get("cat") == "gpu_memcpy" and "dtoh" in str(e.get("name", "")).lower()
             and in_window(e)]
 
@@ -411,7 +427,7 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
         "data_share": phase_share["data"],
         "host_reads_per_step": len(reads) / n_steps,
         "syncs_per_step": len(syncs) / n_steps,
-        "sync_wait_share": _length(_union([(e["ts"], e["ts"] + e["dur"]) for e in syncs])) / span,
+        "sync_wait_share": _length(_clip(_union([(e["ts"], e["ts"] + e["dur"]) for e in syncs]), w0, w1)) / span,
         "dtoh_copies_per_step": len(dtoh) / n_steps,
         "notes": notes,
     }
@@ -569,18 +585,22 @@ def _decide_gpu(st: dict) -> Diagnosis:
             notes.append(f"the host spends {_pct(st['data_share'])} of the step in 'data' while the GPU is busy: "
                          f"it is waiting behind queued GPU work (a blocking copy), so faster loading will not help")
     else:
-        kind = max(causes, key=causes.get)
+        # A steady wait for data means the loader is the slowest stage: faster launches or fewer syncs would only
+        # wait longer for the next batch. Otherwise the larger of the other two causes decides.
+        kind = "data" if causes["data"] >= DATA_IDLE_LIMIT else max(("sync", "overhead"), key=causes.get)
         reasons.append(busy_line)
         if kind == "data":
-            reasons.append(f"the host spent {_pct(st['data_share'])} of the step inside 'data' (the next batch)")
+            reasons.append(f"the host spent {_pct(st['data_share'])} of the step inside 'data' (the next batch), "
+                           f"{_pct(causes['data'])} with the GPU idle; {_pct(DATA_IDLE_LIMIT)} or more means the "
+                           f"loader is the slowest stage")
         elif kind == "sync":
             reasons.append(sync_line)
         else:
             reasons.append(launch_line)
         fix = FIXES[kind]
-        second = sorted(causes.items(), key=lambda kv: -kv[1])[1]
-        if second[1] >= 0.1:
-            notes.append(f"also {_pct(second[1])} of the step idle for {KINDS[second[0]]} reasons")
+        for other, share in sorted(causes.items(), key=lambda kv: -kv[1]):
+            if other != kind and share >= 0.1:
+                notes.append(f"also {_pct(share)} of the step idle for {KINDS[other]} reasons: next after the fix")
     if kind != "sync" and st["syncs_per_step"] >= 1:
         notes.append(sync_line)
     if kind != "overhead":
@@ -755,9 +775,9 @@ def memory_lines(fn, *args, functions=None, **kwargs) -> PyProfile:
     rows = []
     for filename, lines in prof.code_map.items():
         for line, entry in lines:
-            if entry:
-                rows.append({"line": line, "mem_mib": entry[1], "increment_mib": entry[0],
-                             "code": linecache.getline(filename, line).strip()})
+            code = linecache.getline(filename, line).strip()
+            if entry and not code.startswith(("def ", "async def ")):  # the def line holds memory at entry
+                rows.append({"line": line, "mem_mib": entry[1], "increment_mib": entry[0], "code": code})
     return PyProfile(buf.getvalue(), rows, result)
 
 

@@ -191,7 +191,11 @@ class Workload:
         self.x = D.to_nchw_uint8(ds.x_train[:cfg.n_samples], where)
         self.png = _encode_png(ds.x_train[:cfg.n_samples]) if cfg.loader == "per_sample" else None
         self.y = torch.from_numpy(ds.y_train[:cfg.n_samples]).to(where)
-        self.index_gen = torch.Generator().manual_seed(cfg.seed)
+        # Indices and augmentation draws live where the images do: a CPU index tensor copied to the GPU with
+        # .to() would be a blocking copy (a host sync) every step.
+        self.index_gen = torch.Generator(device=where).manual_seed(cfg.seed)
+        self.mean = torch.tensor(D.CIFAR_MEAN, device=where).view(1, 3, 1, 1)  # made once: torch.tensor(..., device=
+        self.std = torch.tensor(D.CIFAR_STD, device=where).view(1, 3, 1, 1)    # 'cuda') in the step would sync
         self.py_rng = random.Random(cfg.seed)  # per-sample choices as Python numbers, like a per-sample transform
         self.aug_gen = torch.Generator(device=where).manual_seed(cfg.seed + 1)
         with torch.random.fork_rng(devices=[]):
@@ -221,20 +225,21 @@ class Workload:
                 if self.py_rng.random() < 0.5:
                     img = img.flip(2)
             xs.append(D.normalize(img[None])[0])
-        return torch.stack(xs).to(self.device)
+        return torch.stack(xs).to(self.device, non_blocking=True)
 
     def _batched(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.x[idx.to(self.x.device)]
-        x = D.normalize(D.augment_batch(x, self.aug_gen) if self.cfg.augment else x)
+        x = self.x[idx]
+        x = D.augment_batch(x, self.aug_gen) if self.cfg.augment else x
+        x = (x.float() / 255 - self.mean) / self.std  # labkit.data.normalize's arithmetic, constants made once
         if x.device != self.device:
             x = x.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else x.to(self.device)
         return x
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A random batch of (normalized float images NCHW, labels) on the training device."""
-        idx = torch.randint(0, self.cfg.n_samples, (self.cfg.batch,), generator=self.index_gen)
+        idx = torch.randint(0, self.cfg.n_samples, (self.cfg.batch,), generator=self.index_gen, device=self.x.device)
         x = self._per_sample(idx) if self.cfg.loader == "per_sample" else self._batched(idx)
-        return x, self.y[idx.to(self.y.device)].to(self.device, non_blocking=True)
+        return x, self.y[idx].to(self.device, non_blocking=True)
 
     # -- the step
 
