@@ -84,7 +84,7 @@ LADDER = [
      dict(loader="resident")),
     ("bf16", "mixed precision: bf16 autocast", dict(precision="bf16")),
     ("channels_last", "channels_last (NHWC) memory format for model and inputs", dict(channels_last=True)),
-    ("batch_fused", "batch 1024 with a fused SGD kernel", dict(batch_size=1024, optimizer="sgd-fused")),
+    ("batch_fused", "batch 512 with a fused SGD kernel", dict(batch_size=512, optimizer="sgd-fused")),
     ("cudnn_benchmark", "cudnn.benchmark: cuDNN picks the fastest algorithm per shape", dict(cudnn_benchmark=True)),
     ("compile", "torch.compile: fused elementwise work (BN, ReLU, adds) and fewer kernels", dict(compile="default")),
     ("cuda_graphs", "CUDA graphs (torch.compile mode='reduce-overhead'): no per-kernel launch cost",
