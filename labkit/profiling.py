@@ -15,9 +15,10 @@ How the diagnosis decides. On a GPU: if the GPU runs kernels (or copies) less th
 time is split by what the host was doing: waiting in "data", coming back from a host sync
 (cudaStreamSynchronize & co.; `.item()` / `.cpu()` cause them), or anything else (Python and kernel launches).
 Idle while waiting for data (15% of the step or more) names the loader, the slowest stage; otherwise the larger
-of the other two shares decides. If the GPU is busy 70% or more, the GPU itself is the limit. On a CPU there is no queue to
-starve: the step is data-loading bound when "data" takes half of it, CPU/launch (framework overhead) bound when
-most of the compute phases is spent outside operators that last 20 us or more, compute bound otherwise.
+of the other two shares decides. If the GPU is busy 70% or more, the GPU itself is the limit. On a CPU there is
+no queue to starve: the step is data-loading bound when "data" takes half of it, CPU/launch (framework
+overhead) bound when most of the compute phases is spent outside operators that last 20 us or more (a best
+effort: microsecond timings on a busy machine are noisy), compute bound otherwise.
 Holistic Trace Analysis was weighed for this: it analyses GPU kernels only (nothing to say on a CPU trace)
 and knows nothing of our phase labels, so this small parser does the job and is tested on committed traces.
 """
@@ -190,9 +191,14 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
     dev = pick_device(device)
     sched = schedule or suggest_schedule(target, dev)
     sched.check()
+    step = None
     if isinstance(target, TrainConfig):
         label = name or target.name
     else:
+        step = target.step if hasattr(target, "step") else target
+        if not callable(step):
+            raise LabkitError(f"profile_steps needs a TrainConfig, a Workload or a step function, "
+                              f"not {type(target).__name__}")
         label = name or getattr(getattr(target, "cfg", None), "name", None) or getattr(target, "__name__", "steps")
     captured: dict = {}
 
@@ -213,17 +219,15 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
             bar.update(1)
             prof.step()
 
-        if isinstance(target, TrainConfig):
-            train(_train_config_for_profile(target, sched.total), dev, dataset=dataset, on_step=on_step)
-        else:
-            step = target.step if hasattr(target, "step") else target
-            if not callable(step):
-                raise LabkitError(f"profile_steps needs a TrainConfig, a Workload or a step function, "
-                                  f"not {type(target).__name__}")
-            for _ in range(sched.total):
-                step()
-                on_step()
-    bar.close()
+        try:
+            if step is None:
+                train(_train_config_for_profile(target, sched.total), dev, dataset=dataset, on_step=on_step)
+            else:
+                for _ in range(sched.total):
+                    step()
+                    on_step()
+        finally:
+            bar.close()
     if "trace" not in captured:
         raise LabkitError(f"{label}: the profiler recorded nothing; the run ended before the {sched.total} steps "
                           f"that wait={sched.wait} + warmup={sched.warmup} + active={sched.active} need")
@@ -352,10 +356,12 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
 
     X = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
          and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    if not X:
+        raise LabkitError("the trace has no timed events (ph 'X' with numeric ts and dur): is it a torch.profiler trace?")
     notes: list[str] = []
     steps = sorted((e for e in X if str(e.get("name", "")).startswith("ProfilerStep#")
                     and e.get("cat") in ("user_annotation", "cpu_op")), key=lambda e: e["ts"])
-    host = [e for e in X if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
+    host = [e for e in X if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")] or X
     if steps:
         main = (steps[0].get("pid"), steps[0].get("tid"))
         steps = [s for s in steps if (s.get("pid"), s.get("tid")) == main]
@@ -447,26 +453,27 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
         st["gpu_idle_share"] = 1 - st["gpu_busy_share"]
         st["kernel_busy_share"] = _length(k_iv) / span
         gaps, t = [], w0
-        for a, b in busy:
-            if a > t:
-                gaps.append((t, a))
-            t = max(t, b)
+        for x0, x1 in busy:
+            if x0 > t:
+                gaps.append((t, x0))
+            t = max(t, x1)
         if t < w1:
             gaps.append((t, w1))
         data_iv = phase_iv["data"]
         sync_ends = sorted(e["ts"] + e["dur"] for e in syncs)
         cause = {"data": 0.0, "sync": 0.0, "overhead": 0.0}
-        for a, b in gaps:
-            d = _overlap(data_iv, a, b)
+        for x0, x1 in gaps:
+            d = _overlap(data_iv, x0, x1)
             cause["data"] += d
-            k = bisect.bisect_left(sync_ends, a - SYNC_TOLERANCE_US)
-            after_sync = k < len(sync_ends) and sync_ends[k] <= b
-            cause["sync" if after_sync else "overhead"] += (b - a) - d
+            k = bisect.bisect_left(sync_ends, x0 - SYNC_TOLERANCE_US)
+            after_sync = k < len(sync_ends) and sync_ends[k] <= x1
+            cause["sync" if after_sync else "overhead"] += (x1 - x0) - d
         st["idle_by_cause"] = {k: v / span for k, v in cause.items()}
         k_in = [e for e in kernels if in_window(e)]
         k_time = sum(e["dur"] for e in k_in)
-        tc_time = sum(e["dur"] for e in k_in if is_tensor_core_kernel(str(e.get("name", "")))[0] is True)
-        mm_time = sum(e["dur"] for e in k_in if is_tensor_core_kernel(str(e.get("name", "")))[0] is not None)
+        tc_of = {n: is_tensor_core_kernel(n)[0] for n in {str(e.get("name", "")) for e in k_in}}
+        tc_time = sum(e["dur"] for e in k_in if tc_of[str(e.get("name", ""))] is True)
+        mm_time = sum(e["dur"] for e in k_in if tc_of[str(e.get("name", ""))] is not None)
         st.update(kernels_per_step=len(k_in) / n_steps, launches_per_step=len(launches) / n_steps,
                   kernel_ms_per_step=k_time / n_steps / 1e3,
                   launch_ms_per_step=sum(e["dur"] for e in launches) / n_steps / 1e3,
