@@ -607,7 +607,7 @@ def _decide_gpu(st: dict) -> Diagnosis:
         fix = FIXES[kind]
         for other, share in sorted(causes.items(), key=lambda kv: -kv[1]):
             if other != kind and share >= 0.1:
-                notes.append(f"also {_pct(share)} of the step idle for {KINDS[other]} reasons: next after the fix")
+                notes.append(f"next in line after the fix: {KINDS[other]} ({_pct(share)} of the step idle that way)")
     if kind != "sync" and st["syncs_per_step"] >= 1:
         notes.append(sync_line)
     if kind != "overhead":
