@@ -85,7 +85,7 @@ class Scenario:
     fix: str             # what the fixed version does instead (the course's fix)
     slow: dict           # WorkloadConfig fields of the slow version
     fixed: dict          # fields the fixed version changes
-    sizes: dict          # {"full": {...}, "quick": {...}}: WorkloadConfig sizes for a GPU and for a small CPU
+    sizes: dict          # {"full": {...}, "quick": {...}}: sizes for a GPU and for a small CPU (over `slow`)
     cpu_shows_it: bool   # whether a CPU run shows the planted bottleneck at all
     cpu_note: str = ""   # why not, when it does not
 
@@ -121,12 +121,12 @@ def scenario_config(name: str, fixed: bool = False, quick: bool = False) -> Work
     if name not in SCENARIOS:
         raise LabkitError(f"unknown scenario {name!r}: choose one of {', '.join(SCENARIOS)}")
     s = SCENARIOS[name]
-    cfg = WorkloadConfig(name=f"{name}-{'fixed' if fixed else 'slow'}", **s.sizes["quick" if quick else "full"])
+    cfg = with_changes(WorkloadConfig(name=f"{name}-{'fixed' if fixed else 'slow'}", **s.slow),
+                       **s.sizes["quick" if quick else "full"])
     if quick:
         # Small CPU runs: tiny operators gain nothing from a team of threads, and on a shared machine one
         # descheduled thread stalls the rest (a 2-thread matmul was seen 10x slower than 1 thread under load).
         cfg = with_changes(cfg, threads=1)
-    cfg = with_changes(cfg, **s.slow)
     if fixed:
         cfg = with_changes(cfg, **s.fixed)
     if quick and fixed and name == "overhead":
