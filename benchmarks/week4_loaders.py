@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     section("loader sweeps")
 
     with tqdm(total=2 if gpu else 1, desc="model consumption") as bar:
-        result["model_rates"] = L.model_rates(dev, quick=quick, progress=bar)
+        result["model_rates"] = L.model_rates(dev, quick=quick, progress=bar, n_train=None if quick else n)
     for k, v in result["model_rates"].items():
         print(f"{k}: {v['img_per_s']:,.0f} img/s (data resident on the device, batch {v['batch_size']})")
     section("model rates")

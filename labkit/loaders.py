@@ -637,18 +637,20 @@ def decoder_table(data: D.ImageData, device="cpu", n: int = 512, repeats: int = 
     return rows
 
 
-def model_rates(device="cpu", quick: bool = True, dataset: D.ImageData | None = None, progress=None) -> dict:
+def model_rates(device="cpu", quick: bool = True, dataset: D.ImageData | None = None, progress=None,
+                n_train: int | None = None) -> dict:
     """How fast ResNet-18 consumes training images (img/s) with data resident on the device (no loader cost).
 
     'baseline model': the baseline rung's step (fp32 defaults, batch 128, .item() each step). On a GPU also
     'tuned model': bf16, channels_last, batch 1024, fused SGD, cudnn.benchmark. A loader slower than these
-    rates is the bottleneck of that training run.
+    rates is the bottleneck of that training run. Two epochs of `n_train` images (default 256 quick, 16,384
+    full); the rate is the second epoch's.
     """
     from labkit import train as T
 
     dev = pick_device(device)
     base = T.quick_base() if quick else T.TrainConfig()
-    base = T.with_changes(base, epochs=2, evaluate=False, n_train=256 if quick else 16384)
+    base = T.with_changes(base, epochs=2, evaluate=False, n_train=n_train or (256 if quick else 16384))
     cfgs = {"baseline model": T.with_changes(T.preset("baseline", base), loader="resident")}
     if dev.type == "cuda":
         cfgs["tuned model"] = T.with_changes(T.preset("cudnn_benchmark", base), loader="resident")
@@ -721,8 +723,11 @@ CLI_SWEEPS = ("formats", "decoders", "workers", "pin_memory", "persistent_worker
 
 
 def run_sweeps(which, device="auto", quick: bool = True, n: int | None = None, workers=None,
-               out: str | os.PathLike | None = None, log=print) -> dict:
-    """Run the named sweeps (see CLI_SWEEPS) on `device` and return {sweep: rows}; with `out`, save JSON + plot."""
+               out: str | os.PathLike | None = None, model: bool = True, log=print) -> dict:
+    """Run the named sweeps (see CLI_SWEEPS) on `device` and return {sweep: rows}; with `out`, save JSON + plot.
+
+    With `model` and the workers sweep, also ResNet-18's consumption rates (`model_rates`), drawn into the plot.
+    """
     from tqdm.auto import tqdm
 
     from labkit.bench import write_json
@@ -778,6 +783,10 @@ def run_sweeps(which, device="auto", quick: bool = True, n: int | None = None, w
                     r["loader"] = base.name
                 rows += part
                 log(f"{w}, loader {base.name}:\n" + rows_table(part, w))
+            if w == "workers" and model:
+                result["model_rates"] = model_rates(dev, quick)
+                for k, v in result["model_rates"].items():
+                    log(f"{k}: {v['img_per_s']:,.0f} img/s (ResNet-18 width {v['width']}, data resident)")
         result[w] = rows
     if out is not None:
         out = Path(out)
@@ -791,7 +800,7 @@ def run_sweeps(which, device="auto", quick: bool = True, n: int | None = None, w
             import matplotlib.pyplot as plt
 
             series = {name: [r for r in result["workers"] if r["loader"] == name] for name in ("naive", "packed")}
-            ax = plot_workers(series)
+            ax = plot_workers(series, result.get("model_rates"))
             ax.figure.savefig(out / "workers.png", dpi=120, bbox_inches="tight")
             plt.close(ax.figure)
         log(f"wrote {out}/data.json" + (" and workers.png" if "workers" in result else ""))
@@ -808,6 +817,8 @@ def add_cli(sub) -> None:
     p.add_argument("--workers", help="comma-separated num_workers values for the workers sweep (e.g. 0,2,4,8)")
     p.add_argument("--device", default="auto", help="where batches go: auto, cpu, cuda or cuda:N")
     p.add_argument("--out", help="folder for data.json (and workers.png when the workers sweep runs)")
+    p.add_argument("--no-model", action="store_true",
+                   help="skip measuring ResNet-18's consumption rate (the dashed line of the workers plot)")
     p.set_defaults(func=_cli_data)
 
 
@@ -823,5 +834,5 @@ def _cli_data(args) -> int:
             raise LabkitError(f"--workers takes whole numbers separated by commas, got {args.workers!r}") from e
         if not workers or min(workers) < 0:
             raise LabkitError("--workers values must be >= 0")
-    run_sweeps(which, dev, quick=quick, n=args.n, workers=workers, out=args.out)
+    run_sweeps(which, dev, quick=quick, n=args.n, workers=workers, out=args.out, model=not args.no_model)
     return 0
