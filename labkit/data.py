@@ -282,11 +282,21 @@ def augment_batch(x: torch.Tensor, generator: torch.Generator | None = None, pad
     return xp[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
 
 
+_STATS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Made once per device: torch.tensor(list, device="cuda") is a blocking copy, i.e. a host sync per batch.
+    if device not in _STATS:
+        _STATS[device] = (torch.tensor(CIFAR_MEAN, dtype=torch.float32).view(1, 3, 1, 1).to(device),
+                          torch.tensor(CIFAR_STD, dtype=torch.float32).view(1, 3, 1, 1).to(device))
+    return _STATS[device]
+
+
 def normalize(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 (B, 3, H, W) to normalized floats with the CIFAR mean/std, in `dtype`."""
     # Same arithmetic as torchvision's ToTensor + Normalize, so every loading path gives identical inputs.
-    mean = torch.tensor(CIFAR_MEAN, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR_STD, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+    mean, std = _stats(x.device)
     return ((x.float() / 255 - mean) / std).to(dtype)
 
 

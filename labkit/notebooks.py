@@ -131,6 +131,8 @@ def fix(path: Path, root: Path = REPO_ROOT) -> None:
     else:
         cells.insert(0, {"cell_type": "markdown", "metadata": {}, "source": badge})
     setup = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": setup_source(root)}
+    if nb.get("nbformat", 4) == 4 and nb.get("nbformat_minor", 0) >= 5:
+        setup["id"] = "labkit-setup"  # nbformat 4.5 requires cell ids
     first_code = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"), None)
     if first_code is not None and "".join(cells[first_code]["source"]).startswith(SETUP_MARKER):
         cells[first_code] = setup
@@ -139,7 +141,8 @@ def fix(path: Path, root: Path = REPO_ROOT) -> None:
     for c in cells:
         if c.get("cell_type") == "code":
             c["outputs"], c["execution_count"] = [], None
-        c.pop("id", None) if nb.get("nbformat_minor", 0) < 5 else None
+        if nb.get("nbformat_minor", 0) < 5:
+            c.pop("id", None)
     nb.setdefault("metadata", {})["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
