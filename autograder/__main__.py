@@ -23,10 +23,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--work", default=None, help="scratch folder (default: a temporary folder, removed afterwards)")
     g.add_argument("--preset", choices=sorted(PRESETS), default="class",
                    help="limits: 'class' for a GPU box (default), 'quick' for small CPU assignments")
-    g.add_argument("--cell-timeout", type=int, default=None, metavar="S", help="per-cell time limit, seconds")
+    g.add_argument("--cell-timeout", type=int, default=None, metavar="S",
+                   help="per-cell time limit, seconds (default: the course's c.Execute.timeout, else 600)")
     g.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="one student's whole grading, seconds (the process group is killed past it)")
     g.add_argument("--memory-gb", type=float, default=None, help="memory budget of one student's processes, GiB")
+    g.add_argument("--address-space-limit", action="store_true",
+                   help="also cap each process's virtual memory at --memory-gb (RLIMIT_AS; CPU-only machines: "
+                        "torch alone reserves ~3.5 GiB of address space)")
     g.add_argument("--jobs", type=int, default=None,
                    help="students graded at once (default: one per GPU; 1 without a GPU)")
     g.add_argument("--trust-kernel", action="store_true",
@@ -55,7 +59,7 @@ def _cli_grade(args) -> int:
     cfg = replace(cfg, **{k: v for k, v in changes.items() if v is not None}, force=args.force,
                   only=tuple(args.only), keep_work=args.keep_work, trusted_recheck=not args.trust_kernel,
                   feedback=not args.no_feedback, hide_hidden_tests=not args.show_hidden_tests,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, address_space_limit=args.address_space_limit)
     if cfg.jobs is not None and cfg.jobs < 1:
         raise LabkitError("--jobs must be at least 1")
     rep = grade_class(args.assignment, args.submissions, cfg)

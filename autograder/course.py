@@ -9,6 +9,7 @@ nbgrader_config.py that loads the course's own settings and then adds the grader
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -214,8 +215,9 @@ def check_harness(module: str) -> None:
                           f"({tail[:200]}): fix it, or pass --harness MODULE")
 
 
-def detect_hardware() -> list[dict]:
-    """One entry per GPU torch can see (index, card, class), or one CPU entry; runs torch in a subprocess.
+@functools.cache
+def detect_hardware() -> tuple[dict, ...]:
+    """One entry per GPU torch can see (index, card, class), or one CPU entry; runs torch in a subprocess once.
 
     Classes are the harness's: "tensor_core_gpu" (compute capability >= 7), "gpu", "cpu".
     """
@@ -234,10 +236,10 @@ def detect_hardware() -> list[dict]:
     out = run_limited([sys.executable, "-c", code], cwd=REPO_ROOT, env=py_env(),
                       limits=Limits(wall_s=180, memory_bytes=None))
     try:
-        return json.loads(out.output.strip().splitlines()[-1])
+        return tuple(json.loads(out.output.strip().splitlines()[-1]))
     except (IndexError, ValueError):
         log.warning("could not detect the hardware (%s); grading as CPU", out.cause())
-        return [{"index": None, "card": "unknown", "capability": None, "class": "cpu"}]
+        return ({"index": None, "card": "unknown", "capability": None, "class": "cpu"},)
 
 
 _FEEDBACK_LOCK = threading.Lock()  # nbgrader's converters share logging and config machinery

@@ -130,11 +130,11 @@ class Outputs:
 
     def write(self, rel: str, data: bytes) -> str:
         p = self.out / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, p)
         with self.lock:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, p)
             self.kept[rel] = data
         return _sha(data)
 
@@ -156,11 +156,11 @@ class Outputs:
         with self.lock:
             items = [(k, self.kept[k]) for k in (only if only is not None else list(self.kept)) if k in self.kept]
         for rel, data in items:
-            p = self.out / rel
-            try:
-                same = p.read_bytes() == data
-            except OSError:
-                same = False
+            with self.lock:
+                try:
+                    same = (self.out / rel).read_bytes() == data
+                except OSError:
+                    same = False
             if not same:
                 self.write(rel, data)
                 changed.append(rel)
@@ -288,7 +288,8 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     if course.calls:
         verdicts, outs = trusted.run_trusted(course.calls, graded_dir, scratch / "trusted",
                                              harness_module=cfg.harness_module, env=env,
-                                             limits=replace(limits, wall_s=cfg.harness_timeout_s))
+                                             limits=replace(limits, wall_s=cfg.harness_timeout_s),
+                                             data_files=course.source_files)
         for o in outs:
             res.peak_rss_bytes = max(res.peak_rss_bytes, o.peak_rss_bytes)
             res.wall_s += o.wall_s
@@ -399,7 +400,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
                                         hide_hidden_tests=cfg.hide_hidden_tests, find_calls=cfg.trusted_recheck)
         if course.calls:
             courses.check_harness(cfg.harness_module)
-        hardware = courses.detect_hardware()
+        hardware = [dict(h) for h in courses.detect_hardware()]
         log.info("hardware: %s", "; ".join(f"{h['card']} ({h['class']})" for h in hardware))
         found = intake.collect(submissions, assignment, scratch=work / "intake", lms_regex=cfg.lms_regex)
         for line in found.junk:

@@ -183,7 +183,10 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
         return Outcome(None, 0.0, error=f"{type(e).__name__}: {e}")
     cap = _Capture(proc.stdout, limits.keep_output_bytes)
     out = Outcome(None, 0.0)
-    root = psutil.Process(proc.pid)
+    try:
+        root = psutil.Process(proc.pid)
+    except psutil.Error:  # already gone
+        root = None
     try:
         while proc.poll() is None:
             members = _session_members(proc.pid, None, root)

@@ -129,8 +129,13 @@ def interpret(call: HarnessCall, answer: dict) -> Verdict:
 
 
 def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *, harness_module: str,
-                limits: Limits, env: dict[str, str]) -> tuple[dict[str, Verdict], list[Outcome]]:
-    """Re-run `calls` in fresh isolated interpreters (one per student file); never raises."""
+                limits: Limits, env: dict[str, str], data_files: dict[str, bytes] | None = None,
+                ) -> tuple[dict[str, Verdict], list[Outcome]]:
+    """Re-run `calls` in fresh isolated interpreters (one per student file); never raises.
+
+    Each runs in a folder holding the assignment's own files (`data_files`, as nbgrader puts them beside the
+    notebook) and a copy of the student's file, nothing else the student wrote.
+    """
     verdicts, outcomes = {}, []
     by_file: dict[str, list[HarnessCall]] = {}
     for c in calls:
@@ -145,6 +150,9 @@ def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *
             continue
         box = scratch / f"run{i}"
         shutil.rmtree(box, ignore_errors=True)
+        for rel, data in (data_files or {}).items():
+            (box / rel).parent.mkdir(parents=True, exist_ok=True)
+            (box / rel).write_bytes(data)
         (box / sfile).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, box / sfile)
         code = (
