@@ -11,7 +11,8 @@ stopped. At the end the marks are merged into one gradebook, `grades.csv` and a 
 Isolation: hand-ins and the generated assignment are held in memory, every file the grader writes for a
 student is checked (and restored) after the others ran, and each student's processes are all dead before the
 next student starts. Students graded side by side (--jobs > 1, one per GPU) run as the same user at the same
-time; against a deliberately hostile class, grade one at a time or inside a container.
+time; against a deliberately hostile class, grade one at a time or inside a container. Run the grader as an
+ordinary user, not root: root can list the scratch folder, and with it the files sealed away from the kernel.
 """
 
 from __future__ import annotations
@@ -314,10 +315,13 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                 res.notes.append(f"nbgrader wrote no feedback page for {nb}; the summary alone is sent")
             res.outputs[report.feedback_path(res, nb)] = out.write(report.feedback_path(res, nb),
                                                                    report.feedback_page(res, pages.get(nb)))
+    kept = 0
     for p in sorted(graded_dir.rglob("*")):  # the graded notebook and the student's small files, for the record
-        if p.is_file() and not p.is_symlink() and p.stat().st_size <= 5 * 2**20 and "__pycache__" not in p.parts:
+        if kept < 50 and p.is_file() and not p.is_symlink() and p.stat().st_size <= 5 * 2**20 \
+                and "__pycache__" not in p.parts:
             rel = f"autograded/{sid}/{aid}/{p.relative_to(graded_dir).as_posix()}"
             res.outputs[rel] = out.write(rel, p.read_bytes())
+            kept += 1
     return res
 
 
@@ -423,6 +427,8 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         return rep
     except LabkitError as e:
         log.error("run stopped: %s", e)
+        with contextlib.suppress(OSError), (out / "summary.txt").open("a", encoding="utf-8") as f:
+            f.write(f"{_now()} run stopped before grading: {e}\n")
         raise
     finally:
         log.removeHandler(handler)

@@ -83,6 +83,7 @@ class SealKernel(NbGraderPreprocessor):
         if not self.vault:
             return nb, resources
         box = tempfile.mkdtemp(dir=self.vault)
+        resources["labkit_vault_box"] = box
         resources["labkit_sealed"] = sealed = []
         path = resources.get("metadata", {}).get("path", "")
         name = resources.get("unique_key", "")
@@ -100,9 +101,11 @@ class UnsealAfterKernel(NbGraderPreprocessor):
     def preprocess(self, nb, resources):
         _kill_others()
         for src, dst in resources.pop("labkit_sealed", []):
-            if src.endswith(".ipynb"):
-                continue  # nbgrader writes the graded notebook there afterwards
-            shutil.move(dst, src)
+            if not src.endswith(".ipynb"):  # the notebook is not needed back: nbgrader writes the graded one
+                shutil.move(dst, src)
+        box = resources.pop("labkit_vault_box", None)
+        if box:
+            shutil.rmtree(box, ignore_errors=True)
         return nb, resources
 
 

@@ -208,6 +208,7 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
     assert "does not exist" in (out / "grade_log.txt").read_text()
+    assert "does not exist" in (out / "summary.txt").read_text()
     (tmp_path / "subs").mkdir()
     rc = main(["grade", "lab9_nope", "--submissions", str(tmp_path / "subs"), "--course", str(course),
                "--out", str(out)])
@@ -329,6 +330,9 @@ def test_outputs_grades_csv_gradebook_feedback_summary(graded_class):
     assert "failures by cause:" in summary and "kernel died" in summary and "notes.txt" in summary
     assert "flagged for a look: patch_kernel" in summary
     assert "notes.txt" in (out / "grade_log.txt").read_text()
+    snooped = nbformat.read(out / "autograded" / "snoop" / AID / f"{AID}.ipynb", as_version=4)
+    said = "".join(o.get("text", "") for c in snooped.cells if c.cell_type == "code" for o in c.outputs)
+    assert "snooping found 0 things" in said  # no notebook, gradebook or source with hidden tests in reach
 
 
 def test_vandal_changed_nothing_that_counts(graded_class):
