@@ -19,8 +19,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from autograder.sandbox import Limits, Outcome, run_limited
 from labkit.env import REPO_ROOT
 
@@ -61,6 +59,8 @@ def _const(node) -> str | None:
 
 def find_calls(notebook_path: Path) -> list[HarnessCall]:
     """Every `grade(check, file, ...)` / `run_check(check, file, ...)` with literal arguments in test cells."""
+    import nbformat  # here, not at import: the GPU machine's benchmarks use this module without Jupyter
+
     nb = nbformat.read(notebook_path, as_version=4)
     found = []
     for cell in nb.cells:
