@@ -285,6 +285,9 @@ def _install_ipython_display_shim(display) -> None:
     pkg, mod = types.ModuleType("IPython"), types.ModuleType("IPython.display")
     mod.display, mod.Markdown, mod.HTML, mod.Image = display, Markdown, HTML, Image
     pkg.display = mod
+    # matplotlib reads IPython.version_info whenever an "IPython" module is loaded; a recent version makes it
+    # skip its GUI-backend fix-ups, which a plain-script run does not need.
+    pkg.version_info = (8, 24, 0)
     sys.modules.setdefault("IPython", pkg)
     sys.modules.setdefault("IPython.display", mod)
 
