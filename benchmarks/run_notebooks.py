@@ -511,7 +511,8 @@ def drive(args, argv: list[str]) -> int:
     cells = {p: load_cells(p) for p in paths}  # refuse IPython syntax before any cell runs anywhere
     out = (args.out or default_out()).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1",
+    # PYTHONWARNINGS=default: warnings show once per place, as in Jupyter, whatever the caller's filters are.
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", PYTHONWARNINGS="default",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     if args.quick or args.full:
         env["LABKIT_QUICK"] = "1" if args.quick else "0"
