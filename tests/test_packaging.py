@@ -44,3 +44,14 @@ def test_results_files_name_card_torch_commit_command():
         env = json.loads(p.read_text()).get("env", {})
         for key in ("device_name", "torch", "git_commit", "command"):
             assert env.get(key), f"{p.name} lacks env.{key}"
+
+
+def test_readme_gpu_numbers_come_from_the_committed_ladder():
+    import json
+
+    from labkit import report
+
+    ladder = json.loads((ROOT / "benchmarks" / "results" / "ladder.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert report.ladder_table(ladder["rungs"]) in readme
+    assert ladder["env"]["device_name"] in readme and "benchmarks/results/ladder.png" in readme
