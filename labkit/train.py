@@ -128,6 +128,12 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
          f"batch_size {cfg.batch_size} must be a multiple of accumulation {cfg.accumulation}")
     need(cfg.lr > 0, "lr must be positive")
+    rank, n = world()
+    if n > 1:
+        need(cfg.loader in ("resident", "tensor"), "distributed runs shard resident data: use loader=resident")
+        need(not cfg.checkpointing, "checkpointing is not wired through DistributedDataParallel here")
+        need(cfg.batch_size % (n * cfg.accumulation) == 0,
+             f"batch_size {cfg.batch_size} must split evenly over {n} processes x {cfg.accumulation} micro-batches")
     if device.type != "cuda":
         need(cfg.precision != "fp16", "fp16 autocast with GradScaler needs a CUDA GPU: use --device cuda or bf16")
         need(cfg.compile != "reduce-overhead", "CUDA graphs (compile=reduce-overhead) need a CUDA GPU")
@@ -146,18 +152,32 @@ def _fused_sgd_on_cpu() -> bool:
 # ------------------------------------------------------------------------------------------------ engine
 
 
+def world() -> tuple[int, int]:
+    """(rank, number of processes) of a torch.distributed run; (0, 1) otherwise."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 class _Batches:
-    """Yields (images, labels) on the device for one epoch, whatever the loading path."""
+    """Yields (images, labels) on the device for one epoch, whatever the loading path.
+
+    Under DistributedDataParallel every rank walks the same global order and takes its share (rank::world) of
+    each global batch, so N processes see exactly the batches one process would.
+    """
 
     def __init__(self, cfg: TrainConfig, ds: D.ImageData, device: torch.device):
         self.cfg, self.device = cfg, device
+        self.rank, self.world = world()
         self.n = len(ds.y_train)
         self.per_step = cfg.batch_size
         if self.n < cfg.batch_size:
             raise LabkitError(f"{cfg.name}: batch_size {cfg.batch_size} is larger than the {self.n} training images")
         self.steps_per_epoch = self.n // cfg.batch_size  # partial batches dropped: a new shape recompiles
         self.gen = torch.Generator(device=device if cfg.loader == "resident" else "cpu")
-        self.gen.manual_seed(cfg.seed + 1)
+        self.gen.manual_seed(cfg.seed + 1 + 1000 * self.rank)  # per-rank augmentation streams
         if cfg.loader == "pil":
             if cfg.data_dir:  # a folder the user gave must already hold <class>/<image> files
                 folder = cfg.data_dir
@@ -187,7 +207,7 @@ class _Batches:
             return
         order = D.epoch_order(self.n, cfg.seed, e).to(self.x.device)
         for s in range(self.steps_per_epoch):
-            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size][self.rank::self.world]
             x, y = self.x[idx], self.y[idx]
             if cfg.augment:
                 x = D.augment_batch(x, self.gen)
@@ -278,6 +298,12 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     flops = train_flops_per_image(model)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    rank, n_proc = world()
+    net = model
+    if n_proc > 1:  # gradients all-reduced in buckets during backward
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     batches = _Batches(cfg, ds, dev)
     steps_total = batches.steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
@@ -289,13 +315,13 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))
     scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
 
-    fwd = model
+    fwd = net
     if cfg.checkpointing:
         def fwd(x):
             return _checkpointed_forward(model, x)
     if cfg.compile:
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile)
-    micro = cfg.batch_size // cfg.accumulation
+    micro = cfg.batch_size // n_proc // cfg.accumulation
 
     # record_function labels cost next to nothing without a profiler and let labkit.profiling split the step.
     def step(x, y):
@@ -336,10 +362,9 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
                 if batch is None:
                     break
                 loss = step(*batch)
+                dev_losses.append(loss)
                 if cfg.sync_every_step:
-                    losses.append(loss.item())  # the naive script's per-step logging: a host sync
-                else:
-                    dev_losses.append(loss)
+                    loss.item()  # the naive script's per-step logging: a host sync
                 done += 1
                 if first_step_s is None:
                     synchronize(dev)
@@ -353,7 +378,13 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
             synchronize(dev)
             epoch_s.append(time.perf_counter() - t0)
             if dev_losses:
-                losses += torch.stack(dev_losses).float().cpu().tolist()
+                epoch_losses = torch.stack(dev_losses).float()
+                if n_proc > 1:  # log the global batch's loss: the mean over ranks (once per epoch, not per step)
+                    import torch.distributed as dist
+
+                    dist.all_reduce(epoch_losses)
+                    epoch_losses /= n_proc
+                losses += epoch_losses.cpu().tolist()
             if done >= steps_total:
                 break
         total_s = time.perf_counter() - t_start
@@ -383,6 +414,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
         "final_loss": float(np.mean(losses[-max(1, min(10, len(losses) // 5)):])),
         "accuracy": acc,
         "device": str(dev),
+        "processes": n_proc,
         "config": dataclasses.asdict(cfg),
     }
     if cfg.loader == "pil" and cfg.workers != 0:

@@ -1,0 +1,109 @@
+"""Data-parallel training of a ladder rung with DistributedDataParallel, launched through torchrun.
+
+    labkit ddp --preset cuda_graphs --nproc 2          # one process per GPU, NCCL
+    labkit ddp --preset resident_data --nproc 2 --quick  # on CPU: gloo, the same code path
+
+`labkit ddp` starts `torchrun --standalone --nproc_per_node N -m labkit.ddp --worker ...`; each worker joins
+the process group, runs the same `labkit.train.train` engine (which shards the resident data per rank and seeds
+augmentation per rank) and rank 0 writes the result record. The global batch stays `batch_size`: each of N
+processes takes batch_size / N images per step, so the optimization is the one a single process would run.
+NVLink multicast stays off in NCCL (NCCL_NVLS_ENABLE=0) in every launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import torch
+
+from labkit.env import LabkitError, environment
+
+
+def _worker(args) -> int:
+    import torch.distributed as dist
+
+    from labkit import train as T
+    from labkit.bench import write_json
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and not args.cpu
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+        base = T.quick_base() if args.quick else T.TrainConfig()
+        cfg = T.with_changes(T.preset(args.preset, base), **T._parse_sets(args.set))
+        if not cuda:
+            cfg = T.with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
+        rec = T.train(cfg, dev)
+        if dist.get_rank() == 0:
+            print(f"{cfg.name} on {dist.get_world_size()} processes: {rec['img_per_s']:,.0f} img/s, "
+                  f"final loss {rec['final_loss']:.3f}, accuracy {rec['accuracy']}", flush=True)
+            if args.json:
+                write_json(args.json, {"kind": "ddp", "env": environment(device=dev), **rec})
+    except LabkitError as e:
+        print(f"labkit ddp: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
+           json_path: str | None = None, cpu: bool = False, timeout_s: float | None = None) -> int:
+    """Run `preset` on `nproc` processes through torchrun; returns torchrun's exit code."""
+    from labkit import train as T
+
+    if nproc < 1:
+        raise LabkitError("--nproc must be >= 1")
+    T.preset(preset)  # unknown names fail here, before any process starts
+    T._parse_sets(sets or [])
+    use_cuda = torch.cuda.is_available() and not cpu
+    if use_cuda and nproc > torch.cuda.device_count():
+        raise LabkitError(f"--nproc {nproc} but this machine has {torch.cuda.device_count()} GPU(s)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "labkit.ddp", "--worker", "--preset", preset]
+    cmd += ["--quick"] if quick else []
+    cmd += ["--cpu"] if cpu else []
+    cmd += ["--json", json_path] if json_path else []
+    cmd += ["--set", *sets] if sets else []
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    if not use_cuda:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        return subprocess.run(cmd, env=env, timeout=timeout_s).returncode
+    except subprocess.TimeoutExpired as e:
+        raise LabkitError(f"the {nproc}-process run took longer than {timeout_s:.0f} s") from e
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("ddp", help="train a ladder rung on several processes with DistributedDataParallel")
+    p.add_argument("--preset", default="cuda_graphs", help="ladder rung (its loader must be resident)")
+    p.add_argument("--nproc", type=int, default=2, help="processes: one per GPU, or CPU processes with gloo")
+    p.add_argument("--quick", action="store_true", help="small CPU-sized run")
+    p.add_argument("--cpu", action="store_true", help="use gloo on the CPU even where GPUs exist")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    p.add_argument("--json", metavar="PATH", help="rank 0 writes the result record here")
+    p.set_defaults(func=lambda a: launch(a.preset, a.nproc, quick=a.quick, sets=a.set, json_path=a.json, cpu=a.cpu))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help="run as one torchrun worker (set by `labkit ddp`)")
+    ap.add_argument("--preset", default="cuda_graphs")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--set", nargs="*", default=[])
+    args = ap.parse_args(argv)
+    if not args.worker:
+        ap.error("run through `labkit ddp`, which starts torchrun")
+    return _worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
