@@ -43,6 +43,17 @@ class LabkitError(Exception):
     """A user-facing error: the CLI prints its message on one line and exits with status 2."""
 
 
+def replace_fields(cfg, **changes):
+    """A copy of dataclass instance `cfg` with fields replaced; unknown field names raise a LabkitError."""
+    import dataclasses
+
+    names = [f.name for f in dataclasses.fields(cfg)]
+    bad = sorted(set(changes) - set(names))
+    if bad:
+        raise LabkitError(f"unknown {type(cfg).__name__} field(s) {bad}: choose from {', '.join(names)}")
+    return dataclasses.replace(cfg, **changes)
+
+
 def quick_mode() -> bool:
     """True when notebooks and commands should use their small CPU-sized settings.
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from labkit import data as D
-from labkit.env import LabkitError, pick_device
+from labkit.env import LabkitError, pick_device, replace_fields
 
 STORAGES = ("folder", "packed", "tar", "records")
 IMAGE_FORMATS = ("png", "jpg")
@@ -62,12 +62,8 @@ class LoaderConfig:
 
 
 def with_changes(cfg: LoaderConfig, **changes) -> LoaderConfig:
-    """A copy of `cfg` with fields replaced; unknown names raise a clear error."""
-    bad = sorted(set(changes) - {f.name for f in dataclasses.fields(LoaderConfig)})
-    if bad:
-        raise LabkitError(f"unknown LoaderConfig field(s) {bad}: choose from "
-                          f"{', '.join(f.name for f in dataclasses.fields(LoaderConfig))}")
-    return dataclasses.replace(cfg, **changes)
+    """A copy of `cfg` with fields replaced; unknown field names raise a clear error."""
+    return replace_fields(cfg, **changes)
 
 
 PRESETS = {

@@ -15,7 +15,6 @@ Sizes come in two sets: "full" (for a GPU) and "quick" (seconds on a 2-core CPU)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import random
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from labkit import data as D
-from labkit.env import LabkitError, pick_device, torch_switches
+from labkit.env import LabkitError, pick_device, replace_fields, torch_switches
 
 LOADERS = ("per_sample", "batched")
 HOST_READS = ("none", "step", "sample")
@@ -54,12 +53,8 @@ class WorkloadConfig:
 
 
 def with_changes(cfg: WorkloadConfig, **changes) -> WorkloadConfig:
-    """A copy of `cfg` with fields replaced; unknown names raise a clear error."""
-    bad = sorted(set(changes) - {f.name for f in dataclasses.fields(WorkloadConfig)})
-    if bad:
-        raise LabkitError(f"unknown WorkloadConfig field(s) {bad}: choose from "
-                          f"{', '.join(f.name for f in dataclasses.fields(WorkloadConfig))}")
-    return dataclasses.replace(cfg, **changes)
+    """A copy of `cfg` with fields replaced; unknown field names raise a clear error."""
+    return replace_fields(cfg, **changes)
 
 
 def check_workload(cfg: WorkloadConfig) -> None:

@@ -20,7 +20,7 @@ from torch.profiler import record_function
 
 from labkit import data as D
 from labkit.bench import synchronize
-from labkit.env import LabkitError, environment, pick_device, torch_switches
+from labkit.env import LabkitError, environment, pick_device, replace_fields, torch_switches
 from labkit.models import resnet18, train_flops_per_image
 
 PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
@@ -65,10 +65,7 @@ class TrainConfig:
 
 def with_changes(cfg: TrainConfig, **changes) -> TrainConfig:
     """A copy of `cfg` with fields replaced; unknown field names raise a clear error."""
-    bad = sorted(set(changes) - {f.name for f in dataclasses.fields(TrainConfig)})
-    if bad:
-        raise LabkitError(f"unknown TrainConfig field(s) {bad}: see labkit train --help")
-    return dataclasses.replace(cfg, **changes)
+    return replace_fields(cfg, **changes)
 
 
 # ------------------------------------------------------------------------------------------------ ladder
@@ -424,12 +421,10 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
 
 def peak_matmul_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
     """Dense matmul rate (TFLOP/s) measured now on `device` with random data: the MFU denominator."""
-    from labkit.bench import time_fn
+    from labkit.matmul import bench_matmul
 
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    t = time_fn(lambda: a @ b, device=device, warmup=3, repeats=10)
-    return 2 * n**3 / t.median / 1e12
+    kind = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    return bench_matmul(kind, n, device=device)["tflops"]
 
 
 @dataclass
