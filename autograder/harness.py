@@ -243,11 +243,17 @@ def _student_frame(e: BaseException) -> str:
 
 
 def count_host_syncs(fn: Callable[[], object], device) -> int:
-    """How many times `fn()` makes the host wait for a tensor value.
+    """How many times `fn()` makes the host wait for a tensor value (see `host_sync_sites`)."""
+    return len(host_sync_sites(fn, device))
 
-    On CUDA this counts every synchronizing CUDA call (torch's sync debug mode, works for compiled code too);
-    on CPU, where nothing really waits, it counts the calls that would sync on a GPU: `.item()`, `bool(t)`,
-    `float(t)` and `nonzero` (seen at the dispatcher, so eager code only).
+
+def host_sync_sites(fn: Callable[[], object], device) -> list[str]:
+    """Where `fn()` makes the host wait for a tensor value: one "file:line" per sync, in order.
+
+    On CUDA this sees every synchronizing CUDA call (torch's sync debug mode, works for compiled code too);
+    on CPU, where nothing really waits, it sees the calls that would sync on a GPU: `.item()`, `bool(t)`,
+    `float(t)` and `nonzero` (at the dispatcher, so eager code only). The site is the innermost Python line
+    outside torch and this harness, so students see which of their lines syncs.
     """
     import torch
 
@@ -262,22 +268,23 @@ def count_host_syncs(fn: Callable[[], object], device) -> int:
                 fn()
             finally:
                 torch.cuda.set_sync_debug_mode(prev)
-        return sum("synchroniz" in str(w.message) for w in caught)
+        return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
     from torch.utils._python_dispatch import TorchDispatchMode
 
     syncing = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default"}
+    skip = (str(Path(torch.__file__).parent), str(Path(__file__)))
+    sites: list[str] = []
 
-    class _Count(TorchDispatchMode):
-        n = 0
-
+    class _Sites(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if str(func) in syncing:
-                _Count.n += 1
+                frames = [f for f in traceback.extract_stack() if not f.filename.startswith(skip)]
+                sites.append(f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?")
             return func(*args, **(kwargs or {}))
 
-    with _Count():
+    with _Sites():
         fn()
-    return _Count.n
+    return sites
 
 
 def gemm_dtypes(fn: Callable[[], object]) -> dict[str, int]:

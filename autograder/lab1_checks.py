@@ -7,13 +7,15 @@ The student's file defines StaticScaler, DynamicScaler and fp16_train_step (see 
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autograder.harness import CheckFailed, call_student, count_host_syncs, gemm_dtypes, require, student_attr
+from autograder.harness import CheckFailed, call_student, gemm_dtypes, host_sync_sites, require, student_attr
 
 LOSS_UNIT = 1e6  # losses are reported in (1e-3 units)^2, so they read as ~1 instead of ~1e-6
 
@@ -264,6 +266,11 @@ def _gate(mod, ctx, steps: int = 10) -> None:
 
 
 def check_host_syncs(mod, ctx) -> dict:
+    """At most one host sync in a typical step: the skip decision. Counted per step after a warm-up.
+
+    The median over steps is the criterion, so a one-off (lazy state on a first optimizer step, an allocator
+    event) does not cost points while a sync in every step does; the sites of the syncs are reported.
+    """
     _gate(mod, ctx)
     step = student_attr(mod, "fp16_train_step")
     cls = student_attr(mod, "DynamicScaler")
@@ -274,18 +281,18 @@ def check_host_syncs(mod, ctx) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = call_student("DynamicScaler()", cls)
     xb, yb = x[:64].contiguous(), y[:64].contiguous()
-    for _ in range(3):
+    for _ in range(5):  # warm-up: the first overflows back the scale off, momentum buffers appear
         call_student("fp16_train_step", step, model, opt, scaler, xb, yb)
-    n = 5
-
-    def steps():
-        for _ in range(n):
-            call_student("fp16_train_step", step, model, opt, scaler, xb, yb)
-
-    syncs = count_host_syncs(steps, ctx.device)
-    per_step = syncs / n
-    if per_step > 1:
-        raise CheckFailed(f"{per_step:g} host syncs per step (at most 1: deciding whether to skip the step). "
-                          "Keep found_inf a tensor; avoid .item()/bool() per parameter and returning float(loss)",
-                          host_syncs_per_step=per_step)
-    return {"message": f"{per_step:g} host sync(s) per step", "measurements": {"host_syncs_per_step": per_step}}
+    per_step = [host_sync_sites(lambda: call_student("fp16_train_step", step, model, opt, scaler, xb, yb),
+                                ctx.device) for _ in range(8)]
+    counts = [len(s) for s in per_step]
+    typical = statistics.median(counts)
+    sites = collections.Counter(site for s in per_step for site in s)
+    m = {"host_syncs_per_step": typical, "host_syncs_by_step": counts,
+         "sync_sites": {k: v for k, v in sites.most_common(6)}}
+    where = ", ".join(f"{k} ({v}x in {len(counts)} steps)" for k, v in sites.most_common(3))
+    if typical > 1:
+        raise CheckFailed(f"{typical:g} host syncs in a typical step (at most 1: deciding whether to skip the step)"
+                          f"; they happen at {where}. Keep found_inf a tensor; avoid .item()/bool() per parameter "
+                          "and returning float(loss)", **m)
+    return {"message": f"{typical:g} host sync(s) in a typical step (per step: {counts})", "measurements": m}

@@ -34,10 +34,11 @@ HYPER = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4}
 HIDDEN_HYPER = {"lr": 0.02, "momentum": 0.8, "weight_decay": 5e-2}
 
 # Speed-up of the student's step over the naive step, same process, interleaved. On an H100 bf16 + channels_last
-# + torch.compile + a fused optimizer reach ~4-5x at batch 512; 3x earns full marks, the bonus sits near the
-# course's fastest ladder rung (model-only compiled bf16, ~5x the naive fp32 step).
+# + torch.compile + a fused optimizer reach ~2.2x at batch 512 and CUDA graphs on top ~3.5x (the reference
+# solution, like the ladder's top rung); 3x earns full marks, the bonus sits a little above that reference.
+# benchmarks/results/grade_reference_gpu.json and grade_reliability.json hold the measured ratios.
 SPEED_TIERS = {
-    "tensor_core_gpu": Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=5.0),
+    "tensor_core_gpu": Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0),
     "gpu": Tiers(((1.2, 0.5), (1.5, 1.0)), bonus=2.0),
 }
 TENSOR_CORE_KERNEL = re.compile(r"xmma|hmma|wgmma|gmma|tensorop|16816|1688|884|bf16|f16|tf32|nvjet|cutlass", re.I)

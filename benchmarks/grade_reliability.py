@@ -108,12 +108,15 @@ def main(argv=None) -> int:
                 path = harness.student_file_from_notebook(_source(check), d)
             for _ in tqdm(range(runs_n), desc=f"{check} x{runs_n}", unit="run"):
                 runs.append(one_run(check, path, device))
+                # saved after every run: a run cut short by a time limit still leaves what it measured
+                p = bench.save_result("grade_reliability", {"check": check, "device": device, "runs_planned": runs_n,
+                                                            "complete": len(runs) == runs_n,
+                                                            "summary": summarize(runs), "runs": runs},
+                                      out_dir=args.out, device=device)
     except LabkitError as e:
         print(f"grade_reliability: error: {e}", file=sys.stderr)
         return 2
     summary = summarize(runs)
-    p = bench.save_result("grade_reliability", {"check": check, "device": device, "summary": summary, "runs": runs},
-                          out_dir=args.out, device=device)
     print(f"{check} on {device}: {summary['runs']} runs, {summary['false_failures']} false failure(s), "
           f"{summary['not_gradable_runs']} not gradable")
     if "ratio_median" in summary:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
 #   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
-# Steps: doctor ladder matmul top peers amp loaders profiling grading reliability notebooks (default: all).
+# Steps: doctor ladder matmul top peers amp loaders profiling grading reliability notebooks ddp (default: all but ddp,
+# which needs a machine with several GPUs).
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
@@ -25,13 +26,14 @@ for s in $steps; do
     doctor) run doctor 120 python -m labkit doctor --json "$out/doctor.json" ;;
     ladder) run ladder "${LADDER_LIMIT:-420}" python benchmarks/ladder.py --epochs "${EPOCHS:-4}" --out "$out" ;;
     matmul) run matmul 180 python benchmarks/week2_matmul.py --out "$out" ;;
-    top) run top 420 python benchmarks/top_rung.py --out "$out" ;;
+    top) run top "${TOP_LIMIT:-420}" python benchmarks/top_rung.py --out "$out" ${TOP_ARGS:-} ;;
     peers) run peers 300 python benchmarks/peers.py --epochs 3 --out "$out" ;;
     amp) run amp 240 python benchmarks/week3_amp.py --out "$out" ;;
     loaders) run loaders 300 python benchmarks/week4_loaders.py --out "$out" ;;
     profiling) run profiling 300 python benchmarks/week5_profiling.py --out "$out" --trace-out "$out/gpu_trace.json.gz" ;;
     grading) run grading 300 python benchmarks/grade_reference_gpu.py --out "$out" ;;
-    reliability) run reliability 300 python benchmarks/grade_reliability.py --out "$out" ;;
+    reliability) run reliability "${RELIABILITY_LIMIT:-300}" python benchmarks/grade_reliability.py --out "$out" ;;
+    ddp) run ddp "${DDP_LIMIT:-580}" python benchmarks/ddp_scaling.py --out "$out" ;;
     notebooks) run notebooks 590 python benchmarks/run_notebooks.py --bundle "$out/notebook_runs.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac

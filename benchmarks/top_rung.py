@@ -1,17 +1,28 @@
-"""Variants of the top rung side by side: where the remaining time goes, and what batch/LR keeps accuracy.
+"""Variants of the top rung side by side: where the remaining time goes, and what would make it faster.
 
-    python benchmarks/top_rung.py [--epochs 5] [--out benchmarks/results]
+    python benchmarks/top_rung.py [--epochs 5] [--out benchmarks/results] [--parts model kernels train]
 
-Part 1 times the compiled model step alone (random data already on the GPU, fused SGD) at several batch
-sizes, so the cost of the data pipeline and the Python loop shows as the gap to the full pipeline.
-Part 2 trains full pipelines that differ from the cuda_graphs rung in batch size, learning rate or compile
-mode, reporting steady img/s and test accuracy after the same number of epochs. Saves result `top_rung`.
+Part `model` times the compiled model step alone (random data already on the GPU, fused SGD) for several
+compile settings and batch sizes, each compiled from scratch with static shapes, so the cost of the data
+pipeline and the Python loop shows as the gap to the full pipeline.
+Part `kernels` profiles that step (compiled without CUDA graphs, so every kernel is visible) and splits the GPU
+time per step into convolutions and matmuls (cuDNN/cuBLAS), Triton kernels (inductor's fused BatchNorm, ReLU and
+adds), the optimizer and the rest, next to the wall time per step.
+Part `train` trains full pipelines (augmentation included) that differ from the cuda_graphs rung in one
+setting, reporting steady img/s and test accuracy after the same number of epochs; the max-autotune pipeline
+runs only when its model step beat the rung's.
+The result `top_rung` is saved after every measurement, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,19 +33,32 @@ from labkit.bench import save_result, time_fn
 from labkit.env import pick_device, torch_switches
 from labkit.models import resnet18, train_flops_per_image
 
+# label: (batch, torch.compile mode, inductor config patches)
+MODEL_VARIANTS = {
+    "512 reduce-overhead": (512, "reduce-overhead", {}),
+    "256 reduce-overhead": (256, "reduce-overhead", {}),
+    "1024 reduce-overhead": (1024, "reduce-overhead", {}),
+    "512 reduce-overhead, coordinate-descent tuning": (512, "reduce-overhead", {"coordinate_descent_tuning": True}),
+    "512 max-autotune": (512, "max-autotune", {}),
+}
+KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
+    ("conv/matmul (cuDNN, cuBLAS)", ("conv", "xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "wgrad", "dgrad")),
+    ("Triton (fused BN/ReLU/add)", ("triton",)),
+    ("optimizer", ("multi_tensor", "sgd", "foreach")),
+)
 
-def model_step_img_per_s(dev, batch: int, mode: str | None, channels_last: bool = True) -> float:
-    """img/s of forward + backward + fused SGD on one resident random batch (no data pipeline)."""
+
+def _compiled_step(dev, batch: int, mode: str | None):
+    torch._dynamo.reset()  # each variant compiles from scratch: no shapes or modes left over from the last
     torch.manual_seed(0)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = resnet18().to(dev).to(memory_format=fmt)
+    model = resnet18().to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, fused=True)
-    fwd = torch.compile(model, mode=mode) if mode else model
-    x = torch.randn(batch, 3, 32, 32, device=dev).contiguous(memory_format=fmt)
+    fwd = torch.compile(model, mode=mode, dynamic=False) if mode else model
+    x = torch.randn(batch, 3, 32, 32, device=dev).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device=dev)
 
     def step():
-        if mode in ("reduce-overhead", "max-autotune"):  # both replay CUDA graphs
+        if mode in T.GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(fwd(x), y)
@@ -42,9 +66,58 @@ def model_step_img_per_s(dev, batch: int, mode: str | None, channels_last: bool 
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    with torch_switches(cudnn_benchmark=True):
+    return step
+
+
+def model_step(dev, batch: int, mode: str | None, inductor: dict) -> dict:
+    """img/s of forward + backward + fused SGD on one resident random batch, and the compile seconds."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(inductor) if inductor else contextlib.nullcontext(), \
+            torch_switches(cudnn_benchmark=True):
+        step = _compiled_step(dev, batch, mode)
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize(dev)
+        compile_s = time.perf_counter() - t0
         t = time_fn(step, device=dev, warmup=15, repeats=30)
-    return batch / t.median
+    return {"img_per_s": batch / t.median, "ms_per_step": 1e3 * t.median, "spread_ms": 1e3 * t.iqr,
+            "compile_s": compile_s}
+
+
+def kernel_breakdown(dev, batch: int = 512, steps: int = 5) -> dict:
+    """GPU time per step by kernel class for the compiled step without CUDA graphs (ms), and the wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch_switches(cudnn_benchmark=True):
+        step = _compiled_step(dev, batch, "default")
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize(dev)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize(dev)
+            wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    by_class: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        name = str(e.get("name", ""))
+        cls = next((c for c, keys in KERNEL_CLASSES if any(k in name.lower() for k in keys)), "other")
+        by_class[cls] = by_class.get(cls, 0.0) + e["dur"] / 1e3 / steps
+        by_name[name[:90]] = by_name.get(name[:90], 0.0) + e["dur"] / 1e3 / steps
+    total = sum(by_class.values())
+    return {"batch": batch, "wall_ms_per_step": 1e3 * wall / steps, "kernel_ms_per_step": total,
+            "kernels_per_step": len(kernels) / steps,
+            "ms_per_step_by_class": dict(sorted(by_class.items(), key=lambda kv: -kv[1])),
+            "share_by_class": {k: v / total for k, v in by_class.items()} if total else {},
+            "top_kernels_ms_per_step": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12])}
 
 
 def main(argv=None) -> int:
@@ -52,7 +125,9 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--skip-model-only", action="store_true")
+    ap.add_argument("--parts", nargs="+", default=["model", "kernels", "train"], choices=["model", "kernels", "train"])
+    ap.add_argument("--variants", nargs="+", default=list(MODEL_VARIANTS), choices=list(MODEL_VARIANTS),
+                    metavar="LABEL", help="model-step variants to time (default: all)")
     args = ap.parse_args(argv)
     dev = pick_device(args.device)
     if dev.type != "cuda":
@@ -60,32 +135,50 @@ def main(argv=None) -> int:
         return 0
     peak = T.peak_matmul_tflops(dev)
     flops = train_flops_per_image(resnet18())
-    model_only = {}
-    if not args.skip_model_only:
-        for batch, mode, cl in [(256, "reduce-overhead", True), (512, "reduce-overhead", True),
-                                (1024, "reduce-overhead", True), (512, "max-autotune", True)]:
-            v = model_step_img_per_s(dev, batch, mode, cl)
-            model_only[f"{batch}-{mode}-{'nhwc' if cl else 'nchw'}"] = v
-            print(f"model step only, batch {batch}, compile {mode}, {'NHWC' if cl else 'NCHW'}: {v:,.0f} img/s "
-                  f"(MFU {100 * v * flops / peak / 1e12:.1f}%)", flush=True)
-    ds = D.load("synthetic")
-    base = T.with_changes(T.preset("cuda_graphs"), epochs=args.epochs)
-    variants = {
-        "rung (batch 512, lr 0.1)": {},
-        "batch 256, lr 0.1": dict(batch_size=256),
-        "batch 1024, lr 0.05": dict(batch_size=1024, lr=0.05),
-    }
-    rows = {}
-    for label, ch in variants.items():
-        r = T.train(T.with_changes(base, **ch), dev, dataset=ds, peak_tflops=peak)
-        rows[label] = {k: r[k] for k in ("img_per_s", "img_per_s_all", "first_step_s", "accuracy", "final_loss",
-                                         "mfu", "peak_mem_bytes")} | {"changes": ch}
-        print(f"{label:<28} {r['img_per_s']:>9,.0f} img/s  acc {100 * r['accuracy']:.1f}%  "
-              f"MFU {100 * r['mfu']:.1f}%", flush=True)
-    path = save_result("top_rung", {"kind": "top_rung", "epochs": args.epochs, "peak_bf16_tflops": peak,
-                                    "model_step_img_per_s": model_only, "variants": rows}, out_dir=args.out,
-                       device=dev)
-    print(f"wrote {path}")
+    res = {"kind": "top_rung", "epochs": args.epochs, "peak_bf16_tflops": peak, "model_step": {}, "kernels": None,
+           "variants": {}}
+
+    def save():
+        return save_result("top_rung", res, out_dir=args.out, device=dev)
+
+    if "model" in args.parts:
+        for label in args.variants:
+            batch, mode, patch = MODEL_VARIANTS[label]
+            try:
+                r = model_step(dev, batch, mode, patch)
+            except Exception as e:  # one variant failing (an autotune error, say) must not lose the others
+                r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            res["model_step"][label] = r
+            if "error" in r:
+                print(f"model step only, {label}: FAILED {r['error']}", flush=True)
+            else:
+                print(f"model step only, {label}: {r['img_per_s']:,.0f} img/s (MFU "
+                      f"{100 * r['img_per_s'] * flops / peak / 1e12:.1f}%, compile {r['compile_s']:.0f} s)", flush=True)
+            save()
+    if "kernels" in args.parts:
+        res["kernels"] = k = kernel_breakdown(dev)
+        print(f"kernels at batch 512 (compiled, no CUDA graphs): {k['kernel_ms_per_step']:.2f} ms of kernels in "
+              f"{k['wall_ms_per_step']:.2f} ms per step, {k['kernels_per_step']:.0f} kernels", flush=True)
+        for c, ms in k["ms_per_step_by_class"].items():
+            print(f"  {c:<30} {ms:6.2f} ms/step ({100 * k['share_by_class'][c]:.0f}%)", flush=True)
+        save()
+    if "train" in args.parts:
+        ds = D.load("synthetic")
+        base = T.with_changes(T.preset("cuda_graphs"), epochs=args.epochs)
+        variants = {"rung (batch 512)": {}}
+        ms = res["model_step"]
+        ro, ma = ms.get("512 reduce-overhead", {}), ms.get("512 max-autotune", {})
+        if ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:
+            variants["compile max-autotune"] = dict(compile="max-autotune")
+        for label, ch in variants.items():
+            torch._dynamo.reset()
+            r = T.train(T.with_changes(base, **ch), dev, dataset=ds, peak_tflops=peak)
+            res["variants"][label] = {k: r[k] for k in ("img_per_s", "img_per_s_all", "first_step_s", "accuracy",
+                                                        "final_loss", "mfu", "peak_mem_bytes")} | {"changes": ch}
+            print(f"{label:<28} {r['img_per_s']:>9,.0f} img/s  acc {100 * r['accuracy']:.1f}%  "
+                  f"MFU {100 * r['mfu']:.1f}%", flush=True)
+            save()
+    print(f"wrote {save()}")
     return 0
 
 

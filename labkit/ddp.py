@@ -80,6 +80,59 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
         raise LabkitError(f"the {nproc}-process run took longer than {timeout_s:.0f} s") from e
 
 
+def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, strong: bool = True,
+            quick: bool = False, sets: list[str] | None = None, cpu: bool = False,
+            timeout_s: float | None = 600) -> dict:
+    """Scaling efficiency from 1 to `nproc` processes, measured by alternating runs in this one call.
+
+    Weak scaling keeps each process's batch at the preset's `batch_size` (the global batch grows N-fold):
+    efficiency = img/s on N / (N x img/s on 1), the usual yardstick (1.0 is linear). Strong scaling keeps the
+    global batch and splits it, so each GPU gets less work per step and the all-reduce weighs more.
+    Runs alternate 1, N, 1, N, ... so drift on the machine hits both sides; medians are reported.
+    Returns {"runs": [...], "weak_efficiency", "strong_efficiency", "img_per_s": {...}} (img/s: steady state).
+    """
+    import json
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from labkit import train as T
+
+    base = T.with_changes(T.preset(preset, T.quick_base() if quick else T.TrainConfig()), **T._parse_sets(sets or []))
+    sets = list(sets or [])
+    plan = [(1, base.batch_size, "weak"), (nproc, nproc * base.batch_size, "weak")] * repeats
+    if strong:
+        plan.append((nproc, base.batch_size, "strong"))
+    runs = []
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # progress bars are a nicety
+        def tqdm(x, **_):
+            return x
+    with tempfile.TemporaryDirectory(prefix="labkit-ddp-") as d:
+        for i, (n, batch, kind) in enumerate(tqdm(plan, desc=f"{preset}: 1 vs {nproc} processes", unit="run")):
+            out = Path(d) / f"run{i}.json"
+            rc = launch(preset, n, quick=quick, sets=sets + [f"batch_size={batch}"], json_path=str(out), cpu=cpu,
+                        timeout_s=timeout_s)
+            if rc != 0 or not out.exists():
+                raise LabkitError(f"the {n}-process run of {preset} (global batch {batch}) failed (exit {rc}); "
+                                  "its error is printed above")
+            rec = json.loads(out.read_text())
+            runs.append({"processes": n, "global_batch": batch, "scaling": kind, "img_per_s": rec["img_per_s"],
+                         "steps": rec["steps"], "images": rec["images"], "epoch_s": rec["epoch_s"], "first_step_s": rec["first_step_s"],
+                         "accuracy": rec["accuracy"], "final_loss": rec["final_loss"], "device": rec["device"]})
+
+    def med(n, kind):
+        v = [r["img_per_s"] for r in runs if r["processes"] == n and r["scaling"] == kind]
+        return statistics.median(v) if v else None
+
+    one, weak, strong_v = med(1, "weak"), med(nproc, "weak"), med(nproc, "strong")
+    return {"preset": preset, "nproc": nproc, "per_process_batch": base.batch_size, "runs": runs,
+            "img_per_s": {"1": one, f"{nproc} weak": weak, f"{nproc} strong": strong_v},
+            "weak_efficiency": weak / (nproc * one),
+            "strong_efficiency": strong_v / (nproc * one) if strong_v else None}
+
+
 def add_cli(sub) -> None:
     p = sub.add_parser("ddp", help="train a ladder rung on several processes with DistributedDataParallel")
     p.add_argument("--preset", default="cuda_graphs", help="ladder rung (its loader must be resident)")
@@ -87,8 +140,32 @@ def add_cli(sub) -> None:
     p.add_argument("--quick", action="store_true", help="small CPU-sized run")
     p.add_argument("--cpu", action="store_true", help="use gloo on the CPU even where GPUs exist")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
-    p.add_argument("--json", metavar="PATH", help="rank 0 writes the result record here")
-    p.set_defaults(func=lambda a: launch(a.preset, a.nproc, quick=a.quick, sets=a.set, json_path=a.json, cpu=a.cpu))
+    p.add_argument("--json", metavar="PATH", help="rank 0 writes the result record here (with --scaling: the summary)")
+    p.add_argument("--scaling", action="store_true",
+                   help="measure scaling efficiency: alternate 1 and NPROC processes, same per-process batch")
+    p.set_defaults(func=_cli)
+
+
+def _cli(a) -> int:
+    if not a.scaling:
+        return launch(a.preset, a.nproc, quick=a.quick, sets=a.set, json_path=a.json, cpu=a.cpu)
+    from labkit.bench import write_json
+
+    r = scaling(a.preset, a.nproc, quick=a.quick, sets=a.set, cpu=a.cpu)
+    b, n, ips = r["per_process_batch"], a.nproc, r["img_per_s"]
+    print(f"1 process, batch {b}: {ips['1']:,.0f} img/s")
+    print(f"{n} processes, batch {b} each (global {n * b}): {ips[f'{n} weak']:,.0f} img/s")
+    if ips[f"{n} strong"]:
+        print(f"{n} processes, global batch {b} ({b // n} each): {ips[f'{n} strong']:,.0f} img/s")
+    print(f"scaling efficiency 1 -> {a.nproc}: weak {100 * r['weak_efficiency']:.1f}% (batch {r['per_process_batch']} "
+          "per process)" + (f", strong {100 * r['strong_efficiency']:.1f}% (global batch "
+                            f"{r['per_process_batch']})" if r["strong_efficiency"] else ""))
+    if a.json:
+        from labkit.env import pick_device
+
+        write_json(a.json, {"kind": "ddp_scaling", "env": environment(device=pick_device("cpu" if a.cpu else "auto")),
+                            **r})
+    return 0
 
 
 def main(argv=None) -> int:

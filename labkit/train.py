@@ -26,7 +26,8 @@ from labkit.models import resnet18, train_flops_per_image
 PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
 LOADERS = ("pil", "tensor", "resident")
 OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused")
-COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that replay CUDA graphs
 
 
 @dataclass
@@ -54,7 +55,7 @@ class TrainConfig:
     augment: bool = True                 # random crop (pad 4) + horizontal flip
     sync_every_step: bool = True         # read loss.item() every step like a naive script (forces a host sync)
     cudnn_benchmark: bool = False        # let cuDNN time its algorithms for each shape and keep the fastest
-    compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs)
+    compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead | max-autotune (the last two replay CUDA graphs)
     accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory
     seed: int = 0                        # model init, data order and augmentation
@@ -133,7 +134,7 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
              f"batch_size {cfg.batch_size} must split evenly over {n} processes x {cfg.accumulation} micro-batches")
     if device.type != "cuda":
         need(cfg.precision != "fp16", "fp16 autocast with GradScaler needs a CUDA GPU: use --device cuda or bf16")
-        need(cfg.compile != "reduce-overhead", "CUDA graphs (compile=reduce-overhead) need a CUDA GPU")
+        need(cfg.compile not in GRAPH_MODES, f"CUDA graphs (compile={cfg.compile}) need a CUDA GPU")
         need(cfg.optimizer != "sgd-fused" or _fused_sgd_on_cpu(), "fused SGD on CPU needs torch >= 2.4")
     else:
         cc = torch.cuda.get_device_capability(device)
@@ -317,12 +318,13 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
         def fwd(x):
             return _checkpointed_forward(model, x)
     if cfg.compile:
-        fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile)
+        # static shapes: the batch never changes (partial batches are dropped), so no dynamic-shape kernels
+        fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile, dynamic=False)
     micro = cfg.batch_size // n_proc // cfg.accumulation
 
     # record_function labels cost next to nothing without a profiler and let labkit.profiling split the step.
     def step(x, y):
-        if cfg.compile == "reduce-overhead":
+        if cfg.compile in GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs of the last may be reused
         for i in range(cfg.accumulation):
             xs, ys = (x, y) if cfg.accumulation == 1 else (x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])

@@ -26,6 +26,15 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     assert rec["losses"] != one["losses"]  # two processes really ran (BN statistics differ)
 
 
+def test_scaling_alternates_one_and_n_processes_with_the_same_per_process_batch():
+    r = ddp.scaling("resident_data", 2, repeats=1, strong=False, quick=True, sets=SETS, cpu=True)
+    one, two = r["runs"]
+    assert (one["processes"], two["processes"]) == (1, 2) and two["global_batch"] == 2 * one["global_batch"] == 128
+    assert one["steps"] == two["steps"] == 4 and two["images"] == 2 * one["images"]  # weak: twice the work per step
+    assert r["weak_efficiency"] == pytest.approx(two["img_per_s"] / (2 * one["img_per_s"]))
+    assert r["strong_efficiency"] is None and r["per_process_batch"] == 64
+
+
 def test_bad_ddp_requests_fail_before_starting():
     with pytest.raises(LabkitError, match="nproc"):
         ddp.launch("resident_data", 0, cpu=True)

@@ -134,6 +134,30 @@ def test_host_sync_counter_sees_item_and_bool_on_cpu():
     assert harness.hardware_class("cpu") == "cpu"
 
 
+def test_host_sync_sites_name_the_calling_line():
+    x = torch.ones(3)
+
+    def two_syncs():
+        a = x.sum().item()  # first sync
+        return a + float(x.max())  # second sync
+
+    sites = harness.host_sync_sites(two_syncs, "cpu")
+    line = two_syncs.__code__.co_firstlineno
+    assert sites == [f"test_harness.py:{line + 1}", f"test_harness.py:{line + 2}"]
+
+
+def test_loss_scaler_syncing_per_parameter_loses_the_sync_points_and_is_told_where(tmp_path):
+    ref = reference("lab1", tmp_path)
+    good = run_check("lab1.host_syncs", ref, device="cpu")
+    assert good["score"] == good["max_score"] and good["measurements"]["host_syncs_per_step"] == 1
+    (tmp_path / "bad").mkdir()
+    bad = variant(ref, tmp_path / "bad" / "student_scaler.py", "found = found | ~torch.isfinite(g).all()",
+                  "found = found | bool(~torch.isfinite(g).all())")
+    v = run_check("lab1.host_syncs", bad, device="cpu")
+    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "found = found | bool(" in t)
+    assert v["score"] == 0 and f"student_scaler.py:{line}" in v["message"], v["message"]
+
+
 def _verdict(**kw):
     v = {"check": "lab4.speed", "ok": True, "score": 6.0, "max_score": 6.0, "gradable": True, "message": "m",
          "measurements": {}}

@@ -75,6 +75,8 @@ def test_bad_configs_fail_clearly():
         T.preset("turbo")
     with pytest.raises(LabkitError, match="CUDA graphs"):
         T.check_config(T.with_changes(TINY, compile="reduce-overhead"), cpu)
+    with pytest.raises(LabkitError, match="CUDA graphs"):
+        T.check_config(T.with_changes(TINY, compile="max-autotune"), cpu)
     with pytest.raises(LabkitError, match="fp16"):
         T.check_config(T.with_changes(TINY, precision="fp16"), cpu)
     with pytest.raises(LabkitError, match="precision must be"):

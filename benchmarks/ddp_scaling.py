@@ -1,0 +1,61 @@
+"""Scaling efficiency of the top rung from 1 to N GPUs with DistributedDataParallel (torchrun, NCCL).
+
+    python benchmarks/ddp_scaling.py [--nproc 2] [--epochs 6] [--repeats 2] [--out benchmarks/results]
+    python benchmarks/ddp_scaling.py --quick --cpu          # CPU smoke test with gloo
+
+Alternates 1-process and N-process runs of one preset (`labkit.ddp.scaling`): weak scaling keeps each GPU's
+batch at the rung's 512, strong scaling splits the rung's global batch. If a preset cannot run under DDP on this
+machine, the next one in --presets is tried and the failure is recorded. NCCL_NVLS_ENABLE=0 in every launch.
+Saves result `ddp_scaling` (every run's img/s, accuracy, the efficiencies, the environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from labkit import ddp  # noqa: E402
+from labkit.bench import RESULTS_DIR, save_result  # noqa: E402
+from labkit.env import LabkitError, pick_device  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--presets", nargs="+", default=["cuda_graphs", "compile", "batch_fused"],
+                    help="tried in order until one runs under DDP")
+    ap.add_argument("--epochs", type=int, default=6, help="epochs per run (img/s counts those after the first)")
+    ap.add_argument("--repeats", type=int, default=2, help="1-vs-N pairs of runs")
+    ap.add_argument("--quick", action="store_true", help="CPU-sized runs")
+    ap.add_argument("--cpu", action="store_true", help="gloo on the CPU")
+    ap.add_argument("--out", default=str(RESULTS_DIR))
+    args = ap.parse_args(argv)
+    dev = pick_device("cpu" if args.cpu else "auto")
+    failures = {}
+    for preset in args.presets:
+        try:
+            sets = [f"epochs={args.epochs}"] + (["max_steps=6", "n_train=1024", "width=8"] if args.quick else [])
+            r = ddp.scaling(preset, args.nproc, repeats=args.repeats, quick=args.quick, sets=sets, cpu=args.cpu)
+            break
+        except LabkitError as e:
+            failures[preset] = str(e)
+            print(f"ddp_scaling: {preset}: {e}; trying the next preset", file=sys.stderr, flush=True)
+    else:
+        print(f"ddp_scaling: error: no preset ran under DDP: {failures}", file=sys.stderr)
+        return 2
+    r["failed_presets"] = failures
+    r["epochs"] = args.epochs
+    path = save_result("ddp_scaling", {"kind": "ddp_scaling", **r}, out_dir=args.out, device=dev)
+    ips, n = r["img_per_s"], args.nproc
+    print(f"{r['preset']}: 1 process {ips['1']:,.0f} img/s, {n} processes {ips[f'{n} weak']:,.0f} img/s "
+          f"(weak scaling efficiency {100 * r['weak_efficiency']:.1f}%)"
+          + (f", strong {100 * r['strong_efficiency']:.1f}%" if r["strong_efficiency"] else "")
+          + f"\nsaved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
