@@ -35,11 +35,11 @@ from labkit.models import resnet18, train_flops_per_image
 
 # label: (batch, torch.compile mode, inductor config patches)
 MODEL_VARIANTS = {
-    "512 reduce-overhead": (512, "reduce-overhead", {}),
-    "256 reduce-overhead": (256, "reduce-overhead", {}),
-    "1024 reduce-overhead": (1024, "reduce-overhead", {}),
-    "512 reduce-overhead, coordinate-descent tuning": (512, "reduce-overhead", {"coordinate_descent_tuning": True}),
-    "512 max-autotune": (512, "max-autotune", {}),
+    "512-reduce-overhead": (512, "reduce-overhead", {}),
+    "256-reduce-overhead": (256, "reduce-overhead", {}),
+    "1024-reduce-overhead": (1024, "reduce-overhead", {}),
+    "512-reduce-overhead-coordinate-descent": (512, "reduce-overhead", {"coordinate_descent_tuning": True}),
+    "512-max-autotune": (512, "max-autotune", {}),
 }
 KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
     ("conv/matmul (cuDNN, cuBLAS)", ("conv", "xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "wgrad", "dgrad")),
@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parts", nargs="+", default=["model", "kernels", "train"], choices=["model", "kernels", "train"])
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the measurements of an earlier top_rung.json in --out that this run does not redo")
     ap.add_argument("--variants", nargs="+", default=list(MODEL_VARIANTS), choices=list(MODEL_VARIANTS),
                     metavar="LABEL", help="model-step variants to time (default: all)")
     args = ap.parse_args(argv)
@@ -137,6 +139,11 @@ def main(argv=None) -> int:
     flops = train_flops_per_image(resnet18())
     res = {"kind": "top_rung", "epochs": args.epochs, "peak_bf16_tflops": peak, "model_step": {}, "kernels": None,
            "variants": {}}
+
+    if args.merge and args.out and (Path(args.out) / "top_rung.json").exists():
+        old = json.loads((Path(args.out) / "top_rung.json").read_text())
+        res["model_step"], res["kernels"], res["variants"] = (old.get("model_step") or {}, old.get("kernels"),
+                                                              old.get("variants") or {})
 
     def save():
         return save_result("top_rung", res, out_dir=args.out, device=dev)
@@ -167,7 +174,7 @@ def main(argv=None) -> int:
         base = T.with_changes(T.preset("cuda_graphs"), epochs=args.epochs)
         variants = {"rung (batch 512)": {}}
         ms = res["model_step"]
-        ro, ma = ms.get("512 reduce-overhead", {}), ms.get("512 max-autotune", {})
+        ro, ma = ms.get("512-reduce-overhead", {}), ms.get("512-max-autotune", {})
         if ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:
             variants["compile max-autotune"] = dict(compile="max-autotune")
         for label, ch in variants.items():
