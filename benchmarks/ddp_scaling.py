@@ -29,6 +29,7 @@ def main(argv=None) -> int:
                     help="tried in order until one runs under DDP")
     ap.add_argument("--epochs", type=int, default=6, help="epochs per run (img/s counts those after the first)")
     ap.add_argument("--repeats", type=int, default=2, help="1-vs-N pairs of runs")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
     ap.add_argument("--quick", action="store_true", help="CPU-sized runs")
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU")
     ap.add_argument("--out", default=str(RESULTS_DIR))
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
     failures = {}
     for preset in args.presets:
         try:
-            sets = [f"epochs={args.epochs}"] + (["max_steps=6", "n_train=1024", "width=8"] if args.quick else [])
+            sets = [f"epochs={args.epochs}", *args.set] + (["max_steps=6", "n_train=1024", "width=8"] if args.quick else [])
             r = ddp.scaling(preset, args.nproc, repeats=args.repeats, quick=args.quick, sets=sets, cpu=args.cpu)
             break
         except LabkitError as e:

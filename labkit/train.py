@@ -58,6 +58,7 @@ class TrainConfig:
     compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead | max-autotune (the last two replay CUDA graphs)
     accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory
+    ddp_bucket_mb: int = 25              # DDP gradient bucket (MiB): small buckets overlap all-reduce with backward, large ones mean fewer calls and (compiled) fewer graph splits
     seed: int = 0                        # model init, data order and augmentation
     max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
     evaluate: bool = True                # compute test accuracy after training
@@ -123,6 +124,7 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {cfg.optimizer!r}")
     need(cfg.compile in COMPILE_MODES, f"compile must be one of {COMPILE_MODES}, not {cfg.compile!r}")
     need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
+    need(cfg.ddp_bucket_mb >= 1, f"ddp_bucket_mb must be at least 1 (MiB), not {cfg.ddp_bucket_mb}")
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
          f"batch_size {cfg.batch_size} must be a multiple of accumulation {cfg.accumulation}")
     need(cfg.lr > 0, "lr must be positive")
@@ -301,7 +303,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if n_proc > 1:  # gradients all-reduced in buckets during backward
         from torch.nn.parallel import DistributedDataParallel
 
-        net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                      bucket_cap_mb=cfg.ddp_bucket_mb)
     batches = _Batches(cfg, ds, dev)
     steps_total = batches.steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
