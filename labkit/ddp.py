@@ -2,6 +2,7 @@
 
     labkit ddp --preset cuda_graphs --nproc 2          # one process per GPU, NCCL
     labkit ddp --preset resident_data --nproc 2 --quick  # on CPU: gloo, the same code path
+    labkit ddp --preset cuda_graphs --nproc 2 --scaling  # scaling efficiency: 1 and 2 GPUs, alternating
 
 `labkit ddp` starts `torchrun --standalone --nproc_per_node N -m labkit.ddp --worker ...`; each worker joins
 the process group, runs the same `labkit.train.train` engine (which shards the resident data per rank and seeds

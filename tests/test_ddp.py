@@ -26,13 +26,23 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     assert rec["losses"] != one["losses"]  # two processes really ran (BN statistics differ)
 
 
-def test_scaling_alternates_one_and_n_processes_with_the_same_per_process_batch():
-    r = ddp.scaling("resident_data", 2, repeats=1, strong=False, quick=True, sets=SETS, cpu=True)
-    one, two = r["runs"]
-    assert (one["processes"], two["processes"]) == (1, 2) and two["global_batch"] == 2 * one["global_batch"] == 128
+def test_scaling_alternates_one_and_n_processes_with_the_same_per_process_batch(tmp_path, capsys):
+    from labkit.cli import main
+
+    out = tmp_path / "scaling.json"
+    assert main(["ddp", "--scaling", "--cpu", "--quick", "--preset", "resident_data", "--nproc", "2",
+                 "--set", *SETS, "--json", str(out)]) == 0
+    assert "scaling efficiency 1 -> 2: weak" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["kind"] == "ddp_scaling" and r["env"]["command"]
+    runs = r["runs"]
+    assert [x["processes"] for x in runs] == [1, 2, 1, 2, 2] and [x["scaling"] for x in runs][-1] == "strong"
+    one, two, strong = runs[0], runs[1], runs[-1]
+    assert two["global_batch"] == 2 * one["global_batch"] == 128 and strong["global_batch"] == 64
     assert one["steps"] == two["steps"] == 4 and two["images"] == 2 * one["images"]  # weak: twice the work per step
-    assert r["weak_efficiency"] == pytest.approx(two["img_per_s"] / (2 * one["img_per_s"]))
-    assert r["strong_efficiency"] is None and r["per_process_batch"] == 64
+    weak = sorted(x["img_per_s"] for x in runs if x["processes"] == 2 and x["scaling"] == "weak")
+    assert r["weak_efficiency"] == pytest.approx(sum(weak) / 2 / (2 * r["img_per_s"]["1"]))
+    assert r["strong_efficiency"] == pytest.approx(strong["img_per_s"] / (2 * r["img_per_s"]["1"]))
 
 
 def test_bad_ddp_requests_fail_before_starting():

@@ -55,3 +55,25 @@ def test_readme_gpu_numbers_come_from_the_committed_ladder():
     readme = (ROOT / "README.md").read_text()
     assert report.ladder_table(ladder["rungs"]) in readme
     assert ladder["env"]["device_name"] in readme and "benchmarks/results/ladder.png" in readme
+
+
+def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    grade = json.loads((res / "grade_reference_gpu.json").read_text())
+    speed = next(v for v in grade["labs"]["lab4"]["verdicts"] if v["check"] == "lab4.speed")["measurements"]
+    assert grade["all_gradable_full_marks"]
+    assert f"runs {speed['speedup']:.2f}x the naive step ({speed['student_img_per_s']:,} vs {speed['naive_img_per_s']:,}" \
+        in readme
+    rel = json.loads((res / "grade_reliability.json").read_text())["summary"]
+    assert rel["runs"] == 10 and f"{rel['false_failures']} false failures, ratio {rel['ratio_min']:.2f}–" \
+        f"{rel['ratio_max']:.2f}x" in readme
+    sc = json.loads((res / "ddp_scaling.json").read_text())
+    ips = sc["img_per_s"]
+    assert sc["env"]["device_name"] in readme
+    assert f"{ips['1']:,.0f} img/s on one GPU and {ips['2 weak']:,.0f} img/s on two" in readme
+    assert f"{100 * sc['weak_efficiency']:.1f}% weak-scaling" in readme and f"{100 * sc['strong_efficiency']:.1f}%" in readme
+    top = json.loads((res / "top_rung.json").read_text())["variants"]
+    assert f"{max(v['img_per_s'] for v in top.values()):,.0f} img/s" in readme
