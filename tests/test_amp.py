@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from labkit import amp
+from labkit import amp, loss_scaling
 from labkit.env import REPO_ROOT, LabkitError
 from labkit.models import resnet18
 
@@ -144,7 +144,7 @@ def test_update_with_new_scale_like_gradscaler():
     for s in (amp.DynamicLossScaler(), torch.amp.GradScaler("cpu")):
         s.scale(torch.ones(()))
         s.update(1000.3)
-        assert s.get_scale() == amp._fp32(1000.3)
+        assert s.get_scale() == loss_scaling._fp32(1000.3)
         s.update(torch.tensor(64.0))
         assert s.get_scale() == 64.0
     with pytest.raises(LabkitError):
