@@ -173,7 +173,11 @@ def main(argv=None) -> int:
         ds = D.load("synthetic")
         base = T.with_changes(T.preset("cuda_graphs"), epochs=args.epochs)
         variants = {"rung (batch 512)": {}, "batch 1024, lr 0.05": dict(batch_size=1024, lr=0.05),
-                    "batch 1024, lr 0.07": dict(batch_size=1024, lr=0.07)}
+                    "batch 1024, lr 0.07": dict(batch_size=1024, lr=0.07),
+                    "batch 1024, lr 0.035": dict(batch_size=1024, lr=0.035),
+                    "batch 1024, lr 0.05, warm-up 0.3": dict(batch_size=1024, lr=0.05, warmup_frac=0.3),
+                    "rung + coordinate-descent tuning": dict(compile_tuning=True),
+                    "batch 1024, lr 0.05 + tuning": dict(batch_size=1024, lr=0.05, compile_tuning=True)}
         ms = res["model_step"]
         ro, ma = ms.get("512-reduce-overhead", {}), ms.get("512-max-autotune", {})
         if ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:

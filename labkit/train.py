@@ -58,6 +58,7 @@ class TrainConfig:
     compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead | max-autotune (the last two replay CUDA graphs)
     accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory
+    compile_tuning: bool = False         # inductor coordinate-descent tuning of its Triton kernels: compiles several times slower, runs a few % faster
     ddp_bucket_mb: int = 25              # DDP gradient bucket (MiB): small buckets overlap all-reduce with backward, large ones mean fewer calls and (compiled) fewer graph splits
     seed: int = 0                        # model init, data order and augmentation
     max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
@@ -124,6 +125,7 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {cfg.optimizer!r}")
     need(cfg.compile in COMPILE_MODES, f"compile must be one of {COMPILE_MODES}, not {cfg.compile!r}")
     need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
+    need(cfg.compile or not cfg.compile_tuning, "compile_tuning tunes torch.compile's kernels: set compile too")
     need(cfg.ddp_bucket_mb >= 1, f"ddp_bucket_mb must be at least 1 (MiB), not {cfg.ddp_bucket_mb}")
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
          f"batch_size {cfg.batch_size} must be a multiple of accumulation {cfg.accumulation}")
@@ -234,9 +236,16 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
 def _switches(cfg: TrainConfig):
     tf32 = {"fp32": False, "tf32": True}.get(cfg.precision)  # default/bf16/fp16: leave torch's defaults
-    return torch_switches(tf32=tf32, cudnn_benchmark=cfg.cudnn_benchmark)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch_switches(tf32=tf32, cudnn_benchmark=cfg.cudnn_benchmark))
+        if cfg.compile_tuning:  # torch.compile compiles lazily, inside the loop: the patch must cover it
+            import torch._inductor.config as inductor_config
+
+            stack.enter_context(inductor_config.patch(coordinate_descent_tuning=True))
+        yield
 
 
 def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):

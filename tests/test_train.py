@@ -77,6 +77,8 @@ def test_bad_configs_fail_clearly():
         T.check_config(T.with_changes(TINY, compile="reduce-overhead"), cpu)
     with pytest.raises(LabkitError, match="CUDA graphs"):
         T.check_config(T.with_changes(TINY, compile="max-autotune"), cpu)
+    with pytest.raises(LabkitError, match="compile_tuning"):
+        T.check_config(T.with_changes(TINY, compile_tuning=True), cpu)
     with pytest.raises(LabkitError, match="fp16"):
         T.check_config(T.with_changes(TINY, precision="fp16"), cpu)
     with pytest.raises(LabkitError, match="precision must be"):
@@ -138,3 +140,14 @@ def test_ladder_writes_outputs_only_when_complete(tmp_path, ds, monkeypatch):
         T.run_ladder("cpu", quick=True, names=["no_sync", "resident_data"], out=out2, base=base,
                      show_progress=False, log=lambda *a: None)
     assert not out2.exists() or list(out2.iterdir()) == []
+
+
+def test_compile_tuning_switch_covers_the_loop_and_is_restored():
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.coordinate_descent_tuning
+    with T._switches(T.with_changes(TINY, compile="default", compile_tuning=True)):
+        assert inductor_config.coordinate_descent_tuning is True
+    assert inductor_config.coordinate_descent_tuning == before
+    with T._switches(TINY):
+        assert inductor_config.coordinate_descent_tuning == before
