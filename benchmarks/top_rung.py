@@ -130,6 +130,8 @@ def main(argv=None) -> int:
                     help="keep the measurements of an earlier top_rung.json in --out that this run does not redo")
     ap.add_argument("--variants", nargs="+", default=list(MODEL_VARIANTS), choices=list(MODEL_VARIANTS),
                     metavar="LABEL", help="model-step variants to time (default: all)")
+    ap.add_argument("--train-variants", nargs="+", default=None, metavar="LABEL",
+                    help="only these full-pipeline variants (labels as printed; default: all)")
     args = ap.parse_args(argv)
     dev = pick_device(args.device)
     if dev.type != "cuda":
@@ -182,6 +184,11 @@ def main(argv=None) -> int:
         ro, ma = ms.get("512-reduce-overhead", {}), ms.get("512-max-autotune", {})
         if ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:
             variants["compile max-autotune"] = dict(compile="max-autotune")
+        if args.train_variants:
+            unknown = set(args.train_variants) - set(variants)
+            if unknown:
+                ap.error(f"unknown --train-variants {sorted(unknown)}: choose from {list(variants)}")
+            variants = {k: v for k, v in variants.items() if k in args.train_variants}
         for label, ch in variants.items():
             torch._dynamo.reset()
             r = T.train(T.with_changes(base, **ch), dev, dataset=ds, peak_tflops=peak)
