@@ -114,6 +114,10 @@ def problems(path: Path, root: Path = REPO_ROOT) -> list[str]:
     for i, c in enumerate(code):
         if c.get("outputs") or c.get("execution_count"):
             out.append(f"{rel}: code cell {i} has outputs; commit notebooks without outputs")
+    if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
+        ids = [c.get("id") for c in cells]
+        if None in ids or len(set(ids)) != len(ids):
+            out.append(f"{rel}: nbformat 4.5 needs a unique id on every cell (run python -m labkit.notebooks)")
     return out
 
 
@@ -143,6 +147,12 @@ def fix(path: Path, root: Path = REPO_ROOT) -> None:
             c["outputs"], c["execution_count"] = [], None
         if nb.get("nbformat_minor", 0) < 5:
             c.pop("id", None)
+    if nb.get("nbformat_minor", 0) >= 5:  # ids: unique, stable across runs (derived from the position)
+        seen: set[str] = set()
+        for i, c in enumerate(cells):
+            if not c.get("id") or c["id"] in seen:
+                c["id"] = f"cell-{i}"
+            seen.add(c["id"])
     nb.setdefault("metadata", {})["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
