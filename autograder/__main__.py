@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 
 from autograder.grade import PRESETS, default_out, grade_class
+from labkit.cli import run
 from labkit.env import LabkitError
 
 
@@ -70,19 +71,7 @@ def _cli_grade(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except LabkitError as e:
-        print(f"autograder {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"autograder {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+    return run(build_parser(), argv, "autograder", "interrupted; run the same command again to resume")
 
 
 if __name__ == "__main__":

@@ -126,8 +126,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parts", nargs="+", default=["model", "kernels", "train"], choices=["model", "kernels", "train"])
-    ap.add_argument("--merge", action="store_true",
-                    help="keep the measurements of an earlier top_rung.json in --out that this run does not redo")
     ap.add_argument("--variants", nargs="+", default=list(MODEL_VARIANTS), choices=list(MODEL_VARIANTS),
                     metavar="LABEL", help="model-step variants to time (default: all)")
     ap.add_argument("--train-variants", nargs="+", default=None, metavar="LABEL",
@@ -141,11 +139,6 @@ def main(argv=None) -> int:
     flops = train_flops_per_image(resnet18())
     res = {"kind": "top_rung", "epochs": args.epochs, "peak_bf16_tflops": peak, "model_step": {}, "kernels": None,
            "variants": {}}
-
-    if args.merge and args.out and (Path(args.out) / "top_rung.json").exists():
-        old = json.loads((Path(args.out) / "top_rung.json").read_text())
-        res["model_step"], res["kernels"], res["variants"] = (old.get("model_step") or {}, old.get("kernels"),
-                                                              old.get("variants") or {})
 
     def save():
         return save_result("top_rung", res, out_dir=args.out, device=dev)

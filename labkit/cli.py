@@ -37,8 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def run(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str,
+        interrupted: str = "interrupted") -> int:
+    """Parse `argv` and call the chosen subcommand's `func`; its exit code.
+
+    A LabkitError becomes one line on stderr (exit 2), Ctrl-C prints `interrupted` (exit 130), no subcommand
+    prints the help (exit 2). Shared by `labkit` and `python -m autograder`.
+    """
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -46,11 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except LabkitError as e:
-        print(f"labkit {args.command}: error: {e}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"labkit {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog} {args.command}: {interrupted}", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser(), argv, "labkit")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from labkit.env import LabkitError, environment
+from labkit.env import LabkitError, environment, pick_device
 
 
 def _worker(args) -> int:
@@ -104,12 +104,9 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
     plan = [(1, base.batch_size, "weak"), (nproc, nproc * base.batch_size, "weak")] * repeats
     if strong:
         plan.append((nproc, base.batch_size, "strong"))
+    from tqdm.auto import tqdm
+
     runs = []
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # progress bars are a nicety
-        def tqdm(x, **_):
-            return x
     with tempfile.TemporaryDirectory(prefix="labkit-ddp-") as d:
         for i, (n, batch, kind) in enumerate(tqdm(plan, desc=f"{preset}: 1 vs {nproc} processes", unit="run")):
             out = Path(d) / f"run{i}.json"
@@ -162,8 +159,6 @@ def _cli(a) -> int:
           "per process)" + (f", strong {100 * r['strong_efficiency']:.1f}% (global batch "
                             f"{r['per_process_batch']})" if r["strong_efficiency"] else ""))
     if a.json:
-        from labkit.env import pick_device
-
         write_json(a.json, {"kind": "ddp_scaling", "env": environment(device=pick_device("cpu" if a.cpu else "auto")),
                             **r})
     return 0
