@@ -116,9 +116,8 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
                 raise LabkitError(f"the {n}-process run of {preset} (global batch {batch}) failed (exit {rc}); "
                                   "its error is printed above")
             rec = json.loads(out.read_text())
-            runs.append({"processes": n, "global_batch": batch, "scaling": kind, "img_per_s": rec["img_per_s"],
-                         "steps": rec["steps"], "images": rec["images"], "epoch_s": rec["epoch_s"], "first_step_s": rec["first_step_s"],
-                         "accuracy": rec["accuracy"], "final_loss": rec["final_loss"], "device": rec["device"]})
+            kept = ("img_per_s", "steps", "images", "epoch_s", "first_step_s", "accuracy", "final_loss", "device")
+            runs.append({"processes": n, "global_batch": batch, "scaling": kind, **{k: rec[k] for k in kept}})
 
     def med(n, kind):
         v = [r["img_per_s"] for r in runs if r["processes"] == n and r["scaling"] == kind]
@@ -155,9 +154,8 @@ def _cli(a) -> int:
     print(f"{n} processes, batch {b} each (global {n * b}): {ips[f'{n} weak']:,.0f} img/s")
     if ips[f"{n} strong"]:
         print(f"{n} processes, global batch {b} ({b // n} each): {ips[f'{n} strong']:,.0f} img/s")
-    print(f"scaling efficiency 1 -> {a.nproc}: weak {100 * r['weak_efficiency']:.1f}% (batch {r['per_process_batch']} "
-          "per process)" + (f", strong {100 * r['strong_efficiency']:.1f}% (global batch "
-                            f"{r['per_process_batch']})" if r["strong_efficiency"] else ""))
+    print(f"scaling efficiency 1 -> {n}: weak {100 * r['weak_efficiency']:.1f}% (batch {b} per process)"
+          + (f", strong {100 * r['strong_efficiency']:.1f}% (global batch {b})" if r["strong_efficiency"] else ""))
     if a.json:
         write_json(a.json, {"kind": "ddp_scaling", "env": environment(device=pick_device("cpu" if a.cpu else "auto")),
                             **r})
