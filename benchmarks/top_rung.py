@@ -9,8 +9,8 @@ Part `kernels` profiles that step (compiled without CUDA graphs, so every kernel
 time per step into convolutions and matmuls (cuDNN/cuBLAS), Triton kernels (inductor's fused BatchNorm, ReLU and
 adds), the optimizer and the rest, next to the wall time per step.
 Part `train` trains full pipelines (augmentation included) that differ from the cuda_graphs rung in one
-setting, reporting steady img/s and test accuracy after the same number of epochs; the max-autotune pipeline
-runs only when its model step beat the rung's.
+or two settings (TRAIN_VARIANTS), reporting steady img/s and test accuracy after the same number of epochs;
+the max-autotune pipeline runs too when its model step beat the rung's.
 The result `top_rung` is saved after every measurement, so a run cut short keeps what it measured.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from labkit import data as D
 from labkit import train as T
 from labkit.bench import save_result, time_fn
+from labkit.diagnosis import load_trace
 from labkit.env import pick_device, torch_switches
 from labkit.models import resnet18, train_flops_per_image
 
@@ -40,6 +40,16 @@ MODEL_VARIANTS = {
     "1024-reduce-overhead": (1024, "reduce-overhead", {}),
     "512-reduce-overhead-coordinate-descent": (512, "reduce-overhead", {"coordinate_descent_tuning": True}),
     "512-max-autotune": (512, "max-autotune", {}),
+}
+# label: changes to the cuda_graphs rung for a full-pipeline run
+TRAIN_VARIANTS = {
+    "rung (batch 512)": {},
+    "batch 1024, lr 0.05": dict(batch_size=1024, lr=0.05),
+    "batch 1024, lr 0.07": dict(batch_size=1024, lr=0.07),
+    "batch 1024, lr 0.035": dict(batch_size=1024, lr=0.035),
+    "batch 1024, lr 0.05, warm-up 0.3": dict(batch_size=1024, lr=0.05, warmup_frac=0.3),
+    "rung + coordinate-descent tuning": dict(compile_tuning=True),
+    "batch 1024, lr 0.05 + tuning": dict(batch_size=1024, lr=0.05, compile_tuning=True),
 }
 KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
     ("conv/matmul (cuDNN, cuBLAS)", ("conv", "xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "wgrad", "dgrad")),
@@ -103,7 +113,7 @@ def kernel_breakdown(dev, batch: int = 512, steps: int = 5) -> dict:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
+        events = load_trace(path)["traceEvents"]
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     by_class: dict[str, float] = {}
     by_name: dict[str, float] = {}
@@ -128,8 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", nargs="+", default=["model", "kernels", "train"], choices=["model", "kernels", "train"])
     ap.add_argument("--variants", nargs="+", default=list(MODEL_VARIANTS), choices=list(MODEL_VARIANTS),
                     metavar="LABEL", help="model-step variants to time (default: all)")
-    ap.add_argument("--train-variants", nargs="+", default=None, metavar="LABEL",
-                    help="only these full-pipeline variants (labels as printed; default: all)")
+    ap.add_argument("--train-variants", nargs="+", default=None, choices=list(TRAIN_VARIANTS), metavar="LABEL",
+                    help="only these full-pipeline variants (default: all, and max-autotune if its model step won)")
     args = ap.parse_args(argv)
     dev = pick_device(args.device)
     if dev.type != "cuda":
@@ -167,21 +177,11 @@ def main(argv=None) -> int:
     if "train" in args.parts:
         ds = D.load("synthetic")
         base = T.with_changes(T.preset("cuda_graphs"), epochs=args.epochs)
-        variants = {"rung (batch 512)": {}, "batch 1024, lr 0.05": dict(batch_size=1024, lr=0.05),
-                    "batch 1024, lr 0.07": dict(batch_size=1024, lr=0.07),
-                    "batch 1024, lr 0.035": dict(batch_size=1024, lr=0.035),
-                    "batch 1024, lr 0.05, warm-up 0.3": dict(batch_size=1024, lr=0.05, warmup_frac=0.3),
-                    "rung + coordinate-descent tuning": dict(compile_tuning=True),
-                    "batch 1024, lr 0.05 + tuning": dict(batch_size=1024, lr=0.05, compile_tuning=True)}
+        variants = {k: v for k, v in TRAIN_VARIANTS.items() if not args.train_variants or k in args.train_variants}
         ms = res["model_step"]
         ro, ma = ms.get("512-reduce-overhead", {}), ms.get("512-max-autotune", {})
-        if ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:
+        if not args.train_variants and ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:
             variants["compile max-autotune"] = dict(compile="max-autotune")
-        if args.train_variants:
-            unknown = set(args.train_variants) - set(variants)
-            if unknown:
-                ap.error(f"unknown --train-variants {sorted(unknown)}: choose from {list(variants)}")
-            variants = {k: v for k, v in variants.items() if k in args.train_variants}
         for label, ch in variants.items():
             torch._dynamo.reset()
             r = T.train(T.with_changes(base, **ch), dev, dataset=ds, peak_tflops=peak)
