@@ -2,6 +2,7 @@
 
     python benchmarks/ddp_scaling.py [--nproc 2] [--epochs 6] [--repeats 2] [--out benchmarks/results]
     python benchmarks/ddp_scaling.py --quick --cpu          # CPU smoke test with gloo
+    python benchmarks/ddp_scaling.py --variant "bf16 grads:ddp_bf16_grads=true" --profile   # and a variant
 
 Alternates 1-process and N-process runs of one preset (`labkit.ddp.scaling`): weak scaling keeps each GPU's
 batch at the rung's 512, strong scaling splits the rung's global batch. If a preset cannot run under DDP on this
@@ -30,16 +31,27 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=6, help="epochs per run (img/s counts those after the first)")
     ap.add_argument("--repeats", type=int, default=2, help="1-vs-N pairs of runs")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:FIELD=VALUE[,FIELD=VALUE]",
+                    help="more N-process runs with these changes in every round, against the same 1-process runs")
+    ap.add_argument("--profile", action="store_true",
+                    help="afterwards, profile a few N-process steps of the preset and of each variant (rank 0's trace)")
     ap.add_argument("--quick", action="store_true", help="CPU-sized runs")
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU")
     ap.add_argument("--out", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
     dev = pick_device("cpu" if args.cpu else "auto")
+    variants = {}
+    for v in args.variant:
+        label, sep, changes = v.partition(":")
+        if not sep or not label or not changes:
+            ap.error(f"--variant {v!r}: write LABEL:FIELD=VALUE[,FIELD=VALUE]")
+        variants[label] = changes.split(",")
     failures = {}
     for preset in args.presets:
         try:
             sets = [f"epochs={args.epochs}", *args.set] + (["max_steps=6", "n_train=1024", "width=8"] if args.quick else [])
-            r = ddp.scaling(preset, args.nproc, repeats=args.repeats, quick=args.quick, sets=sets, cpu=args.cpu)
+            r = ddp.scaling(preset, args.nproc, repeats=args.repeats, quick=args.quick, sets=sets,
+                            variants=variants, cpu=args.cpu)
             break
         except LabkitError as e:
             failures[preset] = str(e)
@@ -55,6 +67,15 @@ def main(argv=None) -> int:
           f"(weak scaling efficiency {100 * r['weak_efficiency']:.1f}%)"
           + (f", strong {100 * r['strong_efficiency']:.1f}%" if r["strong_efficiency"] else "")
           + f"\nsaved {path}")
+    for label, v in r["variants"].items():
+        print(f"  {label} ({', '.join(v['changes'])}): {n} processes {v['img_per_s']:,.0f} img/s, "
+              f"weak scaling efficiency {100 * v['weak_efficiency']:.1f}%")
+    if args.profile:
+        sets = [f"batch_size={n * r['per_process_batch']}", *args.set] + (["width=8"] if args.quick else [])
+        for label, changes in {"preset": [], **variants}.items():
+            rc = ddp.launch(r["preset"], n, quick=args.quick, sets=sets + changes, cpu=args.cpu, timeout_s=600,
+                            profile_dir=str(Path(args.out) / "ddp_profile" / label.replace(" ", "_")))
+            print(f"profile of {label}: exit {rc}", flush=True)
     return 0
 
 

@@ -40,6 +40,8 @@ def _worker(args) -> int:
         cfg = T.with_changes(T.preset(args.preset, base), **T._parse_sets(args.set))
         if not cuda:
             cfg = T.with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
+        if args.profile:  # every rank runs the profiled steps (they all-reduce together); rank 0 keeps its trace
+            return _profile_worker(cfg, dev, args.profile)
         rec = T.train(cfg, dev)
         if dist.get_rank() == 0:
             print(f"{cfg.name} on {dist.get_world_size()} processes: {rec['img_per_s']:,.0f} img/s, "
@@ -54,9 +56,31 @@ def _worker(args) -> int:
     return 0
 
 
+def _profile_worker(cfg, dev, out: str) -> int:
+    import torch.distributed as dist
+
+    from labkit import profiling as P
+    from labkit.bench import write_json
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = f"{cfg.name}-ddp{world}"
+    prof = P.profile_steps(cfg, dev, out=out if rank == 0 else None, name=name)
+    if rank == 0:
+        d = prof.diagnose()
+        write_json(os.path.join(out, f"{name}.diagnosis.json"), d.to_dict())
+        st = d.evidence
+        comm = (f"all-reduce kernels {st['comm_ms_per_step']:.2f} ms per step, {st['comm_exposed_ms_per_step']:.2f} ms "
+                f"of it with no other kernel running" if st.get("comm_ms_per_step") is not None
+                else "no all-reduce kernels in the trace (gloo all-reduces on the CPU)")
+        print(f"{name}: step {st['step_ms']:.2f} ms; {comm}\n{d}\nwrote {prof.trace_path}", flush=True)
+    return 0
+
+
 def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
-           json_path: str | None = None, cpu: bool = False, timeout_s: float | None = None) -> int:
-    """Run `preset` on `nproc` processes through torchrun; returns torchrun's exit code."""
+           json_path: str | None = None, cpu: bool = False, timeout_s: float | None = None,
+           profile_dir: str | None = None) -> int:
+    """Run `preset` on `nproc` processes through torchrun; returns torchrun's exit code.
+    With `profile_dir`, profile a few steps instead (rank 0 writes its trace and diagnosis there)."""
     from labkit import train as T
 
     if nproc < 1:
@@ -71,6 +95,7 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
     cmd += ["--quick"] if quick else []
     cmd += ["--cpu"] if cpu else []
     cmd += ["--json", json_path] if json_path else []
+    cmd += ["--profile", profile_dir] if profile_dir else []
     cmd += ["--set", *sets] if sets else []
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
     if not use_cuda:
@@ -82,15 +107,18 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
 
 
 def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, strong: bool = True,
-            quick: bool = False, sets: list[str] | None = None, cpu: bool = False,
-            timeout_s: float | None = 600) -> dict:
+            quick: bool = False, sets: list[str] | None = None, variants: dict[str, list[str]] | None = None,
+            cpu: bool = False, timeout_s: float | None = 600) -> dict:
     """Scaling efficiency from 1 to `nproc` processes, measured by alternating runs in this one call.
 
     Weak scaling keeps each process's batch at the preset's `batch_size` (the global batch grows N-fold):
     efficiency = img/s on N / (N x img/s on 1), the usual yardstick (1.0 is linear). Strong scaling keeps the
     global batch and splits it, so each GPU gets less work per step and the all-reduce weighs more.
     Runs alternate 1, N, 1, N, ... so drift on the machine hits both sides; medians are reported.
-    Returns {"runs": [...], "weak_efficiency", "strong_efficiency", "img_per_s": {...}} (img/s: steady state).
+    `variants` ({label: FIELD=VALUE changes}) adds N-process runs with other DDP settings to every round
+    (1, N, N variant a, N variant b, 1, N, ...), each compared with the same 1-process runs.
+    Returns {"runs": [...], "weak_efficiency", "strong_efficiency", "img_per_s": {...}, "variants": {...}}
+    (img/s: steady state; the headline numbers are the runs without variant changes).
     """
     import json
     import statistics
@@ -101,33 +129,40 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
 
     base = T.with_changes(T.preset(preset, T.quick_base() if quick else T.TrainConfig()), **T._parse_sets(sets or []))
     sets = list(sets or [])
-    plan = [(1, base.batch_size, "weak"), (nproc, nproc * base.batch_size, "weak")] * repeats
-    if strong:
-        plan.append((nproc, base.batch_size, "strong"))
+    variants = dict(variants or {})
+    for changes in variants.values():  # bad field names fail here, before any process starts
+        T.with_changes(base, **T._parse_sets(changes))
+    rnd = [(1, base.batch_size, "weak", None), (nproc, nproc * base.batch_size, "weak", None)]
+    rnd += [(nproc, nproc * base.batch_size, "weak", v) for v in variants]
+    plan = rnd * repeats + ([(nproc, base.batch_size, "strong", None)] if strong else [])
     from tqdm.auto import tqdm
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="labkit-ddp-") as d:
-        for i, (n, batch, kind) in enumerate(tqdm(plan, desc=f"{preset}: 1 vs {nproc} processes", unit="run")):
+        for i, (n, batch, kind, v) in enumerate(tqdm(plan, desc=f"{preset}: 1 vs {nproc} processes", unit="run")):
             out = Path(d) / f"run{i}.json"
-            rc = launch(preset, n, quick=quick, sets=sets + [f"batch_size={batch}"], json_path=str(out), cpu=cpu,
-                        timeout_s=timeout_s)
+            extra = variants[v] if v else []
+            rc = launch(preset, n, quick=quick, sets=sets + extra + [f"batch_size={batch}"], json_path=str(out),
+                        cpu=cpu, timeout_s=timeout_s)
             if rc != 0 or not out.exists():
-                raise LabkitError(f"the {n}-process run of {preset} (global batch {batch}) failed (exit {rc}); "
-                                  "its error is printed above")
+                raise LabkitError(f"the {n}-process run of {preset} (global batch {batch}"
+                                  f"{', ' + v if v else ''}) failed (exit {rc}); its error is printed above")
             rec = json.loads(out.read_text())
             kept = ("img_per_s", "steps", "images", "epoch_s", "first_step_s", "accuracy", "final_loss", "device")
-            runs.append({"processes": n, "global_batch": batch, "scaling": kind, **{k: rec[k] for k in kept}})
+            runs.append({"processes": n, "global_batch": batch, "scaling": kind, **({"variant": v} if v else {}),
+                         **{k: rec[k] for k in kept}})
 
-    def med(n, kind):
-        v = [r["img_per_s"] for r in runs if r["processes"] == n and r["scaling"] == kind]
-        return statistics.median(v) if v else None
+    def med(n, kind, v=None):
+        x = [r["img_per_s"] for r in runs if r["processes"] == n and r["scaling"] == kind and r.get("variant") == v]
+        return statistics.median(x) if x else None
 
     one, weak, strong_v = med(1, "weak"), med(nproc, "weak"), med(nproc, "strong")
     return {"preset": preset, "nproc": nproc, "per_process_batch": base.batch_size, "runs": runs,
             "img_per_s": {"1": one, f"{nproc} weak": weak, f"{nproc} strong": strong_v},
             "weak_efficiency": weak / (nproc * one),
-            "strong_efficiency": strong_v / (nproc * one) if strong_v else None}
+            "strong_efficiency": strong_v / (nproc * one) if strong_v else None,
+            "variants": {v: {"changes": c, "img_per_s": med(nproc, "weak", v),
+                             "weak_efficiency": med(nproc, "weak", v) / (nproc * one)} for v, c in variants.items()}}
 
 
 def add_cli(sub) -> None:
@@ -138,14 +173,18 @@ def add_cli(sub) -> None:
     p.add_argument("--cpu", action="store_true", help="use gloo on the CPU even where GPUs exist")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
     p.add_argument("--json", metavar="PATH", help="rank 0 writes the result record here (with --scaling: the summary)")
-    p.add_argument("--scaling", action="store_true",
-                   help="measure scaling efficiency: alternate 1 and NPROC processes, same per-process batch")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--scaling", action="store_true",
+                     help="measure scaling efficiency: alternate 1 and NPROC processes, same per-process batch")
+    how.add_argument("--profile", metavar="DIR",
+                     help="profile a few steps; rank 0 writes its trace and diagnosis (all-reduce time) to DIR")
     p.set_defaults(func=_cli)
 
 
 def _cli(a) -> int:
     if not a.scaling:
-        return launch(a.preset, a.nproc, quick=a.quick, sets=a.set, json_path=a.json, cpu=a.cpu)
+        return launch(a.preset, a.nproc, quick=a.quick, sets=a.set, json_path=a.json, cpu=a.cpu,
+                      profile_dir=a.profile)
     from labkit.bench import write_json
 
     r = scaling(a.preset, a.nproc, quick=a.quick, sets=a.set, cpu=a.cpu)
@@ -169,6 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--profile")
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args(argv)
     if not args.worker:

@@ -311,6 +311,16 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
                   tensor_core_share=tc_time / k_time if k_time else 0.0,
                   matmul_share=mm_time / k_time if k_time else 0.0)
         st["top"] = _top([(str(e.get("name", "")), e["dur"]) for e in k_in], n_steps, k_time, tc=True)
+        # Collective kernels (NCCL) run on their own stream; the part of them with no other kernel running
+        # beside it is communication that backward did not hide: the scaling loss of data parallelism.
+        comm = [(e["ts"], e["ts"] + e["dur"]) for e in k_in if "nccl" in str(e.get("name", "")).lower()]
+        if comm:
+            c_iv = _union(_clip(comm, w0, w1))
+            other = _union(_clip([(e["ts"], e["ts"] + e["dur"]) for e in k_in
+                                  if "nccl" not in str(e.get("name", "")).lower()], w0, w1))
+            hidden = sum(_overlap(other, x0, x1) for x0, x1 in c_iv)
+            st["comm_ms_per_step"] = _length(c_iv) / n_steps / 1e3
+            st["comm_exposed_ms_per_step"] = (_length(c_iv) - hidden) / n_steps / 1e3
     else:
         st.update(gpu_busy_share=None, gpu_idle_share=None, idle_by_cause=None, tensor_core_share=None)
         selfs = [(str(e.get("name", "")), s) for e, s in rows if str(e.get("name", "")).startswith("aten::")]
@@ -403,6 +413,9 @@ def diagnose(source) -> Diagnosis:
 def _decide_gpu(st: dict) -> Diagnosis:
     idle, causes = st["gpu_idle_share"], st["idle_by_cause"]
     reasons, notes = [], list(st["notes"])
+    if st.get("comm_ms_per_step") is not None:
+        notes.append(f"all-reduce (NCCL) kernels: {st['comm_ms_per_step']:.2f} ms per step, "
+                     f"{st['comm_exposed_ms_per_step']:.2f} ms of it with no compute kernel beside it")
     tc = st["tensor_core_share"]
     busy_line = (f"GPU busy {_pct(st['gpu_busy_share'])} of the step, idle {_pct(idle)}: "
                  f"{_pct(causes['data'])} while the host waited in 'data', {_pct(causes['sync'])} right after host "

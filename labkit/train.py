@@ -60,6 +60,9 @@ class TrainConfig:
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory
     compile_tuning: bool = False         # inductor coordinate-descent tuning of its Triton kernels: compiles several times slower, runs a few % faster
     ddp_bucket_mb: int = 25              # DDP gradient bucket (MiB): small buckets overlap all-reduce with backward, large ones mean fewer calls and (compiled) fewer graph splits
+    ddp_split_graphs: bool = True        # under DDP, torch.compile splits its graph at the buckets so all-reduce overlaps backward; False: one graph, all-reduce after it
+    ddp_bf16_grads: bool = False         # DDP all-reduces gradients in bf16 (a comm hook): half the bytes, each gradient rounded to bf16 before the mean
+    ddp_static_graph: bool = False       # DDP static_graph + gradient_as_bucket_view: the same graph every step, so no per-step bookkeeping and no copy into buckets
     seed: int = 0                        # model init, data order and augmentation
     max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
     evaluate: bool = True                # compute test accuracy after training
@@ -245,6 +248,10 @@ def _switches(cfg: TrainConfig):
             import torch._inductor.config as inductor_config
 
             stack.enter_context(inductor_config.patch(coordinate_descent_tuning=True))
+        if not cfg.ddp_split_graphs:  # read when DDP's module is compiled, lazily inside the loop
+            import torch._dynamo.config as dynamo_config
+
+            stack.enter_context(dynamo_config.patch(optimize_ddp=False))
         yield
 
 
@@ -313,7 +320,12 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                      bucket_cap_mb=cfg.ddp_bucket_mb)
+                                      bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph,
+                                      gradient_as_bucket_view=cfg.ddp_static_graph)
+        if cfg.ddp_bf16_grads:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     batches = _Batches(cfg, ds, dev)
     steps_total = batches.steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
