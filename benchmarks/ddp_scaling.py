@@ -68,8 +68,8 @@ def main(argv=None) -> int:
           + (f", strong {100 * r['strong_efficiency']:.1f}%" if r["strong_efficiency"] else "")
           + f"\nsaved {path}")
     for label, v in r["variants"].items():
-        print(f"  {label} ({', '.join(v['changes'])}): {n} processes {v['img_per_s']:,.0f} img/s, "
-              f"weak scaling efficiency {100 * v['weak_efficiency']:.1f}%")
+        print(f"  {label} ({', '.join(v['changes'])}): " + (v["error"] if "error" in v else
+              f"{n} processes {v['img_per_s']:,.0f} img/s, weak scaling efficiency {100 * v['weak_efficiency']:.1f}%"))
     if args.profile:
         sets = [f"batch_size={n * r['per_process_batch']}", *args.set] + (["width=8"] if args.quick else [])
         for label, changes in {"preset": [], **variants}.items():

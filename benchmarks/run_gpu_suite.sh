@@ -33,7 +33,7 @@ for s in $steps; do
     profiling) run profiling 300 python benchmarks/week5_profiling.py --out "$out" --trace-out "$out/gpu_trace.json.gz" ;;
     grading) run grading 300 python benchmarks/grade_reference_gpu.py --out "$out" ;;
     reliability) run reliability "${RELIABILITY_LIMIT:-300}" python benchmarks/grade_reliability.py --out "$out" ;;
-    ddp) run ddp "${DDP_LIMIT:-580}" python benchmarks/ddp_scaling.py --out "$out" ;;
+    ddp) run ddp "${DDP_LIMIT:-580}" python benchmarks/ddp_scaling.py --out "$out" ${DDP_ARGS:-} ;;
     notebooks) run notebooks 590 python benchmarks/run_notebooks.py --bundle "$out/notebook_runs.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac

@@ -137,16 +137,22 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
     plan = rnd * repeats + ([(nproc, base.batch_size, "strong", None)] if strong else [])
     from tqdm.auto import tqdm
 
-    runs = []
+    runs, failed = [], {}
     with tempfile.TemporaryDirectory(prefix="labkit-ddp-") as d:
         for i, (n, batch, kind, v) in enumerate(tqdm(plan, desc=f"{preset}: 1 vs {nproc} processes", unit="run")):
+            if v in failed:
+                continue
             out = Path(d) / f"run{i}.json"
             extra = variants[v] if v else []
             rc = launch(preset, n, quick=quick, sets=sets + extra + [f"batch_size={batch}"], json_path=str(out),
                         cpu=cpu, timeout_s=timeout_s)
             if rc != 0 or not out.exists():
-                raise LabkitError(f"the {n}-process run of {preset} (global batch {batch}"
-                                  f"{', ' + v if v else ''}) failed (exit {rc}); its error is printed above")
+                msg = (f"the {n}-process run of {preset} (global batch {batch}{', ' + v if v else ''}) failed "
+                       f"(exit {rc}); its error is printed above")
+                if not v:
+                    raise LabkitError(msg)
+                failed[v] = msg  # a variant that cannot run is reported; the measurement goes on without it
+                continue
             rec = json.loads(out.read_text())
             kept = ("img_per_s", "steps", "images", "epoch_s", "first_step_s", "accuracy", "final_loss", "device")
             runs.append({"processes": n, "global_batch": batch, "scaling": kind, **({"variant": v} if v else {}),
@@ -161,8 +167,9 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
             "img_per_s": {"1": one, f"{nproc} weak": weak, f"{nproc} strong": strong_v},
             "weak_efficiency": weak / (nproc * one),
             "strong_efficiency": strong_v / (nproc * one) if strong_v else None,
-            "variants": {v: {"changes": c, "img_per_s": med(nproc, "weak", v),
-                             "weak_efficiency": med(nproc, "weak", v) / (nproc * one)} for v, c in variants.items()}}
+            "variants": {v: {"changes": c, "error": failed[v]} if v in failed else
+                         {"changes": c, "img_per_s": med(nproc, "weak", v),
+                          "weak_efficiency": med(nproc, "weak", v) / (nproc * one)} for v, c in variants.items()}}
 
 
 def add_cli(sub) -> None:
