@@ -60,7 +60,7 @@ class TrainConfig:
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory
     compile_tuning: bool = False         # inductor coordinate-descent tuning of its Triton kernels: compiles several times slower, runs a few % faster
     ddp_bucket_mb: int = 25              # DDP gradient bucket (MiB): small buckets overlap all-reduce with backward, large ones mean fewer calls and (compiled) fewer graph splits
-    ddp_split_graphs: bool = True        # under DDP, torch.compile splits its graph at the buckets so all-reduce overlaps backward; False: one graph, all-reduce after it
+    ddp_split_graphs: bool = False       # under DDP, split torch.compile's graph at the buckets so all-reduce overlaps backward (more graphs, more host work); False: one graph, all-reduce after it
     ddp_bf16_grads: bool = False         # DDP all-reduces gradients in bf16 (a comm hook): half the bytes, each gradient rounded to bf16 before the mean
     ddp_static_graph: bool = False       # DDP static_graph + gradient_as_bucket_view: the same graph every step, so no per-step bookkeeping and no copy into buckets
     seed: int = 0                        # model init, data order and augmentation
@@ -248,10 +248,9 @@ def _switches(cfg: TrainConfig):
             import torch._inductor.config as inductor_config
 
             stack.enter_context(inductor_config.patch(coordinate_descent_tuning=True))
-        if not cfg.ddp_split_graphs:  # read when DDP's module is compiled, lazily inside the loop
-            import torch._dynamo.config as dynamo_config
+        import torch._dynamo.config as dynamo_config  # optimize_ddp is read when DDP's module compiles, in the loop
 
-            stack.enter_context(dynamo_config.patch(optimize_ddp=False))
+        stack.enter_context(dynamo_config.patch(optimize_ddp=cfg.ddp_split_graphs))
         yield
 
 
