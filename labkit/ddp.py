@@ -67,7 +67,7 @@ def _profile_worker(cfg, dev, out: str) -> int:
     prof = P.profile_steps(cfg, dev, out=out if rank == 0 else None, name=name)
     if rank == 0:
         d = prof.diagnose()
-        write_json(os.path.join(out, f"{name}.diagnosis.json"), d.to_dict())
+        write_json(os.path.join(out, f"{name}.diagnosis.json"), {"env": environment(device=dev), **d.to_dict()})
         st = d.evidence
         comm = (f"all-reduce kernels {st['comm_ms_per_step']:.2f} ms per step, {st['comm_exposed_ms_per_step']:.2f} ms "
                 f"of it with no other kernel running" if st.get("comm_ms_per_step") is not None

@@ -172,6 +172,8 @@ def environment(command: str | list[str] | None = None, device: torch.device | s
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "device_type": dev.type,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        # NCCL settings change multi-GPU numbers (protocol, algorithm, NVLink multicast): keep them with the result
+        "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
     }
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)

@@ -45,6 +45,21 @@ def test_scaling_alternates_one_and_n_processes_with_the_same_per_process_batch(
     assert r["strong_efficiency"] == pytest.approx(strong["img_per_s"] / (2 * r["img_per_s"]["1"]))
 
 
+def test_scaling_variants_share_the_one_process_runs_and_a_broken_one_is_reported():
+    r = ddp.scaling("resident_data", 2, repeats=1, strong=False, quick=True, sets=SETS, cpu=True,
+                    variants={"bf16 grads": ["ddp_bf16_grads=true"], "no bucket": ["ddp_bucket_mb=0"]})
+    runs = r["runs"]
+    assert [(x["processes"], x.get("variant")) for x in runs] == [(1, None), (2, None), (2, "bf16 grads")]
+    assert "failed" in r["variants"]["no bucket"]["error"]  # its run exited with the config error; no number
+    v = r["variants"]["bf16 grads"]
+    assert v["changes"] == ["ddp_bf16_grads=true"]
+    assert v["weak_efficiency"] == pytest.approx(runs[2]["img_per_s"] / (2 * runs[0]["img_per_s"]))
+    # Gradients averaged in bf16 instead of fp32 (8 bits of mantissa): the same optimization to about 1%.
+    assert runs[2]["final_loss"] == pytest.approx(runs[1]["final_loss"], rel=0.02)
+    with pytest.raises(LabkitError, match="unknown"):
+        ddp.scaling("resident_data", 2, cpu=True, quick=True, variants={"typo": ["ddp_bucket=5"]})
+
+
 def test_bad_ddp_requests_fail_before_starting():
     with pytest.raises(LabkitError, match="nproc"):
         ddp.launch("resident_data", 0, cpu=True)

@@ -18,6 +18,15 @@ def test_environment_record_fields():
     assert "git_commit" in rec and "cuda" in rec and "cudnn" in rec
 
 
+def test_environment_record_keeps_nccl_settings(monkeypatch):
+    monkeypatch.setenv("NCCL_PROTO", "Simple")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    nccl = env.environment(command=["x"])["nccl_env"]
+    assert nccl["NCCL_PROTO"] == "Simple" and nccl["NCCL_NVLS_ENABLE"] == "0"
+    monkeypatch.delenv("NCCL_PROTO")
+    assert "NCCL_PROTO" not in env.environment(command=["x"])["nccl_env"]
+
+
 def test_pick_device_errors():
     assert env.pick_device("cpu").type == "cpu"
     assert env.pick_device(None).type in ("cpu", "cuda")

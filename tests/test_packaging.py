@@ -75,5 +75,13 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     assert sc["env"]["device_name"] in readme
     assert f"{ips['1']:,.0f} img/s on one GPU and {ips['2 weak']:,.0f} img/s on two" in readme
     assert f"{100 * sc['weak_efficiency']:.1f}% weak-scaling" in readme and f"{100 * sc['strong_efficiency']:.1f}%" in readme
+    v1, v2 = (json.loads((res / f).read_text()) for f in ("ddp_scaling_variants.json", "ddp_scaling_variants2.json"))
+    pct = lambda r: f"{100 * r['weak_efficiency']:.1f}%"  # noqa: E731
+    assert f"({pct(v1['variants']['one-graph'])} against {pct(v1)}," in readme
+    assert f"({pct(v2['variants']['static'])} against {pct(v2)}," in readme
+    assert f"({pct(v1['variants']['bf16-grads'])} and {pct(v2['variants']['bf16-grads'])})" in readme
+    assert f"({pct(sc['variants']['bucket100'])})" in readme
+    simple = json.loads((res / "ddp_scaling_nccl_simple.json").read_text())
+    assert "NCCL_PROTO=Simple" in simple["annotation"] and f"Simple protocol ({pct(simple)}," in readme
     top = json.loads((res / "top_rung.json").read_text())["variants"]
     assert f"{max(v['img_per_s'] for v in top.values()):,.0f} img/s" in readme

@@ -132,6 +132,22 @@ def test_gpu_evidence_counts_what_happened():
     assert any("first recorded GPU work" in n for n in d.notes)
 
 
+def test_all_reduce_time_is_split_into_hidden_and_exposed():
+    # Compute kernels 0-6 ms of each 10 ms step; NCCL all-reduces 4-5 ms (under compute: hidden) and 6-8 ms
+    # (after backward: exposed), as when DDP all-reduces the last bucket after the graph.
+    t = _compute_bound()
+    t.events = [e for e in t.events if e.get("cat") != "kernel"]
+    for s in [1000.0 + i * 10_000 for i in range(3)]:
+        t.kernel("sm90_xmma_fprop_implicit_gemm_bf16", s, 6000)
+        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", s + 4000, 1000)
+        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", s + 6000, 2000)
+    d = P.diagnose(t.dict())
+    assert d.evidence["comm_ms_per_step"] == pytest.approx(3.0)
+    assert d.evidence["comm_exposed_ms_per_step"] == pytest.approx(2.0)
+    assert any("all-reduce (NCCL) kernels: 3.00 ms per step, 2.00 ms" in n for n in d.notes)
+    assert "comm_ms_per_step" not in P.diagnose(_compute_bound().dict()).evidence  # one GPU: nothing to report
+
+
 def test_a_host_running_ahead_does_not_look_like_an_idle_gpu():
     # Three 1 ms host steps launch 10 ms of GPU work each; the GPU is still busy with earlier, unrecorded work
     # until 20 ms, then runs the recorded kernels back to back.

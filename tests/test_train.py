@@ -142,6 +142,17 @@ def test_ladder_writes_outputs_only_when_complete(tmp_path, ds, monkeypatch):
     assert not out2.exists() or list(out2.iterdir()) == []
 
 
+def test_ddp_graph_split_switch_covers_the_loop_and_is_restored():
+    import torch._dynamo.config as dynamo_config
+
+    before = dynamo_config.optimize_ddp
+    with T._switches(TINY):  # one compiled graph under DDP unless asked
+        assert dynamo_config.optimize_ddp is False
+    with T._switches(T.with_changes(TINY, ddp_split_graphs=True)):
+        assert dynamo_config.optimize_ddp is True
+    assert dynamo_config.optimize_ddp == before
+
+
 def test_compile_tuning_switch_covers_the_loop_and_is_restored():
     import torch._inductor.config as inductor_config
 
