@@ -50,6 +50,11 @@ TRAIN_VARIANTS = {
     "batch 1024, lr 0.05, warm-up 0.3": dict(batch_size=1024, lr=0.05, warmup_frac=0.3),
     "rung + coordinate-descent tuning": dict(compile_tuning=True),
     "batch 1024, lr 0.05 + tuning": dict(batch_size=1024, lr=0.05, compile_tuning=True),
+    "batch 2048, lr 0.05": dict(batch_size=2048, lr=0.05),
+    "batch 2048, lr 0.05 + tuning": dict(batch_size=2048, lr=0.05, compile_tuning=True),
+    "rung, 10 epochs": dict(epochs=10),
+    "batch 1024, lr 0.05, 10 epochs": dict(batch_size=1024, lr=0.05, epochs=10),
+    "batch 2048, lr 0.05, 10 epochs": dict(batch_size=2048, lr=0.05, epochs=10),
 }
 KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
     ("conv/matmul (cuDNN, cuBLAS)", ("conv", "xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "wgrad", "dgrad")),
