@@ -84,4 +84,11 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     simple = json.loads((res / "ddp_scaling_nccl_simple.json").read_text())
     assert "NCCL_PROTO=Simple" in simple["annotation"] and f"Simple protocol ({pct(simple)}," in readme
     top = json.loads((res / "top_rung.json").read_text())["variants"]
+    big = json.loads((res / "top_rung_batch2048.json").read_text())["variants"]
+    assert f"{big['batch 2048, lr 0.05']['img_per_s']:,.0f} img/s, and" in readme
+    assert f"{100 * big['batch 2048, lr 0.05, 10 epochs']['accuracy']:.1f}% after 10, where the rung reaches " \
+        f"{100 * big['rung, 10 epochs']['accuracy']:.1f}%" in readme
+    ma = json.loads((res / "top_rung_max_autotune.json").read_text())["model_step"]
+    assert f"ran it at {ma['512-max-autotune']['img_per_s']:,.0f} img/s, against " \
+        f"{ma['512-reduce-overhead']['img_per_s']:,.0f}" in readme
     assert f"{max(v['img_per_s'] for v in top.values()):,.0f} img/s" in readme
