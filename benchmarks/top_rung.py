@@ -55,6 +55,15 @@ TRAIN_VARIANTS = {
     "rung, 10 epochs": dict(epochs=10),
     "batch 1024, lr 0.05, 10 epochs": dict(batch_size=1024, lr=0.05, epochs=10),
     "batch 2048, lr 0.05, 10 epochs": dict(batch_size=2048, lr=0.05, epochs=10),
+    # large-batch aids: blocks start as identities, no weight decay on BatchNorm/biases, higher or linear lr
+    "batch 2048, zero-init + no BN decay": dict(batch_size=2048, lr=0.05, zero_init_residual=True,
+                                                bn_weight_decay=False),
+    "batch 2048, zero-init + no BN decay, lr 0.1": dict(batch_size=2048, lr=0.1, zero_init_residual=True,
+                                                        bn_weight_decay=False),
+    "batch 2048, zero-init + no BN decay, linear lr 0.025": dict(batch_size=2048, lr=0.025, lr_scaling="linear",
+                                                                 zero_init_residual=True, bn_weight_decay=False),
+    "batch 1024, zero-init + no BN decay": dict(batch_size=1024, lr=0.05, zero_init_residual=True,
+                                                bn_weight_decay=False),
 }
 KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
     ("conv/matmul (cuDNN, cuBLAS)", ("conv", "xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "wgrad", "dgrad")),

@@ -53,9 +53,17 @@ class ResNet18(nn.Module):
         return self.fc(out)
 
 
-def resnet18(num_classes: int = 10, width: int = 64) -> ResNet18:
-    """The CIFAR-variant ResNet-18 (width=64 is the standard model; smaller widths make CPU tests fast)."""
-    return ResNet18(num_classes=num_classes, width=width)
+def resnet18(num_classes: int = 10, width: int = 64, zero_init_residual: bool = False) -> ResNet18:
+    """The CIFAR-variant ResNet-18 (width=64 is the standard model; smaller widths make CPU tests fast).
+
+    zero_init_residual: start the last BatchNorm scale of every block at 0, so each block begins as the identity
+    (plus its shortcut) and the network starts shallow; large-batch recipes use it to survive high learning rates.
+    """
+    model = ResNet18(num_classes=num_classes, width=width)
+    if zero_init_residual:  # after the default init, so the random stream (and every other weight) is unchanged
+        for block in model.layers:
+            nn.init.zeros_(block.bn2.weight)
+    return model
 
 
 def count_macs(model: nn.Module, input_shape=(1, 3, 32, 32)) -> int:

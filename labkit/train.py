@@ -39,9 +39,12 @@ class TrainConfig:
     width: int = 64                      # ResNet-18 base width; 64 is the real model, smaller only for CPU demos
     epochs: int = 5                      # passes over the training set
     batch_size: int = 128                # images per optimizer step
-    lr: float = 0.1                      # peak SGD learning rate at batch 128; scaled by sqrt(batch/128)
+    lr: float = 0.1                      # peak SGD learning rate at batch 128; scaled to the batch by lr_scaling
+    lr_scaling: str = "sqrt"             # peak lr = lr x sqrt(batch/128) | linear: lr x batch/128 (the large-batch rule of Goyal et al.)
     momentum: float = 0.9                # SGD Nesterov momentum
-    weight_decay: float = 5e-4           # L2 on all parameters
+    weight_decay: float = 5e-4           # L2 on the weights (and on BatchNorm and biases while bn_weight_decay)
+    bn_weight_decay: bool = True         # False: no weight decay on BatchNorm scales/shifts and biases, only on conv/linear weights
+    zero_init_residual: bool = False     # each residual block starts as the identity (its last BatchNorm scale at 0)
     label_smoothing: float = 0.1         # cross-entropy label smoothing
     warmup_frac: float = 0.2             # share of steps with linearly rising LR, then linear decay to 0
     precision: str = "default"           # fp32 (strict, TF32 off) | default (torch defaults: cuDNN TF32 on) | tf32 | fp16 (autocast + GradScaler) | bf16 (autocast)
@@ -129,6 +132,7 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.compile in COMPILE_MODES, f"compile must be one of {COMPILE_MODES}, not {cfg.compile!r}")
     need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
     need(cfg.compile or not cfg.compile_tuning, "compile_tuning tunes torch.compile's kernels: set compile too")
+    need(cfg.lr_scaling in ("sqrt", "linear"), f"lr_scaling must be sqrt or linear, not {cfg.lr_scaling!r}")
     need(cfg.ddp_bucket_mb >= 1, f"ddp_bucket_mb must be at least 1 (MiB), not {cfg.ddp_bucket_mb}")
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
          f"batch_size {cfg.batch_size} must be a multiple of accumulation {cfg.accumulation}")
@@ -262,7 +266,11 @@ def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):
         kw["fused"] = True
     else:
         kw["foreach"] = False
-    return torch.optim.SGD(model.parameters(), **kw)
+    params = list(model.parameters())
+    if not cfg.bn_weight_decay:  # BatchNorm scales/shifts and biases are the 1-D parameters
+        params = [{"params": [p for p in params if p.ndim > 1]},
+                  {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    return torch.optim.SGD(params, **kw)
 
 
 def _checkpointed_forward(model, x):
@@ -309,7 +317,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     ds = dataset.subset(cfg.n_train, cfg.n_test)
 
     torch.manual_seed(cfg.seed)
-    model = resnet18(num_classes=ds.num_classes, width=cfg.width).to(dev)
+    model = resnet18(num_classes=ds.num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual).to(dev)
     flops = train_flops_per_image(model)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -329,7 +337,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     steps_total = batches.steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
         steps_total = min(steps_total, cfg.max_steps)
-    lr = cfg.lr * math.sqrt(cfg.batch_size / 128)
+    lr = cfg.lr * (cfg.batch_size / 128 if cfg.lr_scaling == "linear" else math.sqrt(cfg.batch_size / 128))
     opt = _make_optimizer(cfg, model, lr)
     warm = max(1, int(cfg.warmup_frac * steps_total))
     sched = torch.optim.lr_scheduler.LambdaLR(

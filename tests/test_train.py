@@ -67,6 +67,36 @@ def test_loading_paths_and_optimizers_track_the_reference_losses(ds):
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref, strict=True)) < 3e-2
 
 
+def test_large_batch_recipe_switches_do_what_they_say(ds):
+    import torch
+
+    from labkit.models import resnet18
+
+    torch.manual_seed(0)
+    plain = resnet18(width=8)
+    torch.manual_seed(0)
+    zero = resnet18(width=8, zero_init_residual=True)
+    for (name, a), (_, b) in zip(plain.named_parameters(), zero.named_parameters(), strict=True):
+        if name.endswith("bn2.weight"):  # each block starts as its shortcut: last BatchNorm scale 0
+            assert torch.count_nonzero(b) == 0 and torch.count_nonzero(a) > 0, name
+        else:  # and nothing else changed: the same random stream
+            assert torch.equal(a, b), name
+    opt = T._make_optimizer(T.with_changes(TINY, bn_weight_decay=False), plain, lr=0.1)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == TINY.weight_decay and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(plain.parameters()))
+    assert len(T._make_optimizer(TINY, plain, lr=0.1).param_groups) == 1
+    # Linear lr scaling at batch 256 doubles the peak lr (sqrt scaling: x1.41): the first warm-up step shows it.
+    base = T.with_changes(TINY, batch_size=256, warmup_frac=0.5, max_steps=2, lr=0.01)
+    lin, sq = (_run(base, ds, lr_scaling=k)["losses"] for k in ("linear", "sqrt"))
+    assert lin[0] == sq[0] and lin[1] != sq[1]
+    r = _run(TINY, ds, zero_init_residual=True, bn_weight_decay=False, lr_scaling="linear", epochs=2)
+    assert all(math.isfinite(v) for v in r["losses"]) and r["losses"][-1] < r["losses"][0]
+    with pytest.raises(LabkitError, match="lr_scaling"):
+        T.check_config(T.with_changes(TINY, lr_scaling="cubic"), torch.device("cpu"))
+
+
 def test_bad_configs_fail_clearly():
     import torch
 
