@@ -60,6 +60,16 @@ def test_scaling_variants_share_the_one_process_runs_and_a_broken_one_is_reporte
         ddp.scaling("resident_data", 2, cpu=True, quick=True, variants={"typo": ["ddp_bucket=5"]})
 
 
+def test_profiled_ddp_steps_leave_rank_zeros_trace_and_diagnosis(tmp_path, capfd):
+    out = tmp_path / "prof"
+    assert ddp.launch("resident_data", 2, quick=True, sets=SETS, cpu=True, timeout_s=600, profile_dir=str(out)) == 0
+    assert "no all-reduce kernels in the trace (gloo all-reduces on the CPU)" in capfd.readouterr().out
+    diag = json.loads((out / "resident_data-ddp2.diagnosis.json").read_text())
+    assert diag["env"]["command"] and diag["kind"] in ("data", "overhead", "sync", "compute")
+    assert diag["evidence"]["steps"] == 3  # the active steps of the schedule, on rank 0 only
+    assert (out / "resident_data-ddp2.pt.trace.json.gz").stat().st_size > 0
+
+
 def test_bad_ddp_requests_fail_before_starting():
     with pytest.raises(LabkitError, match="nproc"):
         ddp.launch("resident_data", 0, cpu=True)
