@@ -28,6 +28,7 @@ import torch
 from labkit import bench
 from labkit import bucketing as B
 from labkit import data as D
+from labkit import loader_bench as LB
 from labkit import loaders as L
 from labkit import train as T
 from labkit.env import pick_device
@@ -43,7 +44,7 @@ def cpu_ratio(n: int, rounds: int, batch_size: int = 256, workers: int = 2, log=
     normalized, augmented float batches to the CPU; ratio = time per epoch of the naive path / the packed path.
     """
     data = D.load("synthetic", n_train=n, n_test=16).subset(n)
-    store_for = L.stores(data, progress=True)
+    store_for = LB.stores(data, progress=True)
     out = {"images": n, "batch_size": batch_size, "cpu_count": os.cpu_count(), "rounds": rounds,
            "load_average_before": os.getloadavg()}
     for label, w in (("workers", workers), ("main_process", 0)):
@@ -60,7 +61,7 @@ def cpu_ratio(n: int, rounds: int, batch_size: int = 256, workers: int = 2, log=
             return run
 
         try:
-            with L.torch_threads(1):
+            with LB.torch_threads(1):
                 r = bench.compare(epoch(a, "naive"), epoch(b, "packed"), rounds=rounds, warmup=1)
         finally:
             a.close()
@@ -144,16 +145,16 @@ def main(argv=None) -> int:
         result["sections_s"][name] = round(time.perf_counter() - t0 - sum(result["sections_s"].values()), 2)
 
     data = D.load("synthetic", n_train=n, n_test=16).subset(n)
-    store_for = L.stores(data, progress=True)
+    store_for = LB.stores(data, progress=True)
     for cfg in (L.LoaderConfig(storage=s, image_format=f) for s in L.STORAGES for f in L.IMAGE_FORMATS):
         store_for(cfg)
     section("write stores")
 
     fmt_n = min(n, 128 if quick else 2048)
-    result["formats"] = L.format_table(data.subset(fmt_n), dev, **reps)
+    result["formats"] = LB.format_table(data.subset(fmt_n), dev, **reps)
     result["format_images"] = fmt_n
-    print(L.format_markdown(result["formats"]))
-    result["decoders"] = L.decoder_table(data, dev, n=min(n, 64 if quick else 1024))
+    print(LB.format_markdown(result["formats"]))
+    result["decoders"] = LB.decoder_table(data, dev, n=min(n, 64 if quick else 1024))
     section("formats and decoders")
 
     naive, packed = L.preset("naive"), L.preset("packed")
@@ -171,15 +172,15 @@ def main(argv=None) -> int:
     total = sum(len(v) for _, _, v in plan)
     with tqdm(total=total, desc="loader sweeps") as bar:
         for field, base, values in plan:
-            rows = L.sweep(base, field, values, store_for, dev, progress=bar, **reps)
+            rows = LB.sweep(base, field, values, store_for, dev, progress=bar, **reps)
             for r in rows:
                 r["loader"] = base.name
             result.setdefault(field, []).extend(rows)
-            print(f"{field}, loader {base.name}:\n{L.rows_table(rows, field)}")
+            print(f"{field}, loader {base.name}:\n{LB.rows_table(rows, field)}")
     section("loader sweeps")
 
     with tqdm(total=2 if gpu else 1, desc="model consumption") as bar:
-        result["model_rates"] = L.model_rates(dev, quick=quick, progress=bar, n_train=None if quick else n)
+        result["model_rates"] = LB.model_rates(dev, quick=quick, progress=bar, n_train=None if quick else n)
     for k, v in result["model_rates"].items():
         print(f"{k}: {v['img_per_s']:,.0f} img/s (data resident on the device, batch {v['batch_size']})")
     section("model rates")

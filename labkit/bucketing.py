@@ -357,7 +357,7 @@ def strategy_table(corpus: Corpus, device="cpu", batch_size: int | None = None, 
     the 'max' strategy's (when it ran).
     """
     from labkit.bench import time_fn
-    from labkit.loaders import torch_threads
+    from labkit.loader_bench import torch_threads
 
     dev = pick_device(device)
     batch_size = batch_size or (32 if quick else 64)

@@ -20,7 +20,7 @@ MODULES = [
     "labkit.floats",
     "labkit.matmul",
     "labkit.amp",
-    "labkit.loaders",
+    "labkit.loader_bench",
     "labkit.profiling",
 ]
 

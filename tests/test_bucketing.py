@@ -8,7 +8,7 @@ from labkit import bench
 from labkit import bucketing as B
 from labkit import data as D
 from labkit.env import LabkitError
-from labkit.loaders import torch_threads
+from labkit.loader_bench import torch_threads
 
 # The stated factor: on this corpus (4,000 sequences, log-normal lengths with median 40 and a tail to 512),
 # length bucketing in batches of 32 leaves at most a fifth of the padding that random batches padded to

@@ -10,6 +10,7 @@ import torch
 
 from labkit import bench
 from labkit import data as D
+from labkit import loader_bench as LB
 from labkit import loaders as L
 from labkit.env import REPO_ROOT, LabkitError
 
@@ -23,7 +24,7 @@ def data():
 
 @pytest.fixture(scope="module")
 def store_for(data, tmp_path_factory):
-    return L.stores(data, tmp_path_factory.mktemp("stores"))
+    return LB.stores(data, tmp_path_factory.mktemp("stores"))
 
 
 def _epoch(cfg, store_for, epoch=0, device="cpu"):
@@ -198,7 +199,7 @@ def test_bad_configs_fail_clearly(data, store_for, tmp_path):
     with pytest.raises(LabkitError, match="image format"):
         L.write_store(data, "records", "webp", tmp_path)
     with pytest.raises(LabkitError, match="cannot sweep"):
-        L.sweep(L.LoaderConfig(), "seed", [0, 1], store_for)
+        LB.sweep(L.LoaderConfig(), "seed", [0, 1], store_for)
 
 
 def test_corrupt_stores_raise_labkit_errors(data, tmp_path):
@@ -220,14 +221,14 @@ def test_corrupt_stores_raise_labkit_errors(data, tmp_path):
 
 
 def test_sweep_rows_and_skips(store_for):
-    rows = L.sweep(L.LoaderConfig(storage="packed", batch_size=50), "pin_memory", [False, True], store_for,
-                   repeats=1)
+    rows = LB.sweep(L.LoaderConfig(storage="packed", batch_size=50), "pin_memory", [False, True], store_for,
+                    repeats=1)
     assert rows[0]["samples_per_s"] > 0 and rows[0]["samples"] == N
     if not torch.cuda.is_available():
         assert "CUDA" in rows[1]["skipped"]
-    rows = L.sweep(L.LoaderConfig(storage="packed", batch_size=50), "workers", [0, 1], store_for, repeats=1)
+    rows = LB.sweep(L.LoaderConfig(storage="packed", batch_size=50), "workers", [0, 1], store_for, repeats=1)
     assert [r["workers"] for r in rows] == [0, 1] and all(r["samples_per_s"] > 0 for r in rows)
-    md = L.rows_table(rows, "workers")
+    md = LB.rows_table(rows, "workers")
     assert md.count("\n") == 3
 
 
@@ -237,18 +238,18 @@ def test_packed_loader_is_faster_than_the_image_folder_path(store_for):
     naive = L.preset("naive", workers=0, batch_size=50)
     packed = L.preset("packed", batch_size=50)
     a, b = L.ImageLoader(naive, store_for(naive)), L.ImageLoader(packed, store_for(packed))
-    with L.torch_threads(1):
-        r = bench.compare(lambda: L._drain(a), lambda: L._drain(b), rounds=3, warmup=1)
+    with LB.torch_threads(1):
+        r = bench.compare(lambda: LB._drain(a), lambda: LB._drain(b), rounds=3, warmup=1)
     assert r.ratio > 2, str(r)
 
 
 def test_format_and_decoder_tables(data, tmp_path):
     small = data.subset(24)
-    rows = L.format_table(small, root=tmp_path, image_formats=("png",), decoders=("torchvision",), repeats=1)
+    rows = LB.format_table(small, root=tmp_path, image_formats=("png",), decoders=("torchvision",), repeats=1)
     assert [r["storage"] for r in rows] == ["packed", "folder", "tar", "records"]
     assert all(r["samples_per_s"] > 0 and r["bytes"] > 24 * 500 for r in rows)
-    assert "| packed | raw uint8 |" in L.format_markdown(rows)
-    dec = L.decoder_table(small, n=8, repeats=1)
+    assert "| packed | raw uint8 |" in LB.format_markdown(rows)
+    dec = LB.decoder_table(small, n=8, repeats=1)
     assert {(r["image_format"], r["decoder"]) for r in dec if "skipped" not in r} >= {
         ("png", "pil"), ("png", "torchvision"), ("jpg", "pil"), ("jpg", "torchvision")}
 
@@ -258,8 +259,21 @@ def test_plot_workers_draws_model_lines():
 
     matplotlib.use("Agg")
     rows = [{"workers": w, "samples_per_s": 1000.0 * (w + 1)} for w in (0, 1, 2)]
-    ax = L.plot_workers({"naive": rows}, {"baseline model": {"img_per_s": 1500.0}})
+    ax = LB.plot_workers({"naive": rows}, {"baseline model": {"img_per_s": 1500.0}})
     assert len(ax.lines) == 2 and "1,500" in ax.get_legend().get_texts()[1].get_text()
+
+
+def test_bench_names_still_resolve_from_loaders():
+    """labkit.loader_bench holds the measuring side; labkit.loaders re-exports it lazily, in either import order."""
+    assert L.sweep is LB.sweep and L.torch_threads is LB.torch_threads and L.plot_workers is LB.plot_workers
+    assert "sweep" in dir(L) and not hasattr(L, "add_cli")  # `labkit data` is registered once, by loader_bench
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        L.nonexistent  # noqa: B018
+    for first in ("labkit.loader_bench", "labkit.loaders"):
+        code = (f"import importlib; importlib.import_module({first!r}); "
+                "from labkit.loaders import sweep; from labkit.loader_bench import sweep as s; assert sweep is s")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_cli_data_runs_on_cpu(tmp_path, capsys):
