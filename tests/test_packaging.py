@@ -92,3 +92,17 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     assert f"ran it at {ma['512-max-autotune']['img_per_s']:,.0f} img/s, against " \
         f"{ma['512-reduce-overhead']['img_per_s']:,.0f}" in readme
     assert f"{max(v['img_per_s'] for v in top.values()):,.0f} img/s" in readme
+
+
+def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys):
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("top_rung", ROOT / "benchmarks" / "top_rung.py")
+    top = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(top)
+    assert set(top.DEFAULT_TRAIN_VARIANTS) <= set(top.TRAIN_VARIANTS)
+    if not torch.cuda.is_available():
+        assert top.main(["--device", "cpu"]) == 0
+        assert "on CPU there is nothing to measure (skipped)" in capsys.readouterr().out
