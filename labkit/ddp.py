@@ -41,13 +41,17 @@ def _worker(args) -> int:
         if not cuda:
             cfg = T.with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
         if args.profile:  # every rank runs the profiled steps (they all-reduce together); rank 0 keeps its trace
-            return _profile_worker(cfg, dev, args.profile)
-        rec = T.train(cfg, dev)
-        if dist.get_rank() == 0:
-            print(f"{cfg.name} on {dist.get_world_size()} processes: {rec['img_per_s']:,.0f} img/s, "
-                  f"final loss {rec['final_loss']:.3f}, accuracy {rec['accuracy']}", flush=True)
-            if args.json:
-                write_json(args.json, {"kind": "ddp", "env": environment(device=dev), **rec})
+            _profile_worker(cfg, dev, args.profile)
+        else:
+            rec = T.train(cfg, dev)
+            if dist.get_rank() == 0:
+                print(f"{cfg.name} on {dist.get_world_size()} processes: {rec['img_per_s']:,.0f} img/s, "
+                      f"final loss {rec['final_loss']:.3f}, accuracy {rec['accuracy']}", flush=True)
+                if args.json:
+                    write_json(args.json, {"kind": "ddp", "env": environment(device=dev), **rec})
+        # Ranks leave together: a rank that tears its process group down while rank 0 is still writing (a trace
+        # export takes seconds) has been seen to abort at exit with gloo.
+        dist.barrier()
     except LabkitError as e:
         print(f"labkit ddp: error: {e}", file=sys.stderr)
         return 2
@@ -56,7 +60,7 @@ def _worker(args) -> int:
     return 0
 
 
-def _profile_worker(cfg, dev, out: str) -> int:
+def _profile_worker(cfg, dev, out: str) -> None:
     import torch.distributed as dist
 
     from labkit import profiling as P
@@ -73,7 +77,6 @@ def _profile_worker(cfg, dev, out: str) -> int:
                 f"of it with no other kernel running" if st.get("comm_ms_per_step") is not None
                 else "no all-reduce kernels in the trace (gloo all-reduces on the CPU)")
         print(f"{name}: step {st['step_ms']:.2f} ms; {comm}\n{d}\nwrote {prof.trace_path}", flush=True)
-    return 0
 
 
 def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
