@@ -41,6 +41,8 @@ MODEL_VARIANTS = {
     "512-reduce-overhead-coordinate-descent": (512, "reduce-overhead", {"coordinate_descent_tuning": True}),
     "512-max-autotune": (512, "max-autotune", {}),
 }
+# large-batch aids: blocks start as identities, no weight decay on BatchNorm/biases
+RECIPE = dict(zero_init_residual=True, bn_weight_decay=False)
 # label: changes to the cuda_graphs rung for a full-pipeline run
 TRAIN_VARIANTS = {
     "rung (batch 512)": {},
@@ -55,15 +57,10 @@ TRAIN_VARIANTS = {
     "rung, 10 epochs": dict(epochs=10),
     "batch 1024, lr 0.05, 10 epochs": dict(batch_size=1024, lr=0.05, epochs=10),
     "batch 2048, lr 0.05, 10 epochs": dict(batch_size=2048, lr=0.05, epochs=10),
-    # large-batch aids: blocks start as identities, no weight decay on BatchNorm/biases, higher or linear lr
-    "batch 2048, zero-init + no BN decay": dict(batch_size=2048, lr=0.05, zero_init_residual=True,
-                                                bn_weight_decay=False),
-    "batch 2048, zero-init + no BN decay, lr 0.1": dict(batch_size=2048, lr=0.1, zero_init_residual=True,
-                                                        bn_weight_decay=False),
-    "batch 2048, zero-init + no BN decay, linear lr 0.025": dict(batch_size=2048, lr=0.025, lr_scaling="linear",
-                                                                 zero_init_residual=True, bn_weight_decay=False),
-    "batch 1024, zero-init + no BN decay": dict(batch_size=1024, lr=0.05, zero_init_residual=True,
-                                                bn_weight_decay=False),
+    "batch 2048, zero-init + no BN decay": dict(batch_size=2048, lr=0.05, **RECIPE),
+    "batch 2048, zero-init + no BN decay, lr 0.1": dict(batch_size=2048, lr=0.1, **RECIPE),
+    "batch 2048, zero-init + no BN decay, linear lr 0.025": dict(batch_size=2048, lr=0.025, lr_scaling="linear", **RECIPE),
+    "batch 1024, zero-init + no BN decay": dict(batch_size=1024, lr=0.05, **RECIPE),
 }
 # what a plain run measures (the rest on request): the rung against the large-batch question still open
 DEFAULT_TRAIN_VARIANTS = ("rung (batch 512)", "batch 2048, lr 0.05", "batch 2048, zero-init + no BN decay",

@@ -72,11 +72,10 @@ def _profile_worker(cfg, dev, out: str) -> None:
     if rank == 0:
         d = prof.diagnose()
         write_json(os.path.join(out, f"{name}.diagnosis.json"), {"env": environment(device=dev), **d.to_dict()})
-        st = d.evidence
-        comm = (f"all-reduce kernels {st['comm_ms_per_step']:.2f} ms per step, {st['comm_exposed_ms_per_step']:.2f} ms "
-                f"of it with no other kernel running" if st.get("comm_ms_per_step") is not None
-                else "no all-reduce kernels in the trace (gloo all-reduces on the CPU)")
-        print(f"{name}: step {st['step_ms']:.2f} ms; {comm}\n{d}\nwrote {prof.trace_path}", flush=True)
+        # the diagnosis notes NCCL all-reduce time itself; gloo's runs on the CPU, outside the GPU trace
+        gloo = "comm_ms_per_step" not in d.evidence
+        print(f"{name}:" + (" no all-reduce kernels in the trace (gloo all-reduces on the CPU)" if gloo else "")
+              + f"\n{d}\nwrote {prof.trace_path}", flush=True)
 
 
 def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
