@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import ddp  # noqa: E402
+from labkit import train as T  # noqa: E402
 from labkit.bench import RESULTS_DIR, save_result  # noqa: E402
 from labkit.env import LabkitError, pick_device  # noqa: E402
 
@@ -40,12 +41,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
     dev = pick_device("cpu" if args.cpu else "auto")
-    variants = {}
-    for v in args.variant:
-        label, sep, changes = v.partition(":")
-        if not sep or not label or not changes:
-            ap.error(f"--variant {v!r}: write LABEL:FIELD=VALUE[,FIELD=VALUE]")
-        variants[label] = changes.split(",")
+    try:
+        variants = dict(T.parse_variant(v) for v in args.variant)
+    except LabkitError as e:
+        ap.error(str(e))
     failures = {}
     for preset in args.presets:
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +31,7 @@ from labkit import data as D
 from labkit import train as T
 from labkit.bench import save_result, time_fn
 from labkit.diagnosis import load_trace
-from labkit.env import pick_device, torch_switches
+from labkit.env import LabkitError, pick_device, torch_switches
 from labkit.models import resnet18, train_flops_per_image
 
 # label: (batch, torch.compile mode, inductor config patches)
@@ -145,6 +146,39 @@ def kernel_breakdown(dev, batch: int = 512, steps: int = 5) -> dict:
             "top_kernels_ms_per_step": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12])}
 
 
+def train_variant(base, changes: dict, dev, ds, peak: float, seeds: int, label: str) -> dict:
+    """Train `base` with `changes` once per seed; img/s and accuracy per seed, their medians and the worst accuracy.
+
+    A run that fails (a diverging learning rate, say) is recorded with its error and the other seeds still run.
+    """
+    runs = []
+    for seed in range(seeds):
+        torch._dynamo.reset()
+        try:
+            r = T.train(T.with_changes(base, seed=seed, **changes), dev, dataset=ds, peak_tflops=peak)
+        except Exception as e:  # noqa: BLE001 - one diverging run must not lose the others
+            runs.append({"seed": seed, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"})
+            print(f"{label:<44} seed {seed}: FAILED {runs[-1]['error']}", flush=True)
+            continue
+        runs.append({"seed": seed} | {k: r[k] for k in ("img_per_s", "img_per_s_all", "first_step_s", "accuracy",
+                                                         "final_loss", "mfu", "peak_mem_bytes")})
+        mfu = f"  MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else ""
+        print(f"{label:<44} seed {seed}: {r['img_per_s']:>9,.0f} img/s  acc {100 * r['accuracy']:.1f}%{mfu}", flush=True)
+    ok = [r for r in runs if "error" not in r]
+    out = {"changes": changes, "runs": runs}
+    if not ok:
+        return out | {"error": runs[-1]["error"]}
+    # the first seed's fields stay at the top level, as in single-seed results
+    out |= {k: v for k, v in ok[0].items() if k != "seed"}
+    if seeds > 1:
+        out |= {"img_per_s_median": statistics.median(r["img_per_s"] for r in ok),
+                "accuracy_median": statistics.median(r["accuracy"] for r in ok),
+                "accuracy_min": min(r["accuracy"] for r in ok) if len(ok) == len(runs) else None}
+        print(f"{label:<44} over {len(ok)}/{seeds} seeds: median {out['img_per_s_median']:,.0f} img/s, "
+              f"accuracy median {100 * out['accuracy_median']:.1f}%", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=5)
@@ -156,7 +190,17 @@ def main(argv=None) -> int:
     ap.add_argument("--train-variants", nargs="+", default=None, choices=list(TRAIN_VARIANTS), metavar="LABEL",
                     help="full-pipeline variants to run (default: DEFAULT_TRAIN_VARIANTS, and max-autotune if its model "
                          "step won)")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:FIELD=VALUE[,FIELD=VALUE]",
+                    help="a full-pipeline variant given on the command line (repeatable); runs after the named ones")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="train each full-pipeline variant with seeds 0..N-1 (accuracy at few steps varies by seed)")
     args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error("--seeds must be >= 1")
+    try:
+        extra = {label: T.parse_sets(pairs) for label, pairs in map(T.parse_variant, args.variant)}
+    except LabkitError as e:
+        ap.error(str(e))
     dev = pick_device(args.device)
     if dev.type != "cuda":
         print("top_rung: this benchmark studies the GPU top rung; on CPU there is nothing to measure (skipped)")
@@ -193,18 +237,15 @@ def main(argv=None) -> int:
     if "train" in args.parts:
         ds = D.load("synthetic")
         base = T.with_changes(T.preset("cuda_graphs"), epochs=args.epochs)
-        variants = {k: TRAIN_VARIANTS[k] for k in args.train_variants or DEFAULT_TRAIN_VARIANTS}
+        named = args.train_variants or ([] if extra else DEFAULT_TRAIN_VARIANTS)
+        variants = {k: TRAIN_VARIANTS[k] for k in named} | extra
         ms = res["model_step"]
         ro, ma = ms.get("512-reduce-overhead", {}), ms.get("512-max-autotune", {})
-        if not args.train_variants and ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:
+        if not (args.train_variants or extra) and ro.get("img_per_s") and ma.get("img_per_s", 0) > 1.03 * ro["img_per_s"]:
             variants["compile max-autotune"] = dict(compile="max-autotune")
+        res["seeds"] = args.seeds
         for label, ch in variants.items():
-            torch._dynamo.reset()
-            r = T.train(T.with_changes(base, **ch), dev, dataset=ds, peak_tflops=peak)
-            res["variants"][label] = {k: r[k] for k in ("img_per_s", "img_per_s_all", "first_step_s", "accuracy",
-                                                        "final_loss", "mfu", "peak_mem_bytes")} | {"changes": ch}
-            print(f"{label:<28} {r['img_per_s']:>9,.0f} img/s  acc {100 * r['accuracy']:.1f}%  "
-                  f"MFU {100 * r['mfu']:.1f}%", flush=True)
+            res["variants"][label] = train_variant(base, ch, dev, ds, peak, args.seeds, label)
             save()
     print(f"wrote {save()}")
     return 0

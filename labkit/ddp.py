@@ -37,7 +37,7 @@ def _worker(args) -> int:
     try:
         dev = torch.device("cuda", local) if cuda else torch.device("cpu")
         base = T.quick_base() if args.quick else T.TrainConfig()
-        cfg = T.with_changes(T.preset(args.preset, base), **T._parse_sets(args.set))
+        cfg = T.with_changes(T.preset(args.preset, base), **T.parse_sets(args.set))
         if not cuda:
             cfg = T.with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
         if args.profile:  # every rank runs the profiled steps (they all-reduce together); rank 0 keeps its trace
@@ -88,7 +88,7 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
     if nproc < 1:
         raise LabkitError("--nproc must be >= 1")
     T.preset(preset)  # unknown names fail here, before any process starts
-    T._parse_sets(sets or [])
+    T.parse_sets(sets or [])
     use_cuda = torch.cuda.is_available() and not cpu
     if use_cuda and nproc > torch.cuda.device_count():
         raise LabkitError(f"--nproc {nproc} but this machine has {torch.cuda.device_count()} GPU(s)")
@@ -129,11 +129,11 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
 
     from labkit import train as T
 
-    base = T.with_changes(T.preset(preset, T.quick_base() if quick else T.TrainConfig()), **T._parse_sets(sets or []))
+    base = T.with_changes(T.preset(preset, T.quick_base() if quick else T.TrainConfig()), **T.parse_sets(sets or []))
     sets = list(sets or [])
     variants = dict(variants or {})
     for changes in variants.values():  # bad field names fail here, before any process starts
-        T.with_changes(base, **T._parse_sets(changes))
+        T.with_changes(base, **T.parse_sets(changes))
     rnd = [(1, base.batch_size, "weak", None), (nproc, nproc * base.batch_size, "weak", None)]
     rnd += [(nproc, nproc * base.batch_size, "weak", v) for v in variants]
     plan = rnd * repeats + ([(nproc, base.batch_size, "strong", None)] if strong else [])

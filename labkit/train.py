@@ -570,7 +570,8 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     return result
 
 
-def _parse_sets(pairs: list[str]) -> dict:
+def parse_sets(pairs: list[str]) -> dict:
+    """TrainConfig changes from FIELD=VALUE strings, each value converted to the field's type; clear errors."""
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     out = {}
     for p in pairs:
@@ -599,6 +600,16 @@ def _parse_sets(pairs: list[str]) -> dict:
         else:
             out[k] = v
     return out
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """A labelled set of changes, "LABEL:FIELD=VALUE[,FIELD=VALUE]", as (label, ["FIELD=VALUE", ...])."""
+    label, sep, changes = text.partition(":")
+    if not sep or not label.strip() or not changes:
+        raise LabkitError(f"variant {text!r}: write LABEL:FIELD=VALUE[,FIELD=VALUE]")
+    pairs = changes.split(",")
+    parse_sets(pairs)  # a typo fails here, before any run starts
+    return label.strip(), pairs
 
 
 def add_cli(sub) -> None:
@@ -641,7 +652,7 @@ def _cli_train(args) -> int:
 
     dev = pick_device(args.device)
     base = quick_base() if args.quick else TrainConfig()
-    cfg = with_changes(preset(args.preset, base), **_parse_sets(args.set))
+    cfg = with_changes(preset(args.preset, base), **parse_sets(args.set))
     rec = train(cfg, dev)
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
           f"accuracy {rec['accuracy']}")

@@ -17,7 +17,7 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     assert ddp.launch("resident_data", 2, quick=True, sets=SETS, json_path=str(out), cpu=True, timeout_s=600) == 0
     rec = json.loads(out.read_text())
     assert rec["processes"] == 2 and rec["images"] == 4 * 64  # the global batch, not per rank
-    one = T.train(T.with_changes(T.preset("resident_data", T.quick_base()), **T._parse_sets(SETS)), "cpu")
+    one = T.train(T.with_changes(T.preset("resident_data", T.quick_base()), **T.parse_sets(SETS)), "cpu")
     assert one["processes"] == 1
     # Same data, same init, gradients averaged over ranks: only BatchNorm's per-rank batch statistics
     # (32 images per rank instead of 64) separate the two, so the losses agree to well under 3%.

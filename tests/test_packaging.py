@@ -4,6 +4,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -106,3 +108,27 @@ def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys)
     if not torch.cuda.is_available():
         assert top.main(["--device", "cpu"]) == 0
         assert "on CPU there is nothing to measure (skipped)" in capsys.readouterr().out
+
+
+def test_top_rung_train_variants_repeat_seeds_and_survive_a_diverging_run(capsys):
+    import importlib.util
+
+    from labkit import data as D
+    from labkit import train as T
+
+    spec = importlib.util.spec_from_file_location("top_rung", ROOT / "benchmarks" / "top_rung.py")
+    top = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(top)
+    base = T.with_changes(T.preset("resident_data", T.quick_base()), width=8, n_train=512, n_test=128, epochs=1,
+                          batch_size=64, max_steps=4, channels_last=False, precision="default")
+    ds = D.load("synthetic", 512, 128)
+    ok = top.train_variant(base, {"lr": 0.02}, "cpu", ds, None, 2, "two seeds")
+    assert [r["seed"] for r in ok["runs"]] == [0, 1] and ok["accuracy_min"] is not None
+    assert ok["runs"][0]["final_loss"] != ok["runs"][1]["final_loss"]  # the seed really changed the run
+    assert ok["accuracy"] == ok["runs"][0]["accuracy"] and ok["changes"] == {"lr": 0.02}
+    bad = top.train_variant(base, {"lr": 1e9, "label_smoothing": 0.0}, "cpu", ds, None, 2, "diverges")
+    assert "error" in bad and all("NaN" in r["error"] for r in bad["runs"])
+    assert "FAILED" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        top.main(["--variant", "no colon here"])
+    assert "write LABEL:FIELD=VALUE" in capsys.readouterr().err
