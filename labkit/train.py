@@ -25,7 +25,7 @@ from labkit.models import resnet18, train_flops_per_image
 
 PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
 LOADERS = ("pil", "tensor", "resident")
-OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused")
+OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused", "adamw-fused")
 COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that replay CUDA graphs
 
@@ -39,17 +39,17 @@ class TrainConfig:
     width: int = 64                      # ResNet-18 base width; 64 is the real model, smaller only for CPU demos
     epochs: int = 5                      # passes over the training set
     batch_size: int = 128                # images per optimizer step
-    lr: float = 0.1                      # peak SGD learning rate at batch 128; scaled to the batch by lr_scaling
+    lr: float = 0.1                      # peak learning rate at batch 128; scaled to the batch by lr_scaling
     lr_scaling: str = "sqrt"             # peak lr = lr x sqrt(batch/128) | linear: lr x batch/128 (the large-batch rule of Goyal et al.)
-    momentum: float = 0.9                # SGD Nesterov momentum
-    weight_decay: float = 5e-4           # L2 on the weights (and on BatchNorm and biases while bn_weight_decay)
+    momentum: float = 0.9                # SGD Nesterov momentum (AdamW: beta1)
+    weight_decay: float = 5e-4           # L2 on the weights (AdamW: decoupled), on BatchNorm and biases too while bn_weight_decay
     bn_weight_decay: bool = True         # False: no weight decay on BatchNorm scales/shifts and biases, only on conv/linear weights
     zero_init_residual: bool = False     # each residual block starts as the identity (its last BatchNorm scale at 0)
     label_smoothing: float = 0.1         # cross-entropy label smoothing
     warmup_frac: float = 0.2             # share of steps with linearly rising LR, then linear decay to 0
     precision: str = "default"           # fp32 (strict, TF32 off) | default (torch defaults: cuDNN TF32 on) | tf32 | fp16 (autocast + GradScaler) | bf16 (autocast)
     channels_last: bool = False          # NHWC memory format: tensor-core convolutions without transposes
-    optimizer: str = "sgd"               # sgd (per-parameter loop) | sgd-foreach | sgd-fused (one kernel)
+    optimizer: str = "sgd"               # sgd (per-parameter loop) | sgd-foreach | sgd-fused (one kernel) | adamw-fused
     loader: str = "pil"                  # pil: PNG files + PIL transforms in a DataLoader | tensor: packed uint8 in host memory, batched aug on CPU | resident: uint8 on the training device, batched aug there
     workers: int = 2                     # DataLoader worker processes (pil loader); -1: one per CPU core, at most 16
     pin_memory: bool = False             # page-locked host batches for asynchronous copies to the GPU
@@ -146,7 +146,7 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     if device.type != "cuda":
         need(cfg.precision != "fp16", "fp16 autocast with GradScaler needs a CUDA GPU: use --device cuda or bf16")
         need(cfg.compile not in GRAPH_MODES, f"CUDA graphs (compile={cfg.compile}) need a CUDA GPU")
-        need(cfg.optimizer != "sgd-fused" or _fused_sgd_on_cpu(), "fused SGD on CPU needs torch >= 2.4")
+        need(not cfg.optimizer.endswith("-fused") or _fused_sgd_on_cpu(), "fused optimizers on CPU need torch >= 2.4")
     else:
         cc = torch.cuda.get_device_capability(device)
         need(cfg.precision != "bf16" or torch.cuda.is_bf16_supported(),
@@ -259,6 +259,15 @@ def _switches(cfg: TrainConfig):
 
 
 def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):
+    params = list(model.parameters())
+    if not cfg.bn_weight_decay:  # BatchNorm scales/shifts and biases are the 1-D parameters
+        params = [{"params": [p for p in params if p.ndim > 1]},
+                  {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw-fused":
+        # momentum is Adam's beta1; beta2 0.99 rather than 0.999 because runs here last a few hundred steps,
+        # too few for a 1000-step average of squared gradients to settle. weight_decay is decoupled (x lr).
+        return torch.optim.AdamW(params, lr=lr, betas=(cfg.momentum, 0.99), weight_decay=cfg.weight_decay,
+                                 fused=True)
     kw = dict(lr=lr, momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd-foreach":
         kw["foreach"] = True
@@ -266,10 +275,6 @@ def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):
         kw["fused"] = True
     else:
         kw["foreach"] = False
-    params = list(model.parameters())
-    if not cfg.bn_weight_decay:  # BatchNorm scales/shifts and biases are the 1-D parameters
-        params = [{"params": [p for p in params if p.ndim > 1]},
-                  {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
     return torch.optim.SGD(params, **kw)
 
 

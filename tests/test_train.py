@@ -97,6 +97,20 @@ def test_large_batch_recipe_switches_do_what_they_say(ds):
         T.check_config(T.with_changes(TINY, lr_scaling="cubic"), torch.device("cpu"))
 
 
+def test_adamw_option_is_fused_adamw_with_the_same_parameter_groups(ds):
+    import torch
+
+    from labkit.models import resnet18
+
+    model = resnet18(width=8)
+    opt = T._make_optimizer(T.with_changes(TINY, optimizer="adamw-fused", bn_weight_decay=False, momentum=0.8,
+                                           weight_decay=0.05), model, lr=1e-3)
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"]
+    assert opt.defaults["betas"] == (0.8, 0.99) and [g["weight_decay"] for g in opt.param_groups] == [0.05, 0.0]
+    r = _run(TINY, ds, optimizer="adamw-fused", lr=2e-3, weight_decay=0.05, epochs=2)
+    assert all(math.isfinite(v) for v in r["losses"]) and r["losses"][-1] < r["losses"][0]
+
+
 def test_bad_configs_fail_clearly():
     import torch
 
