@@ -94,6 +94,25 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     assert f"ran it at {ma['512-max-autotune']['img_per_s']:,.0f} img/s, against " \
         f"{ma['512-reduce-overhead']['img_per_s']:,.0f}" in readme
     assert f"{max(v['img_per_s'] for v in top.values()):,.0f} img/s" in readme
+    sgd = json.loads((res / "top_rung_large_batch_sgd.json").read_text())["variants"]
+    best = max((v for k, v in sgd.items() if k.startswith("2048 recipe")), key=lambda v: v["accuracy_median"])
+    assert f"reaches at best {100 * best['accuracy_median']:.1f}% (peak learning rate 0.4;" in readme
+    assert best["changes"]["lr"] * 2048 / 128 == pytest.approx(0.4)
+    collapsed = [v for k, v in sgd.items() if k.startswith("2048 recipe peak") and k.split()[3] in ("0.8", "1.6")
+                 and "augmentation" not in k]  # "from 0.8 up, training collapses": the runs that kept augmentation
+    assert len(collapsed) == 4 and all(v["accuracy_min"] < 0.5 for v in collapsed)
+    adamw = json.loads((res / "top_rung_adamw.json").read_text())
+    av = adamw["variants"]
+    assert adamw["seeds"] == 2 and adamw["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    a4, tuned = av["2048 adamw 4e-3"], av["2048 adamw 4e-3 + tuning"]
+    assert f"{100 * a4['accuracy_median']:.1f}% at peak learning rate 0.004 and {a4['img_per_s_median']:,.0f} img/s" \
+        f" ({tuned['img_per_s_median']:,.0f} with coordinate-descent tuning)" in readme
+    knobs = [v["accuracy_median"] for k, v in av.items() if k.startswith("2048 adamw 4e-3") and "zero-init" not in k]
+    assert f"stays at {100 * min(knobs):.1f}–{100 * max(knobs):.1f}% whatever" in readme
+    assert f"against {100 * av['rung (batch 512)']['accuracy_median']:.1f}% for the rung" in readme
+    again = json.loads((res / "ddp_scaling_repeat.json").read_text())
+    assert f"gave {pct(again)} (`ddp_scaling_repeat.json`)" in readme
+    assert f"same {again['img_per_s']['2 weak']:,.0f} img/s, one GPU faster at {again['img_per_s']['1']:,.0f}" in readme
 
 
 def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys):
@@ -105,6 +124,10 @@ def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys)
     top = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(top)
     assert set(top.DEFAULT_TRAIN_VARIANTS) <= set(top.TRAIN_VARIANTS)
+    from labkit import train as T
+
+    for changes in top.TRAIN_VARIANTS.values():  # every variant names real fields with valid values
+        T.check_config(T.with_changes(T.preset("compile"), **changes), torch.device("cpu"))
     if not torch.cuda.is_available():
         assert top.main(["--device", "cpu"]) == 0
         assert "on CPU there is nothing to measure (skipped)" in capsys.readouterr().out
