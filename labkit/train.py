@@ -137,6 +137,8 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
          f"batch_size {cfg.batch_size} must be a multiple of accumulation {cfg.accumulation}")
     need(cfg.lr > 0, "lr must be positive")
+    need(0 <= cfg.momentum < 1, f"momentum (AdamW: beta1) must be in [0, 1), not {cfg.momentum}")
+    need(cfg.weight_decay >= 0, f"weight_decay must be >= 0, not {cfg.weight_decay}")
     rank, n = world()
     if n > 1:
         need(cfg.loader in ("resident", "tensor"), "distributed runs shard resident data: use loader=resident")

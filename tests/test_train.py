@@ -109,6 +109,9 @@ def test_adamw_option_is_fused_adamw_with_the_same_parameter_groups(ds):
     assert opt.defaults["betas"] == (0.8, 0.99) and [g["weight_decay"] for g in opt.param_groups] == [0.05, 0.0]
     r = _run(TINY, ds, optimizer="adamw-fused", lr=2e-3, weight_decay=0.05, epochs=2)
     assert all(math.isfinite(v) for v in r["losses"]) and r["losses"][-1] < r["losses"][0]
+    for bad, msg in ((dict(momentum=1.0), "beta1"), (dict(weight_decay=-0.1), "weight_decay")):
+        with pytest.raises(LabkitError, match=msg):  # not torch's ValueError from inside AdamW
+            T.check_config(T.with_changes(TINY, optimizer="adamw-fused", **bad), torch.device("cpu"))
 
 
 def test_bad_configs_fail_clearly():
