@@ -74,3 +74,49 @@ def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def steps_and_accuracy(results: list[dict], n_train: int = 50_000, preset: str = "cuda_graphs") -> list[dict]:
+    """One point per full-pipeline variant in `top_rung` results: optimizer steps taken, accuracy, img/s.
+
+    Each variant's batch and epochs are its changes applied to `preset` and the result's epochs; steps =
+    (n_train // batch) x epochs. Accuracy is the median over seeds where several ran. Variants that failed
+    or diverged (accuracy under 50%) get `diverged=True`, so a plot can leave them out and say so.
+    """
+    from labkit import train as T
+
+    points = []
+    for res in results:
+        for label, v in res.get("variants", {}).items():
+            cfg = T.with_changes(T.preset(preset), **{"epochs": res.get("epochs", 5), **v.get("changes", {})})
+            acc = v.get("accuracy_median", v.get("accuracy"))
+            points.append({"label": label, "batch": cfg.batch_size, "epochs": cfg.epochs,
+                           "steps": (n_train // cfg.batch_size) * cfg.epochs, "optimizer": cfg.optimizer,
+                           "accuracy": acc, "img_per_s": v.get("img_per_s_median", v.get("img_per_s")),
+                           "diverged": acc is None or acc < 0.5})
+    return points
+
+
+def accuracy_vs_steps_chart(points: list[dict], ax=None, title: str = "accuracy follows optimizer steps"):
+    """Scatter of test accuracy against optimizer steps (log scale), one colour per batch size; returns the axes.
+
+    Diverged points are left out; the title says how many.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5), layout="tight")
+    shown = [p for p in points if not p["diverged"]]
+    for i, batch in enumerate(sorted({p["batch"] for p in shown})):
+        for opt, marker in (("sgd", "o"), ("adamw", "^")):
+            pts = [p for p in shown if p["batch"] == batch and p["optimizer"].startswith(opt)]
+            if pts:
+                ax.scatter([p["steps"] for p in pts], [100 * p["accuracy"] for p in pts], marker=marker,
+                           color=f"C{i}", label=f"batch {batch}, {opt.upper() if opt == 'sgd' else 'AdamW'}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("optimizer steps in the run")
+    ax.set_ylabel("test accuracy (%)")
+    left_out = len(points) - len(shown)
+    ax.set_title(title + (f" ({left_out} diverged runs not shown)" if left_out else ""), fontsize=9)
+    ax.legend(fontsize=7)
+    return ax

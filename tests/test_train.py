@@ -209,3 +209,26 @@ def test_compile_tuning_switch_covers_the_loop_and_is_restored():
     assert inductor_config.coordinate_descent_tuning == before
     with T._switches(TINY):
         assert inductor_config.coordinate_descent_tuning == before
+
+
+def test_steps_and_accuracy_points_from_top_rung_results():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkit import report
+
+    res = {"epochs": 5, "variants": {
+        "rung": {"changes": {}, "accuracy": 0.92, "img_per_s": 72e3},
+        "big adamw": {"changes": {"batch_size": 2048, "optimizer": "adamw-fused"}, "accuracy": 0.5,
+                      "accuracy_median": 0.886, "img_per_s_median": 85e3},
+        "rung 10 epochs": {"changes": {"epochs": 10}, "accuracy": 0.979},
+        "collapsed": {"changes": {"batch_size": 2048, "lr": 0.1}, "accuracy_median": 0.1},
+        "failed": {"changes": {"batch_size": 1024}, "error": "LabkitError: NaN"}}}
+    pts = {p["label"]: p for p in report.steps_and_accuracy([res])}
+    assert pts["rung"]["steps"] == (50_000 // 512) * 5 and pts["rung"]["batch"] == 512
+    assert pts["big adamw"]["steps"] == 24 * 5 and pts["big adamw"]["accuracy"] == 0.886  # the median, not seed 0
+    assert pts["big adamw"]["optimizer"] == "adamw-fused" and pts["big adamw"]["img_per_s"] == 85e3
+    assert pts["rung 10 epochs"]["steps"] == 97 * 10
+    assert [k for k, p in pts.items() if p["diverged"]] == ["collapsed", "failed"]
+    ax = report.accuracy_vs_steps_chart(list(pts.values()))
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 3 and "2 diverged runs not shown" in ax.get_title()
