@@ -110,6 +110,14 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     knobs = [v["accuracy_median"] for k, v in av.items() if k.startswith("2048 adamw 4e-3") and "zero-init" not in k]
     assert f"stays at {100 * min(knobs):.1f}–{100 * max(knobs):.1f}% whatever" in readme
     assert f"against {100 * av['rung (batch 512)']['accuracy_median']:.1f}% for the rung" in readme
+    ep = json.loads((res / "top_rung_epochs.json").read_text())["variants"]
+    rung, a8, a10 = ep["rung (batch 512)"], ep["batch 2048, AdamW, 8 epochs"], ep["batch 2048, AdamW, 10 epochs"]
+    assert a8["accuracy_median"] < rung["accuracy_median"] < a10["accuracy_median"]
+    assert f"reach the rung's {100 * rung['accuracy_median']:.1f}% ({100 * a8['accuracy_median']:.1f}% after 8, " \
+        f"{100 * a10['accuracy_median']:.1f}% after 10)" in readme
+    secs = lambda v, epochs: epochs * 50_000 / v["img_per_s_median"]  # noqa: E731 - seconds of steady training
+    assert f"8 epochs at {a8['img_per_s_median']:,.0f} img/s are {secs(a8, 8):.2f} s of training against " \
+        f"{secs(rung, 5):.2f} s for the rung's 5 epochs at {rung['img_per_s_median']:,.0f} img/s" in readme
     again = json.loads((res / "ddp_scaling_repeat.json").read_text())
     assert f"gave {pct(again)} (`ddp_scaling_repeat.json`)" in readme
     assert f"same {again['img_per_s']['2 weak']:,.0f} img/s, one GPU faster at {again['img_per_s']['1']:,.0f}" in readme
