@@ -73,8 +73,13 @@ def config_error(text: str) -> str | None:
     return (errs[-1] if errs else block[0])[:300]
 
 
-def scratch_config(root: Path, *, cell_timeout_s: int | None, hide_hidden_tests: bool, vault: Path | None) -> str:
-    """nbgrader_config.py for a scratch course: the course's own settings, then the grader's."""
+def scratch_config(root: Path, *, cell_timeout_s: int | None, hide_hidden_tests: bool, vault: Path | None,
+                   kernel_ipc: str | None = None) -> str:
+    """nbgrader_config.py for a scratch course: the course's own settings, then the grader's.
+
+    With `kernel_ipc` (a path prefix in a private folder), the kernel talks over Unix sockets there instead of
+    TCP ports on localhost.
+    """
     lines = [
         "# Written by the grader: the course's settings, then the grader's own.",
         "from nbgrader.converters.autograde import Autograde",
@@ -102,6 +107,11 @@ def scratch_config(root: Path, *, cell_timeout_s: int | None, hide_hidden_tests:
                   "c.HideHiddenTests.begin = c.ClearHiddenTests.get('begin_test_delimeter', 'BEGIN HIDDEN TESTS')",
                   "c.HideHiddenTests.end = c.ClearHiddenTests.get('end_test_delimeter', 'END HIDDEN TESTS')"]
     lines.append("c.GenerateFeedback.preprocessors = _fb")
+    if kernel_ipc:
+        # TCP ports are picked free by nbgrader and bound later by the kernel: two students graded side by side
+        # can race for the same port, and the loser's kernel dies before running a line ("Address already in
+        # use"). Sockets in a folder of this student's own cannot collide (and other kernels cannot reach them).
+        lines += ["c.KernelManager.transport = 'ipc'", f"c.KernelManager.ip = {kernel_ipc!r}"]
     return "\n".join(lines) + "\n"
 
 
@@ -174,13 +184,13 @@ def prepare_course(assignment: str, course: str | Path, work: Path, log_dir: Pat
 
 
 def write_scratch(course: Course, root: Path, student: str, files: dict[str, bytes], *, cell_timeout_s: int | None,
-                  hide_hidden_tests: bool, vault: Path | None) -> Path:
+                  hide_hidden_tests: bool, vault: Path | None, kernel_ipc: str | None = None) -> Path:
     """Lay out one student's private course under `root`; returns the submitted folder."""
     aid = course.assignment
     root.mkdir(parents=True)
     (root / "course_nbgrader_config.py").write_text(course.config_text)
     (root / "nbgrader_config.py").write_text(scratch_config(
-        root, cell_timeout_s=cell_timeout_s, hide_hidden_tests=hide_hidden_tests, vault=vault))
+        root, cell_timeout_s=cell_timeout_s, hide_hidden_tests=hide_hidden_tests, vault=vault, kernel_ipc=kernel_ipc))
     (root / "gradebook.db").write_bytes(course.gradebook)
     (root / "source" / aid).mkdir(parents=True)
     _write_files(root / "source" / aid, course.source_files)

@@ -174,6 +174,8 @@ class Outputs:
 def _kernel_cause(outcome: Outcome) -> str | None:
     """What nbgrader's log says went wrong with the kernel, if anything."""
     text = outcome.output
+    if "Kernel died before replying to kernel_info" in text:  # before any of the student's code ran
+        return "kernel did not start"
     if "DeadKernelError" in text or "Kernel died" in text or "kernel died" in text:
         return "kernel died"
     if ("UnresponsiveKernelError" in text or "Kernel didn't respond" in text
@@ -226,22 +228,47 @@ def grade_student(sub: intake.Submission, course: Course, cfg: GradeConfig, slot
     if sub.problem:
         return _not_graded(sub, course, sub.cause or "bad hand-in", sub.problem, hardware)
     scratch = sealed / os.urandom(8).hex()
+    sockets = _kernel_socket_dir()
     try:
-        return _grade_in(scratch, sub, course, cfg, slot, out, sealed)
+        return _grade_in(scratch, sub, course, cfg, slot, out, sealed,
+                         kernel_ipc=str(sockets / "k") if sockets else None)
     finally:
+        if sockets:
+            shutil.rmtree(sockets, ignore_errors=True)
         if cfg.keep_work:
             log.info("%s: scratch course kept in %s", sub.student_id, scratch)
         else:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+_SOCKET_PREFIX = "lk-sock-"  # + grader pid: folders of a killed grader are swept by the next run
+
+
+def _socket_root() -> str | None:
+    return "/tmp" if os.path.isdir("/tmp") else None  # short: a Unix socket path is limited to about 100 bytes
+
+
+def _kernel_socket_dir() -> Path | None:
+    """A private folder for one kernel's Unix sockets, on a path short enough for them; None: use TCP."""
+    if os.name != "posix":
+        return None
+    try:
+        d = Path(tempfile.mkdtemp(prefix=f"{_SOCKET_PREFIX}{os.getpid()}-", dir=_socket_root()))
+    except OSError:
+        return None
+    if len(str(d)) > 80:  # a socket path (this folder + "/k-<n>") must stay under about 100 bytes
+        shutil.rmtree(d, ignore_errors=True)
+        return None
+    return d
+
+
 def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeConfig, slot: dict, out: Outputs,
-              sealed: Path) -> StudentResult:
+              sealed: Path, *, kernel_ipc: str | None = None) -> StudentResult:
     sid, aid = sub.student_id, course.assignment
     sdir = out.out / "students" / sid
     root = scratch / "course"
     courses.write_scratch(course, root, sid, sub.files, cell_timeout_s=cfg.cell_timeout_s,
-                          hide_hidden_tests=cfg.hide_hidden_tests, vault=sealed)
+                          hide_hidden_tests=cfg.hide_hidden_tests, vault=sealed, kernel_ipc=kernel_ipc)
     env = courses.py_env({"CUDA_VISIBLE_DEVICES": str(slot["index"])} if slot["index"] is not None else {})
     limits = Limits(wall_s=cfg.wall_timeout_s, memory_bytes=int(cfg.memory_gb * 2**30),
                     address_space=cfg.address_space_limit and slot["class"] == "cpu")
@@ -271,7 +298,10 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     kcause = _kernel_cause(outcome)
     if not outcome.ok or not all((graded_dir / f"{n}.ipynb").exists() for n in course.notebooks):
         why = {"kernel died": "the kernel died while running the notebook (os._exit, a crash, or memory)",
-               "kernel unresponsive": "the kernel stopped answering (it ignores interrupts?) and was abandoned"}
+               "kernel unresponsive": "the kernel stopped answering (it ignores interrupts?) and was abandoned",
+               "kernel did not start": "the notebook's kernel exited before running any cell (a file in the hand-in "
+                                       "shadowing a module the kernel imports, or the machine; see autograde.log): "
+                                       f"regrade with --only {sid} --force"}
         tail = (outcome.output.strip().splitlines() or [""])[-1][:200]
         return _fail(res, course, kcause or "nbgrader error", why.get(kcause, f"nbgrader autograde failed: {tail}"))
 
@@ -371,6 +401,19 @@ def _remove_stale_temps() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _remove_stale_sockets() -> None:
+    """Kernel socket folders of graders that were killed (the pid in their name is gone)."""
+    import psutil
+
+    for d in Path(_socket_root() or tempfile.gettempdir()).glob(_SOCKET_PREFIX + "*"):
+        try:
+            pid = int(d.name[len(_SOCKET_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if not psutil.pid_exists(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | None = None) -> ClassReport:
     """Grade every hand-in under `submissions`; returns the report after writing grades.csv, feedback and logs.
 
@@ -387,6 +430,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         if not Path(submissions).exists():
             raise LabkitError(f"submissions folder {submissions} does not exist: pass the folder (or .zip) you "
                               "downloaded with --submissions")
+        _remove_stale_sockets()
         if cfg.work:
             work = Path(cfg.work).resolve()
         else:

@@ -264,7 +264,7 @@ def graded_class(tmp_path_factory):
     cfg = _config(cls, work)
     rep = grade.grade_class(AID, cls / "subs", cfg)
     return {"cls": cls, "work": work, "builder": builder, "variants": variants, "before": before, "report": rep,
-            "course": course, "cfg": cfg}
+            "course": course, "cfg": cfg, "killed_pid": proc.pid}
 
 
 def test_validate_source_passes_and_release_fails(graded_class, tmp_path):
@@ -295,6 +295,7 @@ def test_the_run_survived_a_kill_and_resumed_without_regrading(graded_class):
     assert len(rep.results) == len(graded_class["variants"])
     out = graded_class["cls"] / "out"
     assert not list(out.glob("students/*/running.json"))
+    assert not list(Path("/tmp").glob(f"lk-sock-{graded_class['killed_pid']}-*"))  # its kernels' socket folders
     for p in psutil.process_iter(["pid"]):  # nothing still working in the scratch folder
         try:
             assert not Path(p.cwd()).is_relative_to(graded_class["work"]), p.cmdline()
@@ -427,3 +428,36 @@ def test_lab2_submissions_get_what_they_deserve_with_the_real_harness(graded_lab
     speed = next(c for c in by["reference"].checks if c["check"] == "lab2.loader_speed")
     assert speed["ratio"] > 1 and speed["student_img_s"] > speed["baseline_img_s"]
     assert all(c["source"] == "trusted" for c in by["patch_kernel"].cells)
+
+
+def test_kernels_use_private_sockets_so_a_taken_port_cannot_kill_them(tmp_path):
+    """Two students graded side by side once raced for a localhost port and one kernel died before running a
+    line ("Address already in use"). Kernels now talk over Unix sockets in a private folder: even a course
+    config that pins the kernel to a port someone else holds grades normally, and the folder is removed."""
+    import socket
+
+    if os.name != "posix":
+        pytest.skip("Unix sockets: POSIX only (elsewhere kernels keep TCP)")
+    course = rehearsal.build_toy_course(tmp_path / "course")
+    release = courses.generate_release(course, AID, tmp_path / "release")
+    builder = suite.SuiteBuilder(course / "source" / AID / f"{AID}.ipynb", release, AID, rehearsal.BODIES)
+    suite.write_submissions([v for v in builder.variants() if v.name == "reference"], tmp_path / "subs")
+    before = set(Path("/tmp").glob("lk-sock-*"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with (course / "nbgrader_config.py").open("a") as f:
+            # the port another kernel won (jupyter_client's port cache would otherwise pick a free one):
+            # over TCP this kernel dies before its first line, exactly as in the race
+            f.write(f"c.KernelManager.cache_ports = False\nc.KernelManager.shell_port = {port}\n")
+        cfg = grade.GradeConfig(course=str(course), out=str(tmp_path / "out"), work=str(tmp_path / "work"),
+                                cell_timeout_s=60, wall_timeout_s=300, memory_gb=2.5, jobs=1,
+                                harness_module="autograder.rehearsal", progress=False)
+        rep = grade.grade_class(AID, tmp_path / "subs", cfg)
+    (r,) = rep.results
+    assert r.status == "graded" and r.cause is None, (r.cause, r.message)
+    assert next(c for c in r.cells if c["cell"] == "test_correct")["score"] == 2.0
+    assert set(Path("/tmp").glob("lk-sock-*")) <= before  # the socket folder went with the run
+    died = sandbox.Outcome(1, 5.0, output="RuntimeError: Kernel died before replying to kernel_info")
+    assert grade._kernel_cause(died) == "kernel did not start"  # not blamed on code that never ran
