@@ -46,6 +46,8 @@ MODEL_VARIANTS = {
 }
 # large-batch aids: blocks start as identities, no weight decay on BatchNorm/biases
 RECIPE = dict(zero_init_residual=True, bn_weight_decay=False)
+# the best large-batch recipe of top_rung_adamw.json: peak lr 0.004 (1e-3 x sqrt(2048/128)), decoupled decay 0.05
+ADAMW_2048 = dict(batch_size=2048, lr=1e-3, optimizer="adamw-fused", weight_decay=0.05, **RECIPE)
 # label: changes to the cuda_graphs rung for a full-pipeline run
 TRAIN_VARIANTS = {
     "rung (batch 512)": {},
@@ -63,10 +65,8 @@ TRAIN_VARIANTS = {
     "batch 2048, zero-init + no BN decay": dict(batch_size=2048, lr=0.05, **RECIPE),
     "batch 2048, zero-init + no BN decay, lr 0.1": dict(batch_size=2048, lr=0.1, **RECIPE),
     "batch 1024, zero-init + no BN decay": dict(batch_size=1024, lr=0.05, **RECIPE),
-    # the best large-batch recipe of top_rung_adamw.json: peak lr 0.004, decoupled weight decay 0.05
-    "batch 2048, AdamW": dict(batch_size=2048, lr=1e-3, optimizer="adamw-fused", weight_decay=0.05, **RECIPE),
-    "batch 2048, AdamW + tuning": dict(batch_size=2048, lr=1e-3, optimizer="adamw-fused", weight_decay=0.05,
-                                       compile_tuning=True, **RECIPE),
+    "batch 2048, AdamW": ADAMW_2048,
+    "batch 2048, AdamW + tuning": dict(ADAMW_2048, compile_tuning=True),
 }
 # what a plain run measures (the rest on request): the rung against the best large-batch recipes found so far
 DEFAULT_TRAIN_VARIANTS = ("rung (batch 512)", "batch 2048, lr 0.05", "batch 2048, zero-init + no BN decay, lr 0.1",

@@ -148,14 +148,14 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     if device.type != "cuda":
         need(cfg.precision != "fp16", "fp16 autocast with GradScaler needs a CUDA GPU: use --device cuda or bf16")
         need(cfg.compile not in GRAPH_MODES, f"CUDA graphs (compile={cfg.compile}) need a CUDA GPU")
-        need(not cfg.optimizer.endswith("-fused") or _fused_sgd_on_cpu(), "fused optimizers on CPU need torch >= 2.4")
+        need(not cfg.optimizer.endswith("-fused") or _fused_optimizers_on_cpu(), "fused optimizers on CPU need torch >= 2.4")
     else:
         cc = torch.cuda.get_device_capability(device)
         need(cfg.precision != "bf16" or torch.cuda.is_bf16_supported(),
              f"bf16 needs compute capability 8.0+, this GPU is {cc[0]}.{cc[1]}: use fp16")
 
 
-def _fused_sgd_on_cpu() -> bool:
+def _fused_optimizers_on_cpu() -> bool:
     major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     return (major, minor) >= (2, 4)
 
