@@ -25,7 +25,7 @@ from labkit.models import resnet18, train_flops_per_image
 
 PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
 LOADERS = ("pil", "tensor", "resident")
-OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused", "adamw-fused")
+OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused", "adamw-fused", "muon")
 COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that replay CUDA graphs
 
@@ -41,7 +41,7 @@ class TrainConfig:
     batch_size: int = 128                # images per optimizer step
     lr: float = 0.1                      # peak learning rate at batch 128; scaled to the batch by lr_scaling
     lr_scaling: str = "sqrt"             # peak lr = lr x sqrt(batch/128) | linear: lr x batch/128 (the large-batch rule of Goyal et al.)
-    momentum: float = 0.9                # SGD Nesterov momentum (AdamW: beta1)
+    momentum: float = 0.9                # SGD Nesterov momentum (AdamW: beta1; Muon: its momentum and AdamW's beta1)
     weight_decay: float = 5e-4           # L2 on the weights (AdamW: decoupled), on BatchNorm and biases too while bn_weight_decay
     bn_weight_decay: bool = True         # False: no weight decay on BatchNorm scales/shifts and biases, only on conv/linear weights
     zero_init_residual: bool = False     # each residual block starts as the identity (its last BatchNorm scale at 0)
@@ -49,7 +49,7 @@ class TrainConfig:
     warmup_frac: float = 0.2             # share of steps with linearly rising LR, then linear decay to 0
     precision: str = "default"           # fp32 (strict, TF32 off) | default (torch defaults: cuDNN TF32 on) | tf32 | fp16 (autocast + GradScaler) | bf16 (autocast)
     channels_last: bool = False          # NHWC memory format: tensor-core convolutions without transposes
-    optimizer: str = "sgd"               # sgd (per-parameter loop) | sgd-foreach | sgd-fused (one kernel) | adamw-fused
+    optimizer: str = "sgd"               # sgd (per-parameter loop) | sgd-foreach | sgd-fused (one kernel) | adamw-fused | muon (conv filters; AdamW for the rest)
     loader: str = "pil"                  # pil: PNG files + PIL transforms in a DataLoader | tensor: packed uint8 in host memory, batched aug on CPU | resident: uint8 on the training device, batched aug there
     workers: int = 2                     # DataLoader worker processes (pil loader); -1: one per CPU core, at most 16
     pin_memory: bool = False             # page-locked host batches for asynchronous copies to the GPU
@@ -265,6 +265,16 @@ def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):
     if not cfg.bn_weight_decay:  # BatchNorm scales/shifts and biases are the 1-D parameters
         params = [{"params": [p for p in params if p.ndim > 1]},
                   {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    if cfg.optimizer == "muon":
+        from labkit.muon import Muon
+
+        # conv filters are Muon's; BatchNorm, biases and the classifier take AdamW steps at the same lr
+        decay = [p for p in model.parameters() if p.ndim > 1 and p.ndim != 4]
+        vectors = [p for p in model.parameters() if p.ndim <= 1]
+        groups = [{"params": [p for p in model.parameters() if p.ndim == 4]},
+                  {"params": decay, "adamw": True},
+                  {"params": vectors, "adamw": True, **({} if cfg.bn_weight_decay else {"weight_decay": 0.0})}]
+        return Muon([g for g in groups if g["params"]], lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw-fused":
         # momentum is Adam's beta1; beta2 0.99 rather than 0.999 because runs here last a few hundred steps,
         # too few for a 1000-step average of squared gradients to settle. weight_decay is decoupled (x lr).

@@ -1,0 +1,115 @@
+"""Muon: momentum whose update is orthogonalized, for the convolution weights of a training run.
+
+Muon (Jordan et al., 2024) takes SGD's momentum for a weight matrix and replaces it by the nearest
+semi-orthogonal matrix (all singular values about 1), found by a few Newton-Schulz iterations in bf16. Every
+direction of the update then moves at the same rate, which makes each step count for more: that is what a
+large-batch run, short on optimizer steps, needs. A convolution's (out, in, kh, kw) filter is treated as the
+(out, in*kh*kw) matrix it multiplies by.
+
+`Muon` here follows `torch.optim.Muon` (torch >= 2.9) step for step: the same momentum, Newton-Schulz
+coefficients and "match_rms_adamw" learning-rate scale, so one learning rate serves both Muon and the AdamW
+that `Muon` runs for everything that is not a matrix (BatchNorm, biases, the classifier). Two differences,
+both for speed and neither changing the arithmetic: weights of the same shape are orthogonalized together in
+one batched product, and convolution filters are accepted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # quintic Newton-Schulz, as in torch.optim.Muon
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Approximately the nearest semi-orthogonal matrix to each matrix of `g` (shape (m, n) or (batch, m, n)).
+
+    Returns bf16. Singular values come out between about 0.5 and 1.5, not exactly 1: the coefficients trade
+    accuracy for speed, which training does not notice.
+    """
+    if g.ndim not in (2, 3):
+        raise ValueError(f"orthogonalize takes a matrix or a batch of matrices, not shape {tuple(g.shape)}")
+    a, b, c = NS_COEFFICIENTS
+    x = g.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:  # iterate on the smaller Gram matrix
+        x = x.mT
+    # scale each matrix to spectral norm <= 1 (Frobenius bounds it), where the iteration converges
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    mm = torch.baddbmm if x.ndim == 3 else torch.addmm
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = mm(x, mm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the groups whose params are matrices or conv filters; fused AdamW for groups with `adamw=True`.
+
+    Each param group has lr, momentum (Muon's momentum and AdamW's beta1), weight_decay (decoupled: x lr) and
+    adamw (bool). A learning-rate scheduler drives both kinds of group. For a matrix of shape (A, B) the step is
+    lr x 0.2 x sqrt(max(A, B)), which gives the update about the RMS of an AdamW update.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, weight_decay: float = 0.1,
+                 nesterov: bool = True, ns_steps: int = 5, beta2: float = 0.99):
+        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
+            raise ValueError(f"Muon needs lr > 0, momentum in [0, 1) and weight_decay >= 0, "
+                             f"not {lr}, {momentum}, {weight_decay}")
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, adamw=False))
+        self.nesterov, self.ns_steps = nesterov, ns_steps
+        adam_groups = [g for g in self.param_groups if g["adamw"]]
+        for g in self.param_groups:
+            if not g["adamw"]:
+                bad = [tuple(p.shape) for p in g["params"] if p.ndim < 2]
+                if bad:
+                    raise ValueError(f"Muon orthogonalizes matrices and conv filters; put params of shape "
+                                     f"{bad[0]} in a group with adamw=True")
+        self._adam = None
+        if adam_groups:
+            on_gpu = adam_groups[0]["params"][0].is_cuda
+            self._adam = torch.optim.AdamW(
+                [dict(params=g["params"], lr=g["lr"], weight_decay=g["weight_decay"], betas=(g["momentum"], beta2))
+                 for g in adam_groups], fused=True if on_gpu else None)
+            self._adam_of = list(zip(adam_groups, self._adam.param_groups, strict=True))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if not group["adamw"]:
+                self._muon_group(group)
+        if self._adam is not None:
+            for ours, theirs in self._adam_of:  # the scheduler set our lr; AdamW keeps its own groups
+                theirs["lr"], theirs["weight_decay"] = ours["lr"], ours["weight_decay"]
+                theirs["betas"] = (ours["momentum"], theirs["betas"][1])
+            self._adam.step()
+        return loss
+
+    def _muon_group(self, group):
+        lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+        by_shape: dict[tuple, list[torch.Tensor]] = {}
+        for p in group["params"]:
+            if p.grad is not None:
+                by_shape.setdefault(tuple(p.shape), []).append(p)
+        for shape, ps in by_shape.items():
+            grads = [p.grad for p in ps]
+            bufs = []
+            for p in ps:
+                st = self.state[p]
+                if "momentum_buffer" not in st:
+                    st["momentum_buffer"] = torch.zeros_like(p)
+                bufs.append(st["momentum_buffer"])
+            torch._foreach_lerp_(bufs, grads, 1 - mu)
+            upd = torch._foreach_lerp(grads, bufs, mu) if self.nesterov else bufs
+            rows = shape[0]
+            ortho = orthogonalize(torch.stack(upd).view(len(ps), rows, -1), self.ns_steps)
+            cols = ortho.size(-1)
+            if wd:
+                torch._foreach_mul_(ps, 1 - lr * wd)
+            torch._foreach_add_(ps, list(ortho.to(ps[0].dtype).view(len(ps), *shape).unbind(0)),
+                                alpha=-lr * 0.2 * math.sqrt(max(rows, cols)))
