@@ -107,7 +107,7 @@ class Muon(torch.optim.Optimizer):
             torch._foreach_lerp_(bufs, grads, 1 - mu)
             upd = torch._foreach_lerp(grads, bufs, mu) if self.nesterov else bufs
             rows = shape[0]
-            ortho = orthogonalize(torch.stack(upd).view(len(ps), rows, -1), self.ns_steps)
+            ortho = orthogonalize(torch.stack(upd).reshape(len(ps), rows, -1), self.ns_steps)  # any memory format
             cols = ortho.size(-1)
             if wd:
                 torch._foreach_mul_(ps, 1 - lr * wd)

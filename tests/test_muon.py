@@ -76,7 +76,7 @@ def test_muon_option_trains_resnet_with_conv_filters_on_muon():
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in model.parameters())
     assert [g["weight_decay"] for g in opt.param_groups if g["adamw"]] == [0.05, 0.0]  # classifier, then BN/biases
     ds = D.synthetic_cifar(2048, 256, seed=0, cache=False)
-    r = T.train(T.TrainConfig(width=8, epochs=3, batch_size=64, augment=False, workers=0, optimizer="muon",
+    r = T.train(T.TrainConfig(width=8, epochs=3, batch_size=64, augment=False, workers=0, optimizer="muon", channels_last=True,
                               lr=1e-2, weight_decay=0.05), "cpu", dataset=ds)
     assert all(math.isfinite(v) for v in r["losses"]) and r["losses"][-1] < 0.8 * r["losses"][0]
     assert r["accuracy"] > 0.4  # chance is 0.10; 96 steps of AdamW or SGD reach 0.5-0.7
