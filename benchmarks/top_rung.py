@@ -1,6 +1,6 @@
 """Variants of the top rung side by side: where the remaining time goes, and what would make it faster.
 
-    python benchmarks/top_rung.py [--epochs 5] [--out benchmarks/results] [--parts model kernels train]
+    python benchmarks/top_rung.py [--epochs 5] [--out benchmarks/results] [--parts model kernels optimizer train]
     python benchmarks/top_rung.py --parts train --seeds 2 --variant "my recipe:batch_size=2048,optimizer=adamw-fused"
 
 Part `model` times the compiled model step alone (random data already on the GPU, fused SGD) for several
@@ -9,6 +9,8 @@ pipeline and the Python loop shows as the gap to the full pipeline.
 Part `kernels` profiles that step (compiled without CUDA graphs, so every kernel is visible) and splits the GPU
 time per step into convolutions and matmuls (cuDNN/cuBLAS), Triton kernels (inductor's fused BatchNorm, ReLU and
 adds), the optimizer and the rest, next to the wall time per step.
+Part `optimizer` times the optimizer step alone on ResNet-18's parameters: fused SGD, fused AdamW, and Muon
+both eager and replayed as one CUDA graph.
 Part `train` trains full pipelines (augmentation included) that differ from the cuda_graphs rung in one
 or two settings (TRAIN_VARIANTS, or --variant LABEL:FIELD=VALUE,...), reporting steady img/s and test accuracy
 after the same number of epochs, per seed with --seeds;
@@ -48,6 +50,8 @@ MODEL_VARIANTS = {
 RECIPE = dict(zero_init_residual=True, bn_weight_decay=False)
 # the best large-batch recipe of top_rung_adamw.json: peak lr 0.004 (1e-3 x sqrt(2048/128)), decoupled decay 0.05
 ADAMW_2048 = dict(batch_size=2048, lr=1e-3, optimizer="adamw-fused", weight_decay=0.05, **RECIPE)
+# Muon on the conv filters with AdamW's recipe (lr scaled to match AdamW's update size, see labkit.muon)
+MUON_2048 = dict(ADAMW_2048, optimizer="muon", lr=4e-3)
 # label: changes to the cuda_graphs rung for a full-pipeline run
 TRAIN_VARIANTS = {
     "rung (batch 512)": {},
@@ -67,6 +71,11 @@ TRAIN_VARIANTS = {
     "batch 1024, zero-init + no BN decay": dict(batch_size=1024, lr=0.05, **RECIPE),
     "batch 2048, AdamW": ADAMW_2048,
     "batch 2048, AdamW + tuning": dict(ADAMW_2048, compile_tuning=True),
+    "batch 2048, Muon": MUON_2048,
+    "batch 2048, Muon, lr 8e-3": dict(MUON_2048, lr=8e-3),
+    "batch 2048, Muon + tuning": dict(MUON_2048, compile_tuning=True),
+    "batch 4096, Muon": dict(MUON_2048, batch_size=4096),
+    "batch 4096, Muon, lr 8e-3": dict(MUON_2048, batch_size=4096, lr=8e-3),
 }
 # what a plain run measures (the rest on request): the rung against the best large-batch recipes found so far
 DEFAULT_TRAIN_VARIANTS = ("rung (batch 512)", "batch 2048, lr 0.05", "batch 2048, zero-init + no BN decay, lr 0.1",
@@ -97,6 +106,33 @@ def _compiled_step(dev, batch: int, mode: str | None):
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def optimizer_steps(dev) -> dict:
+    """Milliseconds per optimizer step alone on ResNet-18's parameters (channels_last, as the rung has them).
+
+    Muon runs eager and as one replayed CUDA graph, next to the fused SGD and AdamW kernels it competes with.
+    """
+    from labkit.muon import Muon
+
+    model = resnet18().to(dev, memory_format=torch.channels_last)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    rung = T.preset("cuda_graphs")
+    opts = {"sgd-fused": T._make_optimizer(rung, model, 0.1),
+            "adamw-fused": T._make_optimizer(T.with_changes(rung, **ADAMW_2048), model, 1e-3)}
+    for label, graph in (("muon (eager)", False), ("muon (CUDA graph)", True)):
+        opt = T._make_optimizer(T.with_changes(rung, **MUON_2048), model, 1e-3)
+        opt.cuda_graph = graph
+        opts[label] = opt
+    out = {}
+    for label, opt in opts.items():
+        t = time_fn(opt.step, device=dev, warmup=3, repeats=30)
+        out[label] = {"ms": 1e3 * t.median, "iqr_ms": 1e3 * t.iqr}
+        print(f"optimizer step alone, {label:<18} {1e3 * t.median:7.3f} ms (IQR {1e3 * t.iqr:.3f})", flush=True)
+    graphed = opts["muon (CUDA graph)"]
+    out["muon (CUDA graph)"]["captured"] = isinstance(graphed, Muon) and graphed._graph is not None
+    return out
 
 
 def model_step(dev, batch: int, mode: str | None, inductor: dict) -> dict:
@@ -188,7 +224,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--parts", nargs="+", default=["model", "kernels", "train"], choices=["model", "kernels", "train"])
+    ap.add_argument("--parts", nargs="+", default=["model", "kernels", "optimizer", "train"],
+                    choices=["model", "kernels", "optimizer", "train"])
     ap.add_argument("--variants", nargs="+", default=list(MODEL_VARIANTS), choices=list(MODEL_VARIANTS),
                     metavar="LABEL", help="model-step variants to time (default: all)")
     ap.add_argument("--train-variants", nargs="+", default=None, choices=list(TRAIN_VARIANTS), metavar="LABEL",
@@ -237,6 +274,9 @@ def main(argv=None) -> int:
               f"{k['wall_ms_per_step']:.2f} ms per step, {k['kernels_per_step']:.0f} kernels", flush=True)
         for c, ms in k["ms_per_step_by_class"].items():
             print(f"  {c:<30} {ms:6.2f} ms/step ({100 * k['share_by_class'][c]:.0f}%)", flush=True)
+        save()
+    if "optimizer" in args.parts:
+        res["optimizer_step_ms"] = optimizer_steps(dev)
         save()
     if "train" in args.parts:
         ds = D.load("synthetic")

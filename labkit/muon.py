@@ -50,15 +50,20 @@ class Muon(torch.optim.Optimizer):
     Each param group has lr, momentum (Muon's momentum and AdamW's beta1), weight_decay (decoupled: x lr) and
     adamw (bool). A learning-rate scheduler drives both kinds of group. For a matrix of shape (A, B) the step is
     lr x 0.2 x sqrt(max(A, B)), which gives the update about the RMS of an AdamW update.
+
+    cuda_graph=True replays Muon's part of the step as one CUDA graph (captured at the second step) instead of
+    launching its few hundred small kernels one by one; gradients are copied into fixed buffers and the
+    learning rate lives in a device tensor, so the graph stays valid as the schedule moves. On CPU the same
+    path runs without a graph.
     """
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, weight_decay: float = 0.1,
-                 nesterov: bool = True, ns_steps: int = 5, beta2: float = 0.99):
+                 nesterov: bool = True, ns_steps: int = 5, beta2: float = 0.99, cuda_graph: bool = False):
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ValueError(f"Muon needs lr > 0, momentum in [0, 1) and weight_decay >= 0, "
                              f"not {lr}, {momentum}, {weight_decay}")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, adamw=False))
-        self.nesterov, self.ns_steps = nesterov, ns_steps
+        self.nesterov, self.ns_steps, self.cuda_graph = nesterov, ns_steps, cuda_graph
         adam_groups = [g for g in self.param_groups if g["adamw"]]
         for g in self.param_groups:
             if not g["adamw"]:
@@ -73,6 +78,8 @@ class Muon(torch.optim.Optimizer):
                 [dict(params=g["params"], lr=g["lr"], weight_decay=g["weight_decay"], betas=(g["momentum"], beta2))
                  for g in adam_groups], fused=True if on_gpu else None)
             self._adam_of = list(zip(adam_groups, self._adam.param_groups, strict=True))
+        self._graph = None  # the captured Muon step
+        self._static = None  # (gradient buffers per group, lr tensor per group, what the graph was captured with)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -80,9 +87,13 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            if not group["adamw"]:
-                self._muon_group(group)
+        groups = [g for g in self.param_groups if not g["adamw"]]
+        if self.cuda_graph and all(p.grad is not None for g in groups for p in g["params"]):
+            self._fixed_buffer_step(groups)
+        else:
+            for g in groups:
+                kept = [p for p in g["params"] if p.grad is not None]
+                self._update(g, kept, [p.grad for p in kept], g["lr"])
         if self._adam is not None:
             for ours, theirs in self._adam_of:  # the scheduler set our lr; AdamW keeps its own groups
                 theirs["lr"], theirs["weight_decay"] = ours["lr"], ours["weight_decay"]
@@ -90,26 +101,56 @@ class Muon(torch.optim.Optimizer):
             self._adam.step()
         return loss
 
-    def _muon_group(self, group):
-        lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
-        by_shape: dict[tuple, list[torch.Tensor]] = {}
-        for p in group["params"]:
-            if p.grad is not None:
-                by_shape.setdefault(tuple(p.shape), []).append(p)
-        for shape, ps in by_shape.items():
-            grads = [p.grad for p in ps]
-            bufs = []
-            for p in ps:
-                st = self.state[p]
-                if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = torch.zeros_like(p)
-                bufs.append(st["momentum_buffer"])
-            torch._foreach_lerp_(bufs, grads, 1 - mu)
-            upd = torch._foreach_lerp(grads, bufs, mu) if self.nesterov else bufs
-            rows = shape[0]
-            ortho = orthogonalize(torch.stack(upd).reshape(len(ps), rows, -1), self.ns_steps)  # any memory format
-            cols = ortho.size(-1)
+    def _fixed_buffer_step(self, groups):
+        consts = [(g["momentum"], g["weight_decay"]) for g in groups]
+        if self._static is None or self._static[2] != consts:  # first step, or constants the graph baked in moved
+            self._static = ([[p.grad.detach().clone() for p in g["params"]] for g in groups],
+                            [torch.zeros((), device=g["params"][0].device) for g in groups], consts)
+            self._graph = None
+            fresh = True
+        else:
+            fresh = False
+        grads, lrs, _ = self._static
+        for buf, lr, g in zip(grads, lrs, groups, strict=True):
+            if not fresh:
+                torch._foreach_copy_(buf, [p.grad for p in g["params"]])
+            lr.fill_(g["lr"])
+
+        def run():
+            for g, buf, lr in zip(groups, grads, lrs, strict=True):
+                self._update(g, g["params"], buf, lr)
+
+        on_gpu = groups[0]["params"][0].is_cuda
+        if self._graph is not None:
+            self._graph.replay()
+        elif on_gpu and not fresh:  # the eager first step has made the buffers and warmed up cuBLAS
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                run()
+            self._graph.replay()  # capturing records the kernels without running them
+        else:
+            run()
+
+    def _buffer(self, p):
+        st = self.state[p]
+        if "momentum_buffer" not in st:
+            st["momentum_buffer"] = torch.zeros_like(p)
+        return st["momentum_buffer"]
+
+    def _update(self, group, params, grads, lr):
+        """One Muon step for `params` with `grads`; lr is a float or a 0-dim tensor on their device."""
+        mu, wd = group["momentum"], group["weight_decay"]
+        by_shape: dict[tuple, list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(tuple(p.shape), []).append(i)
+        for shape, idx in by_shape.items():
+            ps, gs = [params[i] for i in idx], [grads[i] for i in idx]
+            bufs = [self._buffer(p) for p in ps]
+            torch._foreach_lerp_(bufs, gs, 1 - mu)
+            upd = torch._foreach_lerp(gs, bufs, mu) if self.nesterov else bufs
+            ortho = orthogonalize(torch.stack(upd).reshape(len(ps), shape[0], -1), self.ns_steps)  # any layout
+            scale = 0.2 * math.sqrt(max(ortho.shape[-2:]))
             if wd:
                 torch._foreach_mul_(ps, 1 - lr * wd)
-            torch._foreach_add_(ps, list(ortho.to(ps[0].dtype).view(len(ps), *shape).unbind(0)),
-                                alpha=-lr * 0.2 * math.sqrt(max(rows, cols)))
+            step = ortho.to(ps[0].dtype).mul_(-lr * scale)
+            torch._foreach_add_(ps, list(step.view(len(ps), *shape).unbind(0)))

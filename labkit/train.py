@@ -274,7 +274,10 @@ def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):
         groups = [{"params": [p for p in model.parameters() if p.ndim == 4]},
                   {"params": decay, "adamw": True},
                   {"params": vectors, "adamw": True, **({} if cfg.bn_weight_decay else {"weight_decay": 0.0})}]
-        return Muon([g for g in groups if g["params"]], lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        # the CUDA-graphs rungs replay Muon's few hundred small kernels as one graph too
+        graphed = cfg.compile in GRAPH_MODES and next(model.parameters()).is_cuda
+        return Muon([g for g in groups if g["params"]], lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    cuda_graph=graphed)
     if cfg.optimizer == "adamw-fused":
         # momentum is Adam's beta1; beta2 0.99 rather than 0.999 because runs here last a few hundred steps,
         # too few for a 1000-step average of squared gradients to settle. weight_decay is decoupled (x lr).
