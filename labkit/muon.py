@@ -78,6 +78,7 @@ class Muon(torch.optim.Optimizer):
                 [dict(params=g["params"], lr=g["lr"], weight_decay=g["weight_decay"], betas=(g["momentum"], beta2))
                  for g in adam_groups], fused=True if on_gpu else None)
             self._adam_of = list(zip(adam_groups, self._adam.param_groups, strict=True))
+        self._plans = {}  # padded batches per list of params, see _buckets
         self._graph = None  # the captured Muon step
         self._static = None  # (gradient buffers per group, lr tensor per group, what the graph was captured with)
 
@@ -140,17 +141,42 @@ class Muon(torch.optim.Optimizer):
     def _update(self, group, params, grads, lr):
         """One Muon step for `params` with `grads`; lr is a float or a 0-dim tensor on their device."""
         mu, wd = group["momentum"], group["weight_decay"]
-        by_shape: dict[tuple, list[int]] = {}
-        for i, p in enumerate(params):
-            by_shape.setdefault(tuple(p.shape), []).append(i)
-        for shape, idx in by_shape.items():
-            ps, gs = [params[i] for i in idx], [grads[i] for i in idx]
-            bufs = [self._buffer(p) for p in ps]
-            torch._foreach_lerp_(bufs, gs, 1 - mu)
-            upd = torch._foreach_lerp(gs, bufs, mu) if self.nesterov else bufs
-            ortho = orthogonalize(torch.stack(upd).reshape(len(ps), shape[0], -1), self.ns_steps)  # any layout
-            scale = 0.2 * math.sqrt(max(ortho.shape[-2:]))
-            if wd:
-                torch._foreach_mul_(ps, 1 - lr * wd)
-            step = ortho.to(ps[0].dtype).mul_(-lr * scale)
-            torch._foreach_add_(ps, list(step.view(len(ps), *shape).unbind(0)))
+        bufs = [self._buffer(p) for p in params]
+        torch._foreach_lerp_(bufs, grads, 1 - mu)
+        upd = torch._foreach_lerp(grads, bufs, mu) if self.nesterov else bufs
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        for x, scales, items in self._buckets(params):
+            for j, (i, rows, cols) in enumerate(items):
+                _slot(x, j, rows, cols).unflatten(1, params[i].shape[1:]).copy_(upd[i])
+            out = orthogonalize(x, self.ns_steps).float().mul_(scales * -lr)
+            for j, (i, rows, cols) in enumerate(items):
+                params[i].add_(_slot(out, j, rows, cols).unflatten(1, params[i].shape[1:]))
+
+    def _buckets(self, params):
+        """Matrices padded with zeros into a few batches, by their shorter side rounded up to a power of two.
+
+        Zero rows and columns stay zero through Newton-Schulz and leave the norm alone, so padding changes no
+        result; it turns ResNet-18's eleven filter shapes into four batched products, and the step's time is
+        mostly kernel count. A matrix taller than wide sits transposed in its slot, as orthogonalize would do.
+        """
+        key = tuple(id(p) for p in params)
+        if key not in self._plans:
+            by_side: dict[int, list[tuple[int, int, int]]] = {}
+            for i, p in enumerate(params):
+                rows, cols = p.shape[0], p[0].numel()
+                side = max(64, 1 << (min(rows, cols) - 1).bit_length())
+                by_side.setdefault(side, []).append((i, rows, cols))
+            plans = []
+            for side, items in sorted(by_side.items()):
+                long = max(max(r, c) for _, r, c in items)
+                x = torch.zeros(len(items), side, long, dtype=torch.bfloat16, device=params[0].device)
+                scales = torch.tensor([0.2 * math.sqrt(max(r, c)) for _, r, c in items], device=x.device)
+                plans.append((x, scales.view(-1, 1, 1), items))
+            self._plans[key] = plans
+        return self._plans[key]
+
+
+def _slot(x: torch.Tensor, j: int, rows: int, cols: int) -> torch.Tensor:
+    """The (rows, cols) matrix held in batch entry j of a padded batch (stored transposed when taller than wide)."""
+    return x[j, :rows, :cols] if rows <= cols else x[j, :cols, :rows].mT
