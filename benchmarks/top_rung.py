@@ -76,6 +76,7 @@ TRAIN_VARIANTS = {
     "batch 2048, Muon + tuning": dict(MUON_2048, compile_tuning=True),
     "batch 4096, Muon": dict(MUON_2048, batch_size=4096),
     "batch 4096, Muon, lr 8e-3": dict(MUON_2048, batch_size=4096, lr=8e-3),
+    "batch 4096, Muon + tuning": dict(MUON_2048, batch_size=4096, compile_tuning=True),
 }
 # what a plain run measures (the rest on request): the rung against the best large-batch recipes found so far
 DEFAULT_TRAIN_VARIANTS = ("rung (batch 512)", "batch 2048, lr 0.05", "batch 2048, zero-init + no BN decay, lr 0.1",
