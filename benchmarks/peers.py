@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     base = T.quick_base() if quick else T.TrainConfig()
     base = T.with_changes(base, epochs=args.epochs)
     ds = D.load("synthetic", base.n_train, base.n_test)
-    top_name = "cuda_graphs" if dev.type == "cuda" else "resident_data"
+    top_name = T.RUNG_NAMES[-1] if dev.type == "cuda" else "resident_data"
     peak = T.peak_matmul_tflops(dev) if dev.type == "cuda" else None
     rows = {}
     rows["baseline"] = T.train(T.preset("baseline", base), dev, dataset=ds, peak_tflops=peak)

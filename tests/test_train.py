@@ -33,7 +33,7 @@ def test_quick_training_beats_chance_by_a_wide_margin(ds):
 def test_every_cpu_rung_trains_with_finite_falling_loss(ds):
     plan = T.plan_ladder(__import__("torch").device("cpu"), quick=True,
                          base=T.with_changes(TINY, epochs=2, lr=0.05))
-    assert {n for n, _ in plan.skipped} >= {"bf16", "cuda_graphs"}
+    assert {n for n, _ in plan.skipped} >= {"bf16", "cuda_graphs", "muon"}
     for cfg in plan.rungs:
         cfg = T.with_changes(cfg, batch_size=min(cfg.batch_size, 64), workers=min(cfg.workers, 1))
         r = T.train(cfg, "cpu", dataset=ds)
