@@ -35,7 +35,7 @@ HIDDEN_HYPER = {"lr": 0.02, "momentum": 0.8, "weight_decay": 5e-2}
 
 # Speed-up of the student's step over the naive step, same process, interleaved. On an H100 bf16 + channels_last
 # + torch.compile + a fused optimizer reach ~2.2x at batch 512 and CUDA graphs on top ~3.8x (the reference
-# solution, like the ladder's top rung); 3x earns full marks, the bonus sits a little above that reference.
+# solution, like the ladder's cuda_graphs rung); 3x earns full marks, the bonus sits a little above that reference.
 # benchmarks/results/grade_reference_gpu.json and grade_reliability.json hold the measured ratios.
 SPEED_TIERS = {
     "tensor_core_gpu": Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0),

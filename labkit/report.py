@@ -97,8 +97,8 @@ def steps_and_accuracy(results: list[dict], n_train: int = 50_000, preset: str =
     return points
 
 
-def accuracy_vs_steps_chart(points: list[dict], ax=None, title: str = "accuracy follows optimizer steps"):
-    """Scatter of test accuracy against optimizer steps (log scale), one colour per batch size; returns the axes.
+def accuracy_vs_steps_chart(points: list[dict], ax=None, title: str = "accuracy against optimizer steps"):
+    """Scatter of test accuracy against optimizer steps (log scale), a colour per batch, a marker per optimizer.
 
     Diverged points are left out; the title says how many.
     """
@@ -108,11 +108,11 @@ def accuracy_vs_steps_chart(points: list[dict], ax=None, title: str = "accuracy 
         _, ax = plt.subplots(figsize=(6, 3.5), layout="tight")
     shown = [p for p in points if not p["diverged"]]
     for i, batch in enumerate(sorted({p["batch"] for p in shown})):
-        for opt, marker in (("sgd", "o"), ("adamw", "^")):
+        for opt, marker, name in (("sgd", "o", "SGD"), ("adamw", "^", "AdamW"), ("muon", "*", "Muon")):
             pts = [p for p in shown if p["batch"] == batch and p["optimizer"].startswith(opt)]
             if pts:
                 ax.scatter([p["steps"] for p in pts], [100 * p["accuracy"] for p in pts], marker=marker,
-                           color=f"C{i}", label=f"batch {batch}, {opt.upper() if opt == 'sgd' else 'AdamW'}")
+                           s=70 if opt == "muon" else None, color=f"C{i}", label=f"batch {batch}, {name}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("optimizer steps in the run")
     ax.set_ylabel("test accuracy (%)")

@@ -123,6 +123,46 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     assert f"same {again['img_per_s']['2 weak']:,.0f} img/s, one GPU faster at {again['img_per_s']['1']:,.0f}" in readme
 
 
+def test_readme_top_rung_peers_and_muon_numbers_match_their_results():
+    """The top rung's claims: >= 85k img/s, the accuracy band, the peers ratios, and the Muon records behind them."""
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    load = lambda name: json.loads((res / f"{name}.json").read_text())  # noqa: E731
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    ladder, peers = load("ladder"), load("peers")
+    top = ladder["rungs"][-1]
+    assert top["name"] == "muon" and top["config"]["batch_size"] == 4096 and top["config"]["optimizer"] == "muon"
+    assert top["img_per_s"] >= 85_000 and top["img_per_s"] / ladder["rungs"][0]["img_per_s"] >= 12
+    accs = [r["accuracy"] for r in ladder["rungs"]]
+    assert f"same accuracy band ({pct(min(accs))}–{pct(max(accs))};" in readme and min(accs) == top["accuracy"]
+    rd = ladder["real_data"]
+    assert rd["passed"] and rd["top_numerics"]["config"]["optimizer"] == "muon"
+    assert f"gives {pct(rd['baseline']['accuracy'])} for the baseline recipe and {pct(rd['top_numerics']['accuracy'])}" \
+        in readme
+    assert peers["top"]["config"]["name"] == "muon" and peers["ratios"]["top_vs_lightning"] >= 4
+    assert f"our top rung {peers['top']['img_per_s']:,.0f} img/s — {peers['ratios']['top_vs_baseline']:.1f}x the " \
+        f"baseline and {peers['ratios']['top_vs_lightning']:.2f}x the peer" in readme
+    m, pad = load("top_rung_muon"), load("top_rung_muon_padded")
+    for r in (m, pad):
+        assert r["seeds"] == 3 and r["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    mv, pv, mo, po = m["variants"], pad["variants"], m["optimizer_step_ms"], pad["optimizer_step_ms"]
+    assert f"at batch 2048 Muon reaches {pct(mv['batch 2048, Muon']['accuracy_median'])} in 5 epochs where AdamW " \
+        f"reaches {pct(mv['batch 2048, AdamW']['accuracy_median'])} and the rung " \
+        f"{pct(mv['rung (batch 512)']['accuracy_median'])}" in readme
+    assert f"{mo['muon (eager)']['ms']:.2f} ms eager, {mo['muon (CUDA graph)']['ms']:.2f} ms replayed" in readme
+    assert po["muon (CUDA graph)"]["captured"] and f"brought it to {po['muon (CUDA graph)']['ms']:.2f} ms" in readme
+    b4 = pv["batch 4096, Muon"]
+    assert all(top["config"][k] == v for k, v in b4["changes"].items())  # the variant measured is the rung
+    assert f"batch 4096 to {b4['img_per_s_median']:,.0f} img/s at {pct(b4['accuracy_median'])}" in readme
+    # "inside the spread the rung shows across the recorded seeds and runs"
+    rung_runs = [r["accuracy"] for f in res.glob("top_rung_*.json") for k, v in json.loads(f.read_text())
+                 .get("variants", {}).items() if k == "rung (batch 512)" for r in v.get("runs", [])]
+    assert len(rung_runs) >= 10 and f"runs ({100 * min(rung_runs):.1f}–{100 * max(rung_runs):.1f}%)" in readme
+    assert min(rung_runs) <= b4["accuracy_median"] <= max(rung_runs)
+
+
 def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys):
     import importlib.util
 
