@@ -82,6 +82,23 @@ class Muon(torch.optim.Optimizer):
         self._graph = None  # the captured Muon step
         self._static = None  # (gradient buffers per group, lr tensor per group, what the graph was captured with)
 
+    def state_dict(self):
+        """Muon's momentum buffers and, under "adamw", the AdamW part's moments: a checkpoint loses neither."""
+        sd = super().state_dict()
+        if self._adam is not None:
+            sd["adamw"] = self._adam.state_dict()
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        adam = state_dict.pop("adamw", None)
+        if (adam is None) != (self._adam is None):
+            raise ValueError("this Muon state_dict comes from an optimizer with different AdamW groups")
+        super().load_state_dict(state_dict)
+        if adam is not None:
+            self._adam.load_state_dict(adam)
+        self._graph = self._static = None  # a captured graph would still read the replaced buffers
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

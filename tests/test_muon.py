@@ -92,3 +92,37 @@ def test_muon_option_trains_resnet_with_conv_filters_on_muon():
     assert r["accuracy"] > 0.4  # chance is 0.10; 96 steps of AdamW or SGD reach 0.5-0.7
     with pytest.raises(LabkitError, match="momentum"):
         T.check_config(T.with_changes(cfg, momentum=1.0), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_a_checkpointed_muon_resumes_exactly_adamw_moments_included(cuda_graph):
+    torch.manual_seed(0)
+    init = [torch.randn(8, 4, 3, 3), torch.randn(8)]
+    grads = [[torch.randn_like(w) for w in init] for _ in range(4)]
+
+    def make():
+        ps = [torch.nn.Parameter(w.clone()) for w in init]
+        opt = Muon([{"params": ps[:1]}, {"params": ps[1:], "adamw": True}], lr=0.01, momentum=0.9,
+                   cuda_graph=cuda_graph)
+        return ps, opt
+
+    def run(ps, opt, steps):
+        for gs in steps:
+            for p, g in zip(ps, gs, strict=True):
+                p.grad = g.clone()
+            opt.step()
+
+    ps, opt = make()
+    run(ps, opt, grads)  # four steps straight through
+    ps2, opt2 = make()
+    run(ps2, opt2, grads[:2])
+    saved, weights = opt2.state_dict(), [p.detach().clone() for p in ps2]
+    assert "adamw" in saved and saved["adamw"]["state"]  # AdamW's moments are in the checkpoint
+    ps3, opt3 = make()
+    with torch.no_grad():
+        for p, w in zip(ps3, weights, strict=True):
+            p.copy_(w)
+    opt3.load_state_dict(saved)
+    run(ps3, opt3, grads[2:])  # two more after a restart
+    for a, b in zip(ps, ps3, strict=True):
+        assert torch.equal(a, b)
