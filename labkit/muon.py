@@ -77,7 +77,6 @@ class Muon(torch.optim.Optimizer):
             self._adam = torch.optim.AdamW(
                 [dict(params=g["params"], lr=g["lr"], weight_decay=g["weight_decay"], betas=(g["momentum"], beta2))
                  for g in adam_groups], fused=True if on_gpu else None)
-            self._adam_of = list(zip(adam_groups, self._adam.param_groups, strict=True))
         self._plans = {}  # padded batches per list of params, see _buckets
         self._graph = None  # the captured Muon step
         self._static = None  # (gradient buffers per group, lr tensor per group, what the graph was captured with)
@@ -112,8 +111,9 @@ class Muon(torch.optim.Optimizer):
             for g in groups:
                 kept = [p for p in g["params"] if p.grad is not None]
                 self._update(g, kept, [p.grad for p in kept], g["lr"])
-        if self._adam is not None:
-            for ours, theirs in self._adam_of:  # the scheduler set our lr; AdamW keeps its own groups
+        if self._adam is not None:  # the scheduler set our groups' lr; AdamW keeps its own groups, in the same order
+            mine = [g for g in self.param_groups if g["adamw"]]  # looked up each step: load_state_dict swaps them
+            for ours, theirs in zip(mine, self._adam.param_groups, strict=True):
                 theirs["lr"], theirs["weight_decay"] = ours["lr"], ours["weight_decay"]
                 theirs["betas"] = (ours["momentum"], theirs["betas"][1])
             self._adam.step()

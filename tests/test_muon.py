@@ -104,25 +104,27 @@ def test_a_checkpointed_muon_resumes_exactly_adamw_moments_included(cuda_graph):
         ps = [torch.nn.Parameter(w.clone()) for w in init]
         opt = Muon([{"params": ps[:1]}, {"params": ps[1:], "adamw": True}], lr=0.01, momentum=0.9,
                    cuda_graph=cuda_graph)
-        return ps, opt
+        return ps, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
 
-    def run(ps, opt, steps):
+    def run(ps, opt, sched, steps):
         for gs in steps:
             for p, g in zip(ps, gs, strict=True):
                 p.grad = g.clone()
             opt.step()
+            sched.step()
 
-    ps, opt = make()
-    run(ps, opt, grads)  # four steps straight through
-    ps2, opt2 = make()
-    run(ps2, opt2, grads[:2])
-    saved, weights = opt2.state_dict(), [p.detach().clone() for p in ps2]
-    assert "adamw" in saved and saved["adamw"]["state"]  # AdamW's moments are in the checkpoint
-    ps3, opt3 = make()
+    ps, opt, sched = make()
+    run(ps, opt, sched, grads)  # four steps straight through
+    ps2, opt2, sched2 = make()
+    run(ps2, opt2, sched2, grads[:2])
+    saved, weights = (opt2.state_dict(), sched2.state_dict()), [p.detach().clone() for p in ps2]
+    assert "adamw" in saved[0] and saved[0]["adamw"]["state"]  # AdamW's moments are in the checkpoint
+    ps3, opt3, sched3 = make()
     with torch.no_grad():
         for p, w in zip(ps3, weights, strict=True):
             p.copy_(w)
-    opt3.load_state_dict(saved)
-    run(ps3, opt3, grads[2:])  # two more after a restart
+    opt3.load_state_dict(saved[0])
+    sched3.load_state_dict(saved[1])
+    run(ps3, opt3, sched3, grads[2:])  # two more after a restart, the schedule moving on
     for a, b in zip(ps, ps3, strict=True):
         assert torch.equal(a, b)
