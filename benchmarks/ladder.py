@@ -5,7 +5,8 @@
 Writes <out>/ladder.json (environment, measured bf16 peak, every rung's record, the real-data check) and
 <out>/ladder.png (the chart the README shows). The real-data check trains the baseline recipe and the top
 rung's numerics and optimizer (bf16, channels_last, resident data, Muon at its peak learning rate; batch 128
-to suit 1,437 images, no compile) on scikit-learn's handwritten digits, which ship with the package: both must pass 95% test accuracy.
+to suit 1,437 images, no compile) on scikit-learn's handwritten digits, which ship with the package: both must
+pass 95% test accuracy.
 """
 
 from __future__ import annotations

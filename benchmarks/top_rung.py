@@ -50,8 +50,9 @@ MODEL_VARIANTS = {
 RECIPE = dict(zero_init_residual=True, bn_weight_decay=False)
 # the best large-batch recipe of top_rung_adamw.json: peak lr 0.004 (1e-3 x sqrt(2048/128)), decoupled decay 0.05
 ADAMW_2048 = dict(batch_size=2048, lr=1e-3, optimizer="adamw-fused", weight_decay=0.05, **RECIPE)
-# Muon on the conv filters with AdamW's recipe (lr scaled to match AdamW's update size, see labkit.muon)
-MUON_2048 = dict(ADAMW_2048, optimizer="muon", lr=4e-3)
+# the ladder's muon rung (batch 4096) is the reference Muon recipe; the scans vary it from batch 2048
+MUON_4096 = dict(T.LADDER[-1][2])
+MUON_2048 = dict(MUON_4096, batch_size=2048)
 # label: changes to the cuda_graphs rung for a full-pipeline run
 TRAIN_VARIANTS = {
     "rung (batch 512)": {},
@@ -74,9 +75,9 @@ TRAIN_VARIANTS = {
     "batch 2048, Muon": MUON_2048,
     "batch 2048, Muon, lr 8e-3": dict(MUON_2048, lr=8e-3),
     "batch 2048, Muon + tuning": dict(MUON_2048, compile_tuning=True),
-    "batch 4096, Muon": dict(MUON_2048, batch_size=4096),
-    "batch 4096, Muon, lr 8e-3": dict(MUON_2048, batch_size=4096, lr=8e-3),
-    "batch 4096, Muon + tuning": dict(MUON_2048, batch_size=4096, compile_tuning=True),
+    "batch 4096, Muon": MUON_4096,
+    "batch 4096, Muon, lr 8e-3": dict(MUON_4096, lr=8e-3),
+    "batch 4096, Muon + tuning": dict(MUON_4096, compile_tuning=True),
 }
 # what a plain run measures (the rest on request): the rung against the best large-batch recipes found so far
 DEFAULT_TRAIN_VARIANTS = ("rung (batch 512)", "batch 2048, lr 0.05", "batch 2048, zero-init + no BN decay, lr 0.1",
@@ -114,8 +115,6 @@ def optimizer_steps(dev) -> dict:
 
     Muon runs eager and as one replayed CUDA graph, next to the fused SGD and AdamW kernels it competes with.
     """
-    from labkit.muon import Muon
-
     model = resnet18().to(dev, memory_format=torch.channels_last)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
@@ -131,8 +130,7 @@ def optimizer_steps(dev) -> dict:
         t = time_fn(opt.step, device=dev, warmup=3, repeats=30)
         out[label] = {"ms": 1e3 * t.median, "iqr_ms": 1e3 * t.iqr}
         print(f"optimizer step alone, {label:<18} {1e3 * t.median:7.3f} ms (IQR {1e3 * t.iqr:.3f})", flush=True)
-    graphed = opts["muon (CUDA graph)"]
-    out["muon (CUDA graph)"]["captured"] = isinstance(graphed, Muon) and graphed._graph is not None
+    out["muon (CUDA graph)"]["captured"] = opts["muon (CUDA graph)"]._graph is not None
     return out
 
 
