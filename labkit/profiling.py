@@ -7,8 +7,8 @@
 - `diagnose(trace or profile)` -> `Diagnosis` (from `labkit.diagnosis`, re-exported here): kind "data",
   "overhead", "sync" or "compute", with its evidence, reasons and the fix the course teaches.
 - The Python profilers as plain functions (they also run in a script, no IPython magics): `cprofile`,
-  `line_profile`, `memory_usage`, `memory_lines`, `py_spy_top` (optional tool), `cuda_memory_snapshot`,
-  `nvidia_smi`.
+  `line_profile`, `memory_usage`, `memory_lines` (both after `release_freed_memory`), `py_spy_top` (optional
+  tool), `cuda_memory_snapshot`, `nvidia_smi`.
 """
 
 from __future__ import annotations
@@ -263,13 +263,39 @@ def line_profile(fn, *args, functions=None, **kwargs) -> PyProfile:
     return PyProfile(buf.getvalue(), rows, result)
 
 
+def release_freed_memory() -> bool:
+    """Hand memory that Python and the C heap have freed, but still hold, back to the operating system.
+
+    Resident-memory profilers measure pages the process holds, so an allocation that reuses a freed hole in the
+    heap (common after a few training runs) shows no increment at all. Trimming first makes a line that allocates
+    show its size. Returns True where it could trim (Linux with glibc); elsewhere it only collects garbage.
+    """
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # musl and other C libraries have no malloc_trim
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
+
+
 def memory_usage(fn, *args, interval: float = 0.01, **kwargs) -> dict:
     """Resident memory of this process sampled every `interval` s while `fn` runs (memory_profiler).
 
     Returns start_mib, peak_mib, samples_mib (MiB) and result. Host memory only: tensors on a GPU do not show.
+    Freed memory is handed back first (`release_freed_memory`), so the peak reflects what `fn` allocates.
     """
     from memory_profiler import memory_usage as mu
 
+    release_freed_memory()
     samples, result = mu((fn, args, kwargs), interval=interval, retval=True, include_children=False)
     return {"start_mib": samples[0], "peak_mib": max(samples), "samples_mib": list(samples),
             "interval_s": interval, "result": result}
@@ -278,11 +304,13 @@ def memory_usage(fn, *args, interval: float = 0.01, **kwargs) -> dict:
 def memory_lines(fn, *args, functions=None, **kwargs) -> PyProfile:
     """Memory after each line of `functions` (default `fn`) and its increment, with memory_profiler (slow: small
     inputs only). Rows: line, mem_mib, increment_mib, code. The functions must live in a .py file (memory_profiler
-    reads their source): a function defined in a notebook cell is skipped with an error line."""
+    reads their source): a function defined in a notebook cell is skipped with an error line. Freed memory is
+    handed back first (`release_freed_memory`), so a line that allocates shows its increment."""
     import linecache
 
     import memory_profiler as mp
 
+    release_freed_memory()
     prof = mp.LineProfiler(backend="psutil")
     for f in functions or [fn]:
         prof.add_function(getattr(f, "__func__", f))

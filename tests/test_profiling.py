@@ -5,6 +5,7 @@ import gzip
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -383,16 +384,31 @@ def test_cprofile_and_line_profile_point_at_the_slow_loader(one_thread):
     assert top["hits"] == 2 and abs(sum(r["share"] for r in lines.rows) - 1) < 1e-6
 
 
+def _leave_a_resident_hole_in_the_heap():
+    # What a few training runs leave behind: glibc serves mid-sized arrays from its heap once a freed large one
+    # has raised its mmap threshold, and a live block above them keeps their freed pages resident.
+    big = np.ones(30 * 2**20, dtype=np.uint8)
+    del big
+    held = [np.ones(20 * 2**20, dtype=np.uint8) for _ in range(5)]
+    pin = np.ones(2**20, dtype=np.uint8)
+    del held
+    return pin
+
+
 def test_memory_profilers_see_a_big_allocation():
     def allocate():
         a = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB, every page touched
+        time.sleep(0.05)  # held long enough for the sampler to see it
         return int(a[::4096].sum())
 
+    pin = _leave_a_resident_hole_in_the_heap()
     m = P.memory_usage(allocate, interval=0.005)
-    assert m["result"] == 64 * 2**20 // 4096 and m["peak_mib"] >= m["start_mib"], m
+    assert m["result"] == 64 * 2**20 // 4096 and m["peak_mib"] - m["start_mib"] > 32, m
+    pin = _leave_a_resident_hole_in_the_heap()  # without the trim inside, the 64 MiB reuses the hole: 0 MiB
     lines = P.memory_lines(allocate)
     assert max(r["increment_mib"] for r in lines.rows) > 32, lines.text
     assert any("np.ones" in r["code"] for r in lines.rows)
+    del pin
 
 
 def test_py_spy_finds_the_hot_function():
