@@ -12,12 +12,16 @@ SETS = ["width=8", "n_train=512", "n_test=128", "epochs=1", "batch_size=64", "au
         "max_steps=4", "loader=resident", "channels_last=false", "optimizer=sgd", "precision=default"]
 
 
-def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path):
+# Muon orthogonalizes the averaged gradient, which every rank holds after the all-reduce: its steps stay in step.
+@pytest.mark.parametrize("optimizer", [[], ["optimizer=muon", "lr=0.004"]], ids=["sgd", "muon"])
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, optimizer):
+    sets = SETS + optimizer
     out = tmp_path / "ddp.json"
-    assert ddp.launch("resident_data", 2, quick=True, sets=SETS, json_path=str(out), cpu=True, timeout_s=600) == 0
+    assert ddp.launch("resident_data", 2, quick=True, sets=sets, json_path=str(out), cpu=True, timeout_s=600) == 0
     rec = json.loads(out.read_text())
     assert rec["processes"] == 2 and rec["images"] == 4 * 64  # the global batch, not per rank
-    one = T.train(T.with_changes(T.preset("resident_data", T.quick_base()), **T.parse_sets(SETS)), "cpu")
+    assert rec["config"]["optimizer"] == (optimizer[0].split("=")[1] if optimizer else "sgd")
+    one = T.train(T.with_changes(T.preset("resident_data", T.quick_base()), **T.parse_sets(sets)), "cpu")
     assert one["processes"] == 1
     # Same data, same init, gradients averaged over ranks: only BatchNorm's per-rank batch statistics
     # (32 images per rank instead of 64) separate the two, so the losses agree to well under 3%.
