@@ -161,6 +161,11 @@ def test_readme_top_rung_peers_and_muon_numbers_match_their_results():
                  .get("variants", {}).items() if k == "rung (batch 512)" for r in v.get("runs", [])]
     assert len(rung_runs) >= 10 and f"runs ({100 * min(rung_runs):.1f}–{100 * max(rung_runs):.1f}%)" in readme
     assert min(rung_runs) <= b4["accuracy_median"] <= max(rung_runs)
+    dm = load("ddp_muon_h200x2")
+    assert dm["processes"] == 2 and dm["config"]["name"] == "muon" and "H200" in dm["env"]["device_name"]
+    assert f"trained at {dm['img_per_s']:,.0f} img/s (global batch {dm['config']['batch_size']}, " \
+        f"{dm['config']['batch_size'] // 2} per GPU) to {pct(dm['accuracy'])} after {dm['config']['epochs']} epochs" \
+        in readme
 
 
 def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys):
