@@ -398,7 +398,7 @@ def _leave_a_resident_hole_in_the_heap():
 def test_memory_profilers_see_a_big_allocation():
     def allocate():
         a = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB, every page touched
-        time.sleep(0.05)  # held long enough for the sampler to see it
+        time.sleep(0.2)  # held long enough for the sampler (another process, every 5 ms) to see it
         return int(a[::4096].sum())
 
     pin = _leave_a_resident_hole_in_the_heap()
