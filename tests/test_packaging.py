@@ -123,6 +123,21 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     assert f"same {again['img_per_s']['2 weak']:,.0f} img/s, one GPU faster at {again['img_per_s']['1']:,.0f}" in readme
 
 
+def test_readme_explains_the_compile_rung_with_the_recorded_profile():
+    import json
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    prof = json.loads((ROOT / "benchmarks" / "results" / "week5_profiling.json").read_text())
+    assert prof["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    eager, comp, graphs = (prof["rungs"][k]["evidence"] for k in ("cudnn_benchmark", "compile", "cuda_graphs"))
+    assert comp["kernel_ms_per_step"] < eager["kernel_ms_per_step"] and comp["gpu_idle_share"] > eager["gpu_idle_share"]
+    assert f"kernel time from {eager['kernel_ms_per_step']:.2f} to {comp['kernel_ms_per_step']:.2f} ms per step" in readme
+    assert f"idle for {100 * comp['gpu_idle_share']:.0f}% of a compiled step against " \
+        f"{100 * eager['gpu_idle_share']:.0f}% of an eager one" in readme
+    assert f"with {graphs['launches_per_step']:.0f} launches instead of {comp['launches_per_step']:.0f}" in readme
+    assert f"busy {100 * graphs['gpu_busy_share']:.0f}% of the step" in readme
+
+
 def test_readme_top_rung_peers_and_muon_numbers_match_their_results():
     """The top rung's claims: >= 85k img/s, the accuracy band, the peers ratios, and the Muon records behind them."""
     import json
