@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
 #   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
-# Steps: doctor ladder matmul top peers amp loaders profiling grading reliability notebooks ddp (default: all but ddp,
+# Steps: doctor ladder compile matmul top peers amp loaders profiling grading reliability notebooks ddp (default: all but ddp,
 # which needs a machine with several GPUs).
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
 shift
-steps=${*:-doctor ladder matmul peers amp loaders profiling grading reliability notebooks}
+steps=${*:-doctor ladder compile matmul peers amp loaders profiling grading reliability notebooks}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NCCL_NVLS_ENABLE=0
 run() {
@@ -25,6 +25,7 @@ for s in $steps; do
   case $s in
     doctor) run doctor 120 python -m labkit doctor --json "$out/doctor.json" ;;
     ladder) run ladder "${LADDER_LIMIT:-420}" python benchmarks/ladder.py --epochs "${EPOCHS:-4}" --out "$out" ;;
+    compile) run compile 420 python benchmarks/compile_time.py --out "$out" ;;
     matmul) run matmul 180 python benchmarks/week2_matmul.py --out "$out" ;;
     top) run top "${TOP_LIMIT:-420}" python benchmarks/top_rung.py --out "$out" ${TOP_ARGS:-} ;;
     peers) run peers 300 python benchmarks/peers.py --epochs 3 --out "$out" ;;

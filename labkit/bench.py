@@ -7,9 +7,11 @@ spread, and attach the environment record to every saved result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -202,6 +204,48 @@ def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, device: t
         ta.append(a)
         tb.append(b)
     return ABResult(Timing(ta), Timing(tb), [x / y for x, y in zip(ta, tb, strict=True)])
+
+
+@contextlib.contextmanager
+def compile_cache(path: str | os.PathLike | None = None):
+    """Point torch.compile's on-disk caches at `path`; a fresh temporary folder (a cold start) when None.
+
+    Inductor keeps compiled graphs and kernels, and Triton its binaries, in a folder that outlives the process,
+    so a machine that compiled the model once compiles it again in seconds: a compile time measured there is not
+    what a student on a fresh Colab machine waits. Inside this context both caches live in `path` and compiled
+    code held in memory is forgotten on entry and on exit, so the next compile reads only `path`. Entering twice
+    with the same folder measures a cold start, then a warm one. The environment is restored afterwards and a
+    temporary folder removed. Yields the folder.
+    """
+    import torch._dynamo
+
+    def forget():
+        torch._dynamo.reset()
+        try:  # the in-memory twins of the disk caches; private, so tolerate its absence
+            from torch._inductor.utils import clear_caches
+        except ImportError:
+            return
+        clear_caches()
+
+    keys = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    saved = {k: os.environ.get(k) for k in keys}
+    tmp = tempfile.mkdtemp(prefix="labkit-compile-") if path is None else None
+    folder = os.path.abspath(tmp or os.fspath(path))
+    os.makedirs(folder, exist_ok=True)
+    forget()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    try:
+        yield folder
+    finally:
+        forget()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- results

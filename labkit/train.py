@@ -531,7 +531,8 @@ def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = Non
             cfg = with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
         plan.rungs.append(cfg)
     if not plan.rungs:
-        raise LabkitError("no rung can run on this device with those names: see labkit ladder --list")
+        why = "; ".join(f"{n}: {w}" for n, w in plan.skipped)
+        raise LabkitError(f"no rung can run on this device with those names ({why}): see labkit ladder --list")
     return plan
 
 

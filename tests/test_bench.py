@@ -92,3 +92,37 @@ def test_result_errors_are_clear(tmp_results):
         bench.load_result("broken", results_dir=tmp_results)
     with pytest.raises(LabkitError, match="bad result name"):
         bench.save_result("../escape", {}, out_dir=tmp_results)
+
+
+def test_compile_cache_compiles_cold_then_reads_the_folder_back_warm(tmp_path, monkeypatch):
+    import os
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from labkit.bench import compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "machine-cache"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+
+    def f(x):
+        return torch.sin(x) * 2 + x.relu()
+
+    x = torch.randn(64)
+    folder = tmp_path / "course-cache"
+    hits = {}
+    for kind in ("cold", "warm"):
+        counters.clear()
+        with compile_cache(folder) as d:
+            assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+            assert torch.allclose(torch.compile(f)(x), f(x))
+        hits[kind] = dict(counters["inductor"])
+    # cold: inductor compiled the graph and stored it; warm: the same graph came back from the folder
+    assert hits["cold"].get("fxgraph_cache_miss") == 1 and not hits["cold"].get("fxgraph_cache_hit")
+    assert hits["warm"].get("fxgraph_cache_hit") == 1 and not hits["warm"].get("fxgraph_cache_miss")
+    assert d == str(folder) and any(folder.iterdir())
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "machine-cache")
+    assert "TRITON_CACHE_DIR" not in os.environ
+    with compile_cache() as tmp:  # no folder given: a temporary one, removed afterwards
+        assert os.environ["TRITON_CACHE_DIR"].startswith(tmp)
+    assert not os.path.exists(tmp)

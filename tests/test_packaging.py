@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from labkit.env import LabkitError
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -199,6 +201,28 @@ def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys)
     if not torch.cuda.is_available():
         assert top.main(["--device", "cpu"]) == 0
         assert "on CPU there is nothing to measure (skipped)" in capsys.readouterr().out
+
+
+def test_compile_time_benchmark_covers_the_compiled_rungs_and_skips_without_a_gpu(capsys):
+    import importlib.util
+
+    import torch
+
+    from labkit import train as T
+
+    spec = importlib.util.spec_from_file_location("compile_time", ROOT / "benchmarks" / "compile_time.py")
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+    assert ct.COMPILED == ["compile", "cuda_graphs", "muon"]  # every ladder rung that compiles, in ladder order
+    assert all(T.preset(n).compile for n in ct.COMPILED)
+    with pytest.raises(SystemExit):
+        ct.main(["--rungs", "bf16"])  # not compiled: an argparse error naming the choices
+    assert "not a compiled rung" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert ct.main(["--device", "cpu"]) == 0
+        assert "nothing is measured (skipped)" in capsys.readouterr().out
+        with pytest.raises(LabkitError, match="cuda_graphs: CUDA graphs need a CUDA GPU"):
+            ct.main(["--device", "cpu", "--rungs", "cuda_graphs"])
 
 
 def test_top_rung_train_variants_repeat_seeds_and_survive_a_diverging_run(capsys):

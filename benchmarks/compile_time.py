@@ -1,0 +1,89 @@
+"""Cold and warm compile time of the ladder's compiled rungs, in one process on one device.
+
+    python benchmarks/compile_time.py [--steps 10] [--rungs compile,cuda_graphs,muon] [--out benchmarks/results]
+
+The ladder's "first step s" is measured with whatever torch.compile cache the machine already has: on a machine
+that compiled the model before, inductor reads its graphs and kernels back from disk in seconds. A student on a
+fresh Colab machine waits for the cold compile. This benchmark runs each compiled rung's first `--steps` steps
+twice against one new cache folder (labkit.bench.compile_cache): first cold (an empty folder), then warm (the
+folder the cold run filled, compiled code in memory forgotten). Both runs do the same training work, so the
+difference is the compiling that a warm cache saves. CUDA-graph capture happens in the first steps too and is
+counted in both. Saves result `compile_time`.
+
+Without a GPU nothing is measured unless rungs are named: a cold compile of ResNet-18 takes minutes on a laptop CPU,
+and the CUDA-graph rungs need a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+
+from labkit import data as D
+from labkit import train as T
+from labkit.bench import compile_cache, save_result, synchronize
+from labkit.env import LabkitError, pick_device
+
+COMPILED = [n for n in T.RUNG_NAMES if T.preset(n).compile]
+
+
+def first_steps(cfg: T.TrainConfig, dev, ds: D.ImageData, steps: int) -> dict:
+    """Seconds of the first step and of the first `steps` steps (one epoch, no evaluation)."""
+    cfg = T.with_changes(cfg, epochs=1, max_steps=steps, evaluate=False)
+    synchronize(dev)
+    t0 = time.perf_counter()
+    r = T.train(cfg, dev, dataset=ds)
+    synchronize(dev)
+    return {"first_step_s": r["first_step_s"], "steps_s": time.perf_counter() - t0, "steps": r["steps"]}
+
+
+def measure(cfg: T.TrainConfig, dev, ds: D.ImageData, steps: int) -> dict:
+    """One rung cold, then warm, against one new cache folder."""
+    out = {"batch_size": cfg.batch_size, "compile": cfg.compile, "optimizer": cfg.optimizer}
+    with tempfile.TemporaryDirectory(prefix="labkit-compile-") as folder:
+        for kind in ("cold", "warm"):
+            with compile_cache(folder):
+                out[kind] = first_steps(cfg, dev, ds, steps)
+            print(f"{cfg.name:<14} {kind}: first step {out[kind]['first_step_s']:7.2f} s, "
+                  f"first {out[kind]['steps']} steps {out[kind]['steps_s']:7.2f} s", flush=True)
+    out["saved_by_warm_cache_s"] = out["cold"]["steps_s"] - out["warm"]["steps_s"]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="steps timed per run (default 10)")
+    ap.add_argument("--rungs", default=None, help=f"comma-separated compiled rungs (default: {','.join(COMPILED)})")
+    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error("--steps must be >= 1")
+    names = args.rungs.split(",") if args.rungs else COMPILED
+    for n in names:
+        if n not in COMPILED:
+            ap.error(f"{n!r} is not a compiled rung: choose from {', '.join(COMPILED)}")
+    dev = pick_device(args.device)
+    if dev.type != "cuda" and not args.rungs:
+        print("compile_time: no GPU, so nothing is measured (skipped): a cold compile of ResNet-18 takes minutes "
+              "on a CPU and the CUDA-graph rungs need a GPU; name --rungs compile to measure it anyway")
+        return 0
+    plan = T.plan_ladder(dev, quick=False, names=names)
+    for name, why in plan.skipped:
+        print(f"compile_time: skipped {name}: {why}")
+    ds = D.load("synthetic")
+    res = {"kind": "compile_time", "steps": args.steps, "rungs": {}}
+    for cfg in plan.rungs:
+        res["rungs"][cfg.name] = measure(cfg, dev, ds, args.steps)
+    path = save_result("compile_time", res, out_dir=args.out, device=dev)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except LabkitError as e:
+        sys.exit(f"compile_time: {e}")
