@@ -1,4 +1,4 @@
-"""Cold and warm compile time of the ladder's compiled rungs, in one process on one device.
+"""Cold and warm compile time of the ladder's compiled rungs on one device, each run in its own process.
 
     python benchmarks/compile_time.py [--steps 10] [--rungs compile,cuda_graphs,muon] [--out benchmarks/results]
 
