@@ -33,13 +33,15 @@ import io
 import json
 import os
 import secrets
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,15 +188,141 @@ class NotGradable(Exception):
         self.measurements = measurements
 
 
+def require(cond: bool, message: str, **measurements) -> None:
+    """Fail the check with `message` unless `cond` holds."""
+    if not cond:
+        raise CheckFailed(message, **measurements)
+
+
+# ---------------------------------------------------------------------------------- the trusted worker
+
+
 @dataclasses.dataclass
 class Context:
-    """What a check knows about where it runs."""
+    """What a check knows about where it runs, and its handles on the two sandboxed processes.
+
+    `call` runs a probe in the student's process (started on first use, inside the sandbox, restarted after a
+    check killed it); `baseline_call` runs one in a process that never held student code. Both are timed by
+    this process's clock; `interleave` times the two alternately with the idle one frozen.
+    """
 
     device: object  # torch.device the check runs on
     hardware: str  # one of HARDWARE_CLASSES
     small: bool  # CPU-sized problems (tiny models and data) instead of full-size ones
-    work_dir: Path  # private scratch folder (the worker's cwd), deleted afterwards
-    student_file: Path  # the submission, for messages
+    work_dir: Path  # this worker's private folder (trusted), deleted afterwards
+    student_file: Path  # the submission (a copy inside the student's sandbox folder)
+    sandbox: str = "none"  # "bwrap" (student code in bubblewrap) or "none" (trusted submissions)
+    memory_bytes: int | None = None  # resident memory allowed to the student's processes, bytes
+    deadline: float = float("inf")  # time.monotonic() when the running check's budget ends
+    _student: object = None
+    _baseline: object = None
+
+    def _jail(self, folder: Path, trusted: bool):
+        from autograder.jail import Jail
+
+        gpu = None
+        if getattr(self.device, "type", "cpu") == "cuda":
+            gpu = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
+        return Jail(writable=[folder], gpu=gpu, trusted=trusted or self.sandbox == "none")
+
+    def student(self):
+        """The student's runner process (sandboxed), started on first use (or early, by the worker)."""
+        from autograder.remote import Remote, RemoteFailed
+
+        if self._student is None or self._student.cause or self._student.proc.poll() is not None:
+            try:
+                self._student = Remote(work_dir=self.student_file.parent, device=str(self.device),
+                                       jail=self._jail(self.student_file.parent, False), student_file=self.student_file,
+                                       memory_bytes=self.memory_bytes, startup_s=min(_STARTUP_S, self._left()))
+            except RemoteFailed as e:
+                raise CheckFailed(f"the submission's process could not start: {e}", cause=e.cause) from None
+        return self._student
+
+    def baseline(self):
+        """A runner process that never held student code: the baseline's and references' side of timings."""
+        from autograder.remote import Remote
+
+        if self._baseline is None or self._baseline.cause or self._baseline.proc.poll() is not None:
+            folder = self.work_dir / "baseline"
+            folder.mkdir(exist_ok=True)
+            self._baseline = Remote(work_dir=folder, device=str(self.device), jail=self._jail(folder, True),
+                                    startup_s=_STARTUP_S)
+        return self._baseline
+
+    def _left(self) -> float:
+        return max(1.0, self.deadline - time.monotonic())
+
+    def call(self, probe: str, params: dict | None = None, *, timeout_s: float | None = None):
+        """Run `probe` on the student's code; the result, or CheckFailed with the student's own error."""
+        from autograder.remote import RemoteFailed, StudentFailed
+
+        remote = self.student()
+        try:
+            result, _ = remote.call(probe, params, timeout_s=min(timeout_s or self._left(), self._left()))
+        except StudentFailed as e:
+            raise CheckFailed(str(e)) from None
+        except RemoteFailed as e:
+            raise CheckFailed(f"{e}{_tail_of(remote)}", cause=e.cause) from None
+        return result
+
+    def baseline_call(self, probe: str, params: dict | None = None, *, timeout_s: float | None = None):
+        from autograder.remote import StudentFailed
+
+        try:
+            result, _ = self.baseline().call(probe, params, timeout_s=min(timeout_s or self._left(), self._left()))
+        except StudentFailed as e:  # the baseline holds no student code: its failure is the grader's
+            raise RuntimeError(f"the baseline failed: {e}") from None
+        return result
+
+    def interleave(self, base_req, student_req, *, rounds: int, warmup: int = 1, check_base=None, check_student=None):
+        """Time baseline and student requests alternately (the idle side frozen): (baseline s, student s) lists."""
+        from autograder.remote import RemoteFailed, StudentFailed, interleaved
+
+        student = self.student()
+        try:
+            return interleaved(self.baseline(), base_req, student, student_req, rounds=rounds, warmup=warmup,
+                               timeout_s=self._left(), check_a=check_base, check_b=check_student)
+        except StudentFailed as e:
+            raise CheckFailed(str(e)) from None
+        except RemoteFailed as e:
+            raise CheckFailed(f"{e}{_tail_of(student)}", cause=e.cause) from None
+
+    def compare(self, base_req, student_req, *, rounds: int, warmup: int = 1, inner: int = 1, check_base=None,
+                check_student=None):
+        """Interleaved A/B timing (A: baseline, B: student), per-iteration seconds; returns (ABResult, notes).
+
+        Each request runs `inner` iterations inside its runner. Baseline runs that directly follow a student
+        run are compared with those that follow a baseline run: work the student's process left queued (a GPU
+        kernel still running after its reply) slows only the former, so those are then dropped from the ratio
+        and the slowdown is reported.
+        """
+        from labkit.bench import ABResult, Timing
+
+        ta, tb = self.interleave(base_req, student_req, rounds=rounds, warmup=warmup, check_base=check_base,
+                                 check_student=check_student)
+        ta, tb = [t / inner for t in ta], [t / inner for t in tb]
+        after_student = [t for i, t in enumerate(ta) if (warmup + i) % 2 == 1]
+        after_base = [t for i, t in enumerate(ta) if (warmup + i) % 2 == 0]
+        notes = {}
+        if after_student and after_base:
+            slow = statistics.median(after_student) / statistics.median(after_base)
+            notes["baseline_after_student_slowdown"] = round(slow, 3)
+            if slow > 1.25:
+                notes["baseline_interference"] = True
+                clean = statistics.median(after_base)
+                return ABResult(Timing(after_base), Timing(tb), [clean / t for t in tb]), notes
+        return ABResult(Timing(ta), Timing(tb), [a / b for a, b in zip(ta, tb, strict=True)]), notes
+
+    def close(self) -> None:
+        for r in (self._student, self._baseline):
+            if r is not None:
+                r.close()
+        self._student = self._baseline = None
+
+
+def _tail_of(remote) -> str:
+    lines = [ln for ln in remote.tail().strip().splitlines() if ln.strip()]
+    return f" (its last output: {lines[-1][:200]})" if lines else ""
 
 
 def hardware_class(device) -> str:
@@ -207,173 +335,9 @@ def hardware_class(device) -> str:
     return "cpu" if device.type == "cpu" else "gpu"
 
 
-def require(cond: bool, message: str, **measurements) -> None:
-    """Fail the check with `message` unless `cond` holds."""
-    if not cond:
-        raise CheckFailed(message, **measurements)
-
-
-def call_student(what: str, fn: Callable, *args, **kwargs):
-    """Call student code; any exception becomes a one-line CheckFailed naming the function."""
-    try:
-        return fn(*args, **kwargs)
-    except (CheckFailed, NotGradable):
-        raise
-    except NotImplementedError:
-        raise CheckFailed(f"{what} is not implemented yet (it raised NotImplementedError)") from None
-    except Exception as e:  # whatever student code raises is a failed check, with its last line shown
-        raise CheckFailed(f"{what} raised {type(e).__name__}: {_one_line(e)}{_student_frame(e)}") from None
-
-
-def student_attr(mod, name: str):
-    """A required name from the submission, with a clear failure when it is missing."""
-    if not hasattr(mod, name):
-        raise CheckFailed(f"{Path(mod.__file__).name} must define {name}")
-    return getattr(mod, name)
-
-
 def _one_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0][:300] if lines else ""
-
-
-def _student_frame(e: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).name.startswith("student")]
-    return f" (at {Path(frames[-1].filename).name} line {frames[-1].lineno})" if frames else ""
-
-
-def count_host_syncs(fn: Callable[[], object], device) -> int:
-    """How many times `fn()` makes the host wait for a tensor value (see `host_sync_sites`)."""
-    return len(host_sync_sites(fn, device))
-
-
-def host_sync_sites(fn: Callable[[], object], device) -> list[str]:
-    """Where `fn()` makes the host wait for a tensor value: one "file:line" per sync, in order.
-
-    On CUDA this sees every synchronizing CUDA call (torch's sync debug mode, works for compiled code too);
-    on CPU, where nothing really waits, it sees the calls that would sync on a GPU: `.item()`, `bool(t)`,
-    `float(t)` and `nonzero` (at the dispatcher, so eager code only). The site is the innermost Python line
-    outside torch and this harness, so students see which of their lines syncs.
-    """
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        prev = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode(prev)
-        return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    syncing = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default"}
-    skip = (str(Path(torch.__file__).parent), str(Path(__file__)))
-    sites: list[str] = []
-
-    class _Sites(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func) in syncing:
-                frames = [f for f in traceback.extract_stack() if not f.filename.startswith(skip)]
-                sites.append(f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?")
-            return func(*args, **(kwargs or {}))
-
-    with _Sites():
-        fn()
-    return sites
-
-
-def gemm_dtypes(fn: Callable[[], object]) -> dict[str, int]:
-    """Count of matrix-multiply and convolution calls by input dtype while `fn()` runs (eager code).
-
-    16-bit inputs are what tensor cores need; this is checked at the dispatcher, so it holds on any hardware.
-    """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    gemms = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.",
-             "aten.convolution_backward.", "aten._convolution.")
-    counts: dict[str, int] = {}
-
-    class _Gemm(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func).startswith(gemms):
-                import torch
-
-                t = next((a for a in args if isinstance(a, torch.Tensor)), None)
-                if t is not None:
-                    key = str(t.dtype).replace("torch.", "")
-                    counts[key] = counts.get(key, 0) + 1
-            return func(*args, **(kwargs or {}))
-
-    with _Gemm():
-        fn()
-    return counts
-
-
-# ---------------------------------------------------------------------------------- the worker process
-
-_TIMING_NAMES = [
-    ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"), ("time", "monotonic_ns"),
-    ("time", "time"), ("time", "process_time"), ("statistics", "median"),
-    ("labkit.bench", "compare"), ("labkit.bench", "time_fn"), ("labkit.bench", "synchronize"),
-    ("labkit.bench", "quantile"), ("labkit.bench", "_Clock"), ("labkit.bench", "ABResult"),
-    ("labkit.bench", "Timing"), ("torch.cuda", "Event"), ("torch.cuda", "synchronize"),
-    ("torch.cuda", "set_sync_debug_mode"), ("torch.cuda", "get_sync_debug_mode"),
-]
-_TIMING_METHODS = [("labkit.bench", "_Clock", "start"), ("labkit.bench", "_Clock", "stop"),
-                   ("labkit.bench", "ABResult", "ratio"), ("labkit.bench", "Timing", "median"),
-                   ("torch.cuda", "Event", "record"), ("torch.cuda", "Event", "elapsed_time"),
-                   ("torch.cuda", "Event", "synchronize")]
-
-
-def _timing_snapshot() -> dict:
-    """References to every function the timing depends on, taken before student code is imported."""
-    snap = {}
-    for mod, attr in _TIMING_NAMES:
-        m = sys.modules.get(mod) or importlib.import_module(mod)
-        snap[(mod, attr)] = (m, getattr(m, attr))
-    for mod, cls, attr in _TIMING_METHODS:
-        c = getattr(sys.modules[mod], cls)
-        snap[(mod, cls, attr)] = (c, c.__dict__.get(attr))
-    snap[("sys.modules", "labkit.bench")] = (None, sys.modules["labkit.bench"])
-    return snap
-
-
-def _tampered(snap: dict) -> list[str]:
-    """Names whose object changed since the snapshot; each is put back so later checks run clean."""
-    bad = []
-    for key, (owner, obj) in snap.items():
-        if key[0] == "sys.modules":
-            if sys.modules.get(key[1]) is not obj:
-                bad.append(f"sys.modules[{key[1]!r}]")
-                sys.modules[key[1]] = obj
-            continue
-        attr = key[-1]
-        now = owner.__dict__.get(attr) if len(key) == 3 else getattr(owner, attr, None)
-        if now is not obj:
-            bad.append(".".join(key))
-            setattr(owner, attr, obj)
-    return bad
-
-
-def _import_student(path: Path, tag: str):
-    spec = importlib.util.spec_from_file_location(f"student_{tag}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
-    except NotImplementedError:
-        raise CheckFailed(f"{path.name} is not implemented yet (it raised NotImplementedError at import)") from None
-    except SyntaxError as e:
-        raise CheckFailed(f"{path.name} has a syntax error at line {e.lineno}: {e.msg}") from None
-    except Exception as e:  # anything at import is the submission's fault
-        raise CheckFailed(f"importing {path.name} raised {type(e).__name__}: {_one_line(e)}{_student_frame(e)}") \
-            from None
-    return mod
 
 
 def _verdict(check: Check, *, ok: bool, fraction: float, gradable: bool, message: str, measurements: dict,
@@ -392,66 +356,100 @@ def _verdict(check: Check, *, ok: bool, fraction: float, gradable: bool, message
     }
 
 
-def _run_in_worker(check: Check, student_file: Path, ctx: Context, snap: dict) -> dict:
+_MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def _run_in_worker(check: Check, ctx: Context) -> dict:
     import torch
 
     torch.manual_seed(0)
-    # Compiled code is kept between checks on purpose: a submission that compiles ResNet-18 pays for it once.
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
+    ctx.deadline = time.monotonic() + check.timeout_s
     try:
-        mod = _import_student(student_file, check.name.replace(".", "_"))
         fn = getattr(importlib.import_module(check.module), check.func)
-        out = fn(mod, ctx)
-        bad = _tampered(snap)
-        if bad:
-            raise CheckFailed(f"the submission replaced timing functions ({', '.join(bad)}): no points",
-                              tampered=bad)
+        out = fn(ctx)
         return _verdict(check, ok=out.get("fraction", 1.0) > 0, fraction=out.get("fraction", 1.0), gradable=True,
                         message=out.get("message", "passed"), measurements=out.get("measurements", {}), ctx=ctx)
     except NotGradable as e:
-        _tampered(snap)
         return _verdict(check, ok=False, fraction=0, gradable=False,
                         message=f"not gradable on this hardware ({ctx.hardware}): {e}",
                         measurements=e.measurements, ctx=ctx)
     except CheckFailed as e:
-        bad = _tampered(snap)
-        msg = str(e) + (f" [the submission also replaced timing functions: {', '.join(bad)}]" if bad else "")
-        return _verdict(check, ok=False, fraction=0, gradable=True, message=msg, measurements=e.measurements,
+        return _verdict(check, ok=False, fraction=0, gradable=True, message=str(e), measurements=e.measurements,
                         ctx=ctx)
-    except Exception as e:  # a failure outside student calls is still reported, never a crash of the suite
-        _tampered(snap)
+    except _MALFORMED as e:  # what the student's process sent is not what the probe sends
         return _verdict(check, ok=False, fraction=0, gradable=True,
-                        message=f"the check failed with {type(e).__name__}: {_one_line(e)}{_student_frame(e)}",
-                        measurements={"traceback": traceback.format_exc(limit=-4)}, ctx=ctx)
-    finally:
-        sys.modules.pop(f"student_{check.name.replace('.', '_')}", None)
+                        message=f"the submission's process sent a malformed answer ({type(e).__name__}: "
+                                f"{_one_line(e)[:120]})", measurements={"traceback": traceback.format_exc(limit=-3)},
+                        ctx=ctx)
+    except Exception as e:  # a failure of the grader's own side is still reported, never a crash of the suite
+        return _verdict(check, ok=False, fraction=0, gradable=True,
+                        message=f"the check failed with {type(e).__name__}: {_one_line(e)}",
+                        measurements={"traceback": traceback.format_exc(limit=-4), "cause": "grader error"}, ctx=ctx)
 
 
-def _worker(student_file: str, names: list[str], device: str) -> int:
-    nonce = sys.stdin.readline().strip()  # read before any student code exists in this process
+_MAX_COPIED = 64 << 20  # bytes of one file beside the submission copied into its sandbox folder
+
+
+def _student_box(student_file: Path, work: Path) -> Path:
+    """A folder for the student's sandbox: a copy of the submission and the plain files beside it."""
+    box = work / "student"
+    box.mkdir()
+    n = 0
+    for p in sorted(student_file.parent.iterdir()):
+        if n < 100 and p.is_file() and not p.is_symlink() and p.stat().st_size <= _MAX_COPIED and p != student_file:
+            shutil.copyfile(p, box / p.name)
+            n += 1
+    shutil.copyfile(student_file, box / student_file.name)
+    return box / student_file.name
+
+
+def _early_student(path: Path, device: str, sandbox: str, memory_gb: float | None):
+    """The student's runner, started before this process imports torch (None if it cannot start here)."""
+    from autograder.jail import Jail
+    from autograder.remote import Remote
+
+    gpu = None
+    if device != "cpu" and os.environ.get("CUDA_VISIBLE_DEVICES", "0") not in ("", "-1"):
+        gpu = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
+    try:
+        return Remote(work_dir=path.parent, device=device, student_file=path,
+                      jail=Jail(writable=[path.parent], gpu=gpu, trusted=sandbox == "none"),
+                      memory_bytes=int(memory_gb * 2**30) if memory_gb else None, startup_s=_STARTUP_S)
+    except Exception:  # Context.student() retries and reports the reason
+        return None
+
+
+def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None) -> int:
+    nonce = sys.stdin.readline().strip()  # the parent's marker for verdict lines; no student code runs here
     sys.dont_write_bytecode = True
     os.environ.setdefault("TQDM_DISABLE", "1")
+    if sandbox == "auto":
+        from autograder.jail import probe
+
+        sandbox = "bwrap" if probe() is None else "none"
+    path = _student_box(Path(student_file), Path.cwd())
+    early = _early_student(path, device, sandbox, memory_gb)  # starts importing torch while this process does
     import torch
 
-    from labkit import bench  # noqa: F401  (imported before the snapshot so its functions are the originals)
     from labkit.env import pick_device
 
     dev = pick_device(device)
-    snap = _timing_snapshot()
     ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
-                  student_file=Path(student_file))
+                  student_file=path, sandbox=sandbox, memory_bytes=int(memory_gb * 2**30) if memory_gb else None)
+    ctx._student = early
     torch.backends.cudnn.benchmark = False
     if dev.type == "cpu":
-        # One intra-op thread: on a busy or small machine, extra OpenMP threads spin-wait on each other and make
-        # small tensor ops 10-100x slower, so CPU timings would measure the machine's load, not the code.
-        torch.set_num_threads(1)
-    for name in names:
-        print(f"{nonce} start {name}", flush=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            v = _run_in_worker(CHECKS[name], Path(student_file), ctx, snap)
-        print(f"{nonce} verdict {json.dumps(v, default=str)}", flush=True)
+        torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
+    try:
+        for name in names:
+            print(f"{nonce} start {name}", flush=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                v = _run_in_worker(CHECKS[name], ctx)
+            v["sandbox"] = sandbox
+            print(f"{nonce} verdict {json.dumps(v, default=str)}", flush=True)
+    finally:
+        ctx.close()
     return 0
 
 
@@ -465,9 +463,11 @@ def _failed(name: str, message: str, **measurements) -> dict:
 
 
 def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: float | None = None,
-               device: str = "auto") -> list[dict]:
-    """Run several checks on one student file in one fresh process; one verdict per name, in order.
+               device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None) -> list[dict]:
+    """Run several checks on one student file from one fresh trusted process; one verdict per name, in order.
 
+    The student's code runs in a sandboxed process of its own (`sandbox`: "bwrap" requires bubblewrap, "none"
+    trusts the submission, "auto" sandboxes where bubblewrap works), `memory_gb` caps its resident memory.
     `timeout_s` bounds the whole run (default: the sum of the checks' budgets). If the process runs out of
     time, the check that was running fails with a timeout and the checks after it run again in a new process,
     so every check runs at most once.
@@ -483,7 +483,7 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     remaining = list(names)
     while remaining:
         budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
-        started, got, err = _spawn(remaining, path, budget, device)
+        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb)
         results.update(got)
         if err is None:
             for n in remaining:
@@ -498,18 +498,19 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
 
 
 def run_check(name: str, student_file: str | os.PathLike, timeout_s: float | None = None,
-              device: str = "auto") -> dict:
+              device: str = "auto", sandbox: str = "auto") -> dict:
     """Run one check on a student file in a fresh process and return its verdict (a JSON-able dict)."""
-    return run_checks([name], student_file, timeout_s=timeout_s, device=device)[0]
+    return run_checks([name], student_file, timeout_s=timeout_s, device=device, sandbox=sandbox)[0]
 
 
-def _spawn(names, path: Path, budget: float, device: str):
+def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None):
     """Run the worker; returns (names started, verdicts by name, error text or None if it finished)."""
     nonce = secrets.token_hex(16)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.update(PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
-    cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, str(path), *names]
+    cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, "--sandbox", sandbox,
+           *(["--memory-gb", str(memory_gb)] if memory_gb else []), str(path), *names]
     err = None
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         # A session of its own: on a timeout the whole group goes, DataLoader workers and other children included
@@ -619,10 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         ap = argparse.ArgumentParser(prog="autograder.harness --worker")
         ap.add_argument("--device", default="auto")
+        ap.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
+        ap.add_argument("--memory-gb", type=float, default=None)
         ap.add_argument("student_file")
         ap.add_argument("names", nargs="+")
         a = ap.parse_args(argv[1:])
-        return _worker(a.student_file, a.names, a.device)
+        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb)
     ap = argparse.ArgumentParser(prog="python -m autograder.harness",
                                  description="Run a trusted check on a student's file in a fresh process.")
     ap.add_argument("check", nargs="?", help="check name (e.g. lab2.loader_speed) or a lab id prefix (e.g. lab2)")

@@ -1,0 +1,189 @@
+"""The sandbox a student's code runs in: bubblewrap namespaces with a whitelist view of the machine.
+
+Policy (one place, used for the notebook kernel and for the student side of every check):
+- own PID namespace: nothing outside is visible or signalable (the grader, other students, their kernels),
+  and every process inside dies with the namespace's first process, however it detached (double fork, setsid);
+- own network, IPC and UTS namespaces: no network at all, no shared memory or sockets with anyone outside;
+- an unprivileged user (uid/gid 65534) with every capability dropped;
+- a read-only whitelist of the filesystem: the system directories, the Python installation and its
+  environment, `labkit`, and the public half of the grader (`autograder/student`, see PUBLIC below). Not the
+  repository, the course, the submissions, other students or the grader's output;
+- one writable folder (the student's own scratch folder) and a private /tmp;
+- one GPU passed through for GPU labs (`gpu=N`), nothing else of /dev beyond the basic nodes.
+Memory, wall-clock and process-count limits are enforced from outside by `autograder.sandbox`, which also
+freezes (SIGSTOP) the whole sandbox while a baseline is being timed.
+
+Bubblewrap is the tool made for this (Flatpak's sandbox): no daemon, no root needed where unprivileged user
+namespaces are allowed. Where it is missing the grader refuses to start unless the instructor says the
+submissions are trusted (`--trusted-submissions`), and then `command()` is the plain command.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GRADER_ROOT = Path(__file__).resolve().parents[1]
+PUBLIC = GRADER_ROOT / "autograder" / "student"  # the only part of the grader a student process may import
+VIEW = "/opt/labkit-grader"  # where the public grader and labkit appear inside the sandbox (on sys.path)
+SANDBOX_UID = 65534  # "nobody"
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf", "hosts",
+        "localtime", "ssl", "ca-certificates", "fonts", "matplotlibrc", "os-release", "mime.types")
+_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+             "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+             "NBGRADER_EXECUTION", "TQDM_DISABLE", "PYTHONWARNINGS", "MPLBACKEND", "PYTHONUNBUFFERED",
+             "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH", "TORCHINDUCTOR_COMPILE_THREADS")
+
+
+class SandboxUnavailable(RuntimeError):
+    """No usable sandbox tool on this machine (bubblewrap missing or not allowed to create namespaces)."""
+
+
+def find_bwrap() -> str | None:
+    """Path of the bubblewrap binary, or None."""
+    return shutil.which("bwrap")
+
+
+@dataclass
+class Jail:
+    """One sandbox: what it shows, what it may write, which GPU it gets."""
+
+    writable: list[Path]  # folders the student's processes may write (their own scratch), bound at the same path
+    readable: list[Path] = field(default_factory=list)  # extra read-only folders, bound at the same path
+    gpu: int | None = None  # host GPU index passed through (None: no GPU devices)
+    cwd: Path | None = None  # working directory inside (default: the first writable folder)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    trusted: bool = False  # no sandbox at all (the instructor vouched for the submissions)
+
+    def python_path(self) -> str:
+        """PYTHONPATH inside: the grader's public half and labkit, nothing else of the repository."""
+        return VIEW if not self.trusted else str(GRADER_ROOT)
+
+    def command(self, cmd: list[str], *, bwrap: str | None = None) -> list[str]:
+        """`cmd` wrapped in bubblewrap with this policy (the plain command when trusted)."""
+        if self.trusted:
+            return list(cmd)
+        bwrap = bwrap or find_bwrap()
+        if not bwrap:
+            raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
+        cwd = self.cwd or (self.writable[0] if self.writable else Path("/tmp"))
+        args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+                "--hostname", "sandbox", "--clearenv"]
+        args += _system_binds()
+        for p in _python_roots():
+            args += ["--ro-bind", str(p), str(p)]
+        args += _grader_view()
+        for p in self.readable:
+            args += ["--ro-bind", str(p), str(p)]
+        for p in self.writable:
+            args += ["--bind", str(p), str(p)]
+        if self.gpu is not None:
+            args += _gpu_binds(self.gpu)
+        env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+        env.update(HOME="/tmp/home", TMPDIR="/tmp", PYTHONPATH=VIEW, PYTHONNOUSERSITE="1", MPLCONFIGDIR="/tmp/mpl",
+                   JUPYTER_RUNTIME_DIR="/tmp/jupyter-runtime", IPYTHONDIR="/tmp/ipython",
+                   TORCHINDUCTOR_CACHE_DIR="/tmp/inductor", TRITON_CACHE_DIR="/tmp/triton")
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        env.update(self.env)
+        for k, v in env.items():
+            args += ["--setenv", k, v]
+        return args + ["--chdir", str(cwd), "--", *cmd]
+
+
+def _system_binds() -> list[str]:
+    """/usr and its merged-usr links, and a few files of /etc (no keys, no host configuration)."""
+    out = ["--ro-bind", "/usr", "/usr"]
+    for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/") / d
+        if p.is_symlink():
+            out += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            out += ["--ro-bind", str(p), str(p)]
+    for name in _ETC:
+        p = Path("/etc") / name
+        if p.exists():
+            out += ["--ro-bind", str(p), str(p)]
+    return out
+
+
+def _python_roots() -> list[Path]:
+    """The interpreter's installation and environment, and every site-packages folder on sys.path.
+
+    Paths inside the grader's repository are left out (a virtual environment kept there is bound on its own),
+    so a checkout's sources never become visible through a path entry.
+    """
+    roots: list[Path] = []
+    for p in {sys.base_prefix, sys.prefix, *[q for q in sys.path if "site-packages" in q or "dist-packages" in q]}:
+        p = Path(p).resolve()
+        if not p.is_dir() or p == Path("/") or str(p).startswith(("/usr/", "/proc", "/sys", "/dev")):
+            continue
+        if _inside(p, GRADER_ROOT) and not _inside(p, Path(sys.prefix).resolve()):
+            continue
+        roots.append(p)
+    roots.sort(key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for p in roots:  # a folder already bound covers its children
+        if not any(_inside(p, k) for k in kept):
+            kept.append(p)
+    return kept
+
+
+def _inside(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
+def _grader_view() -> list[str]:
+    """labkit and the public half of the grader under VIEW; a kernel-side stub stands in for the harness."""
+    import labkit
+
+    out = ["--dir", f"{VIEW}/autograder",
+           "--ro-bind", str(Path(labkit.__file__).resolve().parent), f"{VIEW}/labkit",
+           "--ro-bind", str(PUBLIC), f"{VIEW}/autograder/student",
+           "--ro-bind", str(PUBLIC / "view_init.py"), f"{VIEW}/autograder/__init__.py",
+           "--ro-bind", str(PUBLIC / "kernel_harness.py"), f"{VIEW}/autograder/harness.py",
+           # nbgrader runs inside the sandbox with the notebook, and loads the grader's preprocessors from here
+           "--ro-bind", str(GRADER_ROOT / "autograder" / "nbhooks.py"), f"{VIEW}/autograder/nbhooks.py"]
+    return out
+
+
+def _gpu_binds(index: int) -> list[str]:
+    out = []
+    for dev in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+                f"/dev/nvidia{index}", *glob.glob("/dev/dri/*")]:
+        if os.path.exists(dev):
+            out += ["--dev-bind", dev, dev]
+    for extra in ("/usr/local/nvidia", "/usr/local/cuda", "/etc/nvidia", "/proc/driver/nvidia"):
+        if os.path.exists(extra) and not extra.startswith("/proc"):
+            out += ["--ro-bind", extra, extra]
+    return out
+
+
+_PROBED: dict[str, str | None] = {}
+
+
+def probe() -> str | None:
+    """None when bubblewrap can build a sandbox here; otherwise why not (one line). Cached per process."""
+    if "result" in _PROBED:
+        return _PROBED["result"]
+    import subprocess
+
+    bwrap = find_bwrap()
+    if not bwrap:
+        why = "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    else:
+        cmd = Jail(writable=[]).command([sys.executable, "-c", "import os; print(os.getuid(), os.getpid())"],
+                                         bwrap=bwrap)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            ok = r.returncode == 0 and r.stdout.split() == [str(SANDBOX_UID), "2"]
+            why = None if ok else f"bubblewrap could not build a sandbox: {(r.stderr.strip() or r.stdout)[-200:]}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = f"bubblewrap could not build a sandbox: {e}"
+    _PROBED["result"] = why
+    return why

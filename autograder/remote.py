@@ -1,0 +1,232 @@
+"""The trusted side's handle on a runner process: start it (sandboxed), call probes, freeze it, time it, end it.
+
+A `Remote` is one `autograder.student.runner` process behind one socket. The student's runner lives in the
+sandbox (autograder.jail); the baseline's runner holds no student code at all. Every request is timed here,
+in the grader's process, with the grader's clock: nothing the student's process does can move it. While one
+side is being timed the other is frozen (SIGSTOP on every process it has), so a submission cannot slow the
+baseline by spinning threads or children in the background. Memory, process count and wall clock are watched
+from outside; past a limit the whole sandbox is killed and the call fails with the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from autograder.jail import GRADER_ROOT, Jail
+from autograder.sandbox import _Capture, _kill
+from autograder.student import channel
+
+
+class RemoteFailed(Exception):
+    """The runner process died, hung, broke a limit or spoke out of protocol; `cause` says which."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+class StudentFailed(Exception):
+    """The student's code failed inside a probe: the message is the student's one-line error."""
+
+
+class Remote:
+    """One runner process. `student_file` None makes a baseline runner (no student code ever loaded)."""
+
+    def __init__(self, *, work_dir: Path, device: str, jail: Jail, student_file: Path | None = None,
+                 memory_bytes: int | None = None, max_processes: int = 256, startup_s: float = 120.0):
+        self.work_dir, self.device, self.jail = Path(work_dir), device, jail
+        self.student_file, self.memory_bytes, self.max_processes = student_file, memory_bytes, max_processes
+        self.cause: str | None = None
+        self.peak_rss_bytes = 0
+        self._ids = 0
+        self._frozen = False
+        parent, child = socket.socketpair()
+        cmd = [sys.executable, "-m", "autograder.student.runner", "--fd", str(child.fileno()), "--device", device]
+        if student_file is not None:
+            cmd += ["--student", str(student_file)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JPY_"))}
+        env.update(PYTHONPATH=str(GRADER_ROOT) if jail.trusted else jail.python_path(), PYTHONUNBUFFERED="1",
+                   PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
+        self.proc = subprocess.Popen(jail.command(cmd), cwd=str(work_dir), env=env, pass_fds=[child.fileno()],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        child.close()
+        self.sock = parent
+        self.output = _Capture(self.proc.stdout, 32 * 1024)
+        self._watch = threading.Thread(target=self._watchdog, daemon=True)
+        self._watch.start()
+        self._ready_by = time.monotonic() + startup_s
+        self._ready = False
+
+    def wait_ready(self) -> None:
+        """Wait for the runner's hello (it imports torch meanwhile, while this process gets on with its own)."""
+        if self._ready:
+            return
+        hello = self._recv(self._ready_by, "starting")
+        if not isinstance(hello, dict) or not hello.get("ready"):
+            self._fail("protocol")
+            raise RemoteFailed("the grading process did not start", "protocol")
+        self._ready = True
+
+    # ------------------------------------------------------------------------------------------ processes
+    def members(self) -> list[psutil.Process]:
+        """Every process of this runner (the sandbox's own processes included), however they detached."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _watchdog(self) -> None:
+        while self.proc.poll() is None and self.cause is None:
+            procs = self.members()
+            rss = 0
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    rss += p.memory_info().rss
+            self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+            if self.memory_bytes and rss > self.memory_bytes:
+                self._fail("memory")
+            elif len(procs) > self.max_processes:
+                self._fail("processes")
+            time.sleep(0.1)
+
+    def _fail(self, cause: str) -> None:
+        self.cause = self.cause or cause
+        self.kill()
+
+    def freeze(self) -> None:
+        """Stop every process of this runner until thaw(); new children found while stopping are stopped too."""
+        seen: set[int] = set()
+        for _ in range(20):
+            new = [p for p in self.members() if p.pid not in seen]
+            if not new:
+                break
+            for p in new:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGSTOP)
+                seen.add(p.pid)
+        self._frozen = True
+
+    def thaw(self) -> None:
+        for p in self.members():
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGCONT)
+        self._frozen = False
+
+    def kill(self) -> None:
+        procs = self.members()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        _kill(procs)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def close(self) -> None:
+        """End the runner and everything it started; safe to call twice."""
+        if self.proc.poll() is None and self.cause is None:
+            with contextlib.suppress(Exception):
+                self.sock.settimeout(2)
+                channel.send(self.sock, {"op": "bye"})
+        self.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ requests
+    def _recv(self, deadline: float, what: str):
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._fail("timeout")
+                raise RemoteFailed(f"{what} took too long and was stopped", "timeout")
+            self.sock.settimeout(min(left, 1.0))
+            try:
+                return channel.recv(self.sock)
+            except TimeoutError:
+                if self.proc.poll() is not None or self.cause:
+                    break
+                continue
+            except (channel.ChannelError, OSError) as e:
+                if self.cause is None and self.proc.poll() is None:
+                    self._fail("protocol")
+                    raise RemoteFailed(f"the grading process broke the protocol: {e}", "protocol") from None
+                break
+        cause = self.cause or "died"
+        words = {"memory": "used more memory than allowed and was stopped",
+                 "processes": "started more processes than allowed and was stopped",
+                 "died": f"exited (status {self.proc.poll()}) while {what}"}
+        raise RemoteFailed(f"the submission's process {words.get(cause, cause)}", cause)
+
+    def call(self, probe: str, params: dict | None = None, *, timeout_s: float = 120.0) -> tuple[object, float]:
+        """Run probe `probe` with `params`; returns (result, wall seconds measured here).
+
+        Raises StudentFailed when the student's code failed (its message), RemoteFailed when the process broke.
+        """
+        if self.cause:
+            raise RemoteFailed(f"the submission's process was already stopped ({self.cause})", self.cause)
+        self.wait_ready()
+        self._ids += 1
+        rid = self._ids
+        t0 = time.perf_counter()
+        try:
+            self.sock.settimeout(timeout_s)
+            channel.send(self.sock, {"id": rid, "op": "call", "probe": probe, "params": params or {}})
+        except (OSError, channel.ChannelError):
+            raise RemoteFailed("the submission's process stopped listening", self.cause or "died") from None
+        reply = self._recv(time.monotonic() + timeout_s, f"running {probe}")
+        dt = time.perf_counter() - t0
+        if not isinstance(reply, dict) or reply.get("id") != rid or not isinstance(reply.get("ok"), bool):
+            self._fail("protocol")
+            raise RemoteFailed("the grading process answered out of protocol", "protocol")
+        if not reply["ok"]:
+            raise StudentFailed(str(reply.get("error") or "failed")[:2000])
+        return reply.get("result"), dt
+
+    def tail(self) -> str:
+        """The last lines the runner printed (the student's prints and tracebacks), for logs."""
+        return self.output.text()[-2000:]
+
+
+def interleaved(a: Remote, req_a, b: Remote, req_b, *, rounds: int, warmup: int = 1, timeout_s: float = 300.0,
+                check_a=None, check_b=None) -> tuple[list[float], list[float]]:
+    """Time `req_a` on `a` and `req_b` on `b` alternately (ABBA order), the idle side frozen; seconds each.
+
+    `req_*` are callables round -> (probe, params), so every round can carry fresh inputs; `check_*(result,
+    params)` verify each reply (raise to reject it). Warm-up rounds are run and checked but not returned.
+    """
+    ta, tb = [], []
+    a.wait_ready()
+    b.wait_ready()
+    for r in range(warmup + rounds):
+        order = [(a, req_a, check_a, ta), (b, req_b, check_b, tb)]
+        if r % 2:
+            order.reverse()
+        for remote, req, check, out in order:
+            other = b if remote is a else a
+            probe, params = req(r)
+            other.freeze()
+            try:
+                result, dt = remote.call(probe, params, timeout_s=timeout_s)
+            finally:
+                other.thaw()
+            if check is not None:
+                check(result, params)
+            if r >= warmup:
+                out.append(dt)
+    return ta, tb
