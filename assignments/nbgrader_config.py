@@ -1,7 +1,7 @@
 """nbgrader configuration of the course's graded labs (run nbgrader commands from this folder).
 
 Grading policy, in short (README.md here has the long form): every test cell calls the trusted harness
-(`autograder.harness.grade`), which runs the student's `%%writefile` module in a fresh process; speed points
+(`autograder.harness.grade`), which runs the student's `%%writefile` module in a sandboxed process; speed points
 need a correct result first; a check that this machine cannot grade (a GPU speed tier on a CPU) scores 0 under
 `nbgrader autograde` with a message saying so, and does not fail `nbgrader validate`.
 """

@@ -6,9 +6,9 @@ import argparse
 import sys
 from dataclasses import replace
 
-from autograder.grade import PRESETS, default_out, grade_class
 from labkit.cli import run
-from labkit.env import LabkitError
+
+PRESET_NAMES = ("class", "quick")  # autograder.grade.PRESETS, named here so --help need not import the grader
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--course", default=None, help="nbgrader course root (default: assignments)")
     g.add_argument("--out", default=None, help="output folder (default: grading/<assignment>)")
     g.add_argument("--work", default=None, help="scratch folder (default: a temporary folder, removed afterwards)")
-    g.add_argument("--preset", choices=sorted(PRESETS), default="class",
+    g.add_argument("--preset", choices=PRESET_NAMES, default="class",
                    help="limits: 'class' for a GPU box (default), 'quick' for small CPU assignments")
     g.add_argument("--cell-timeout", type=int, default=None, metavar="S",
                    help="per-cell time limit, seconds (default: the course's c.Execute.timeout, else 600)")
@@ -34,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "torch alone reserves ~3.5 GiB of address space)")
     g.add_argument("--jobs", type=int, default=None,
                    help="students graded at once (default: one per GPU; 1 without a GPU)")
-    g.add_argument("--trust-kernel", action="store_true",
-                   help="keep the test cells' scores from inside the notebook instead of re-running the harness "
-                        "checks outside it (faster, but a student's added cell can fake them)")
+    g.add_argument("--trusted-submissions", action="store_true",
+                   help="run the students' code without the sandbox (only where bubblewrap is missing and you "
+                        "trust every hand-in: their code then runs as you, next to the checks)")
     g.add_argument("--harness", default=None, metavar="MODULE",
                    help="module providing run_checks/run_check for the trusted re-run (default: autograder.harness)")
     g.add_argument("--force", action="store_true", help="regrade students that already have a result")
@@ -53,20 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cli_grade(args) -> int:
+    from autograder.grade import PRESETS, default_out, grade_class
+    from labkit.env import LabkitError
+
     cfg = PRESETS[args.preset]
     changes = {"course": args.course, "out": args.out or str(default_out(args.assignment)), "work": args.work,
                "cell_timeout_s": args.cell_timeout, "wall_timeout_s": args.timeout, "memory_gb": args.memory_gb,
                "jobs": args.jobs, "harness_module": args.harness, "lms_regex": args.lms_regex}
     cfg = replace(cfg, **{k: v for k, v in changes.items() if v is not None}, force=args.force,
-                  only=tuple(args.only), keep_work=args.keep_work, trusted_recheck=not args.trust_kernel,
+                  only=tuple(args.only), keep_work=args.keep_work, trusted_submissions=args.trusted_submissions,
                   feedback=not args.no_feedback, hide_hidden_tests=not args.show_hidden_tests,
                   progress=not args.no_progress, address_space_limit=args.address_space_limit)
     if cfg.jobs is not None and cfg.jobs < 1:
         raise LabkitError("--jobs must be at least 1")
     rep = grade_class(args.assignment, args.submissions, cfg)
     print((rep.out / "summary.txt").read_text(), end="")
-    print(f"\n{rep.graded_now} graded now in {rep.wall_s:.0f} s. Wrote {rep.out / 'grades.csv'}, "
-          f"{rep.out / 'feedback'}/, {rep.out / 'gradebook.db'}; log: {rep.out / 'grade_log.txt'}")
+    graded = sum(r.status == "graded" for r in rep.results)
+    wrote = [p for p in (rep.out / "grades.csv", rep.out / "feedback", rep.out / "gradebook.db") if p.exists()]
+    print(f"\n{len(rep.results)} students: {graded} graded, {len(rep.results) - graded} not graded "
+          f"({rep.graded_now} processed in this run, {rep.wall_s:.0f} s). Wrote {', '.join(map(str, wrote))}; "
+          f"log: {rep.out / 'grade_log.txt'}")
     return 0
 
 

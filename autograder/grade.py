@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -33,8 +34,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from autograder import course as courses
-from autograder import intake, report, trusted
+from autograder import intake, jail, report, trusted
 from autograder.course import Course
+from autograder.jail import Jail
 from autograder.sandbox import Limits, Outcome, kill_token, run_limited, write_log
 from labkit.bench import write_json
 from labkit.env import LabkitError
@@ -65,6 +67,7 @@ class GradeConfig:
     keep_work: bool = False  # keep each student's scratch course (for debugging a submission)
     lms_regex: str = intake.LMS_REGEX  # student id (and file name) from an LMS download's file names
     progress: bool = True  # tqdm bar over students
+    trusted_submissions: bool = False  # run students' code without the sandbox (only where bubblewrap is missing)
 
 
 PRESETS = {
@@ -97,6 +100,8 @@ class StudentResult:
     source_digest: str = ""  # assignment digest; a change means regrade
     outputs: dict = field(default_factory=dict)  # relative path -> sha256 of every file written for this student
     finished_at: str = ""  # UTC time the result was recorded
+    sandbox: str = ""  # "bwrap" (the student's code ran in the sandbox) or "none" (trusted submissions)
+    grader: str = ""  # digest of the grader's own code that produced this result; another one means regrade
 
 
 @dataclass
@@ -267,20 +272,25 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     sid, aid = sub.student_id, course.assignment
     sdir = out.out / "students" / sid
     root = scratch / "course"
+    jailed = not cfg.trusted_submissions
+    # In the sandbox the kernel's sockets live in its private /tmp, and nothing outside is there to hide from it.
     courses.write_scratch(course, root, sid, sub.files, cell_timeout_s=cfg.cell_timeout_s,
-                          hide_hidden_tests=cfg.hide_hidden_tests, vault=sealed, kernel_ipc=kernel_ipc)
-    env = courses.py_env({"CUDA_VISIBLE_DEVICES": str(slot["index"])} if slot["index"] is not None else {})
+                          hide_hidden_tests=cfg.hide_hidden_tests, vault=None if jailed else sealed,
+                          kernel_ipc="/tmp/kernel" if jailed else kernel_ipc)
+    gpu = {"CUDA_VISIBLE_DEVICES": str(slot["index"])} if slot["index"] is not None else {}
+    env = courses.py_env(gpu)
     limits = Limits(wall_s=cfg.wall_timeout_s, memory_bytes=int(cfg.memory_gb * 2**30),
                     address_space=cfg.address_space_limit and slot["class"] == "cpu")
     token = os.urandom(16).hex()
     write_json(sdir / "running.json", {"token": token, "started_at": _now()})
+    box = Jail(writable=[root], gpu=slot["index"], env=gpu, trusted=not jailed)
     outcome = run_limited([sys.executable, "-m", "nbgrader", "autograde", aid, "--student", sid, "--force"],
-                          cwd=root, env=env, limits=limits, token=token)
+                          cwd=root, env=env, limits=limits, token=token, jail=box)
     write_log(sdir / "autograde.log", f"nbgrader autograde {aid} --student {sid}", outcome)
     res = StudentResult(sid, aid, "graded", 0.0, course.max_score, notes=list(sub.notes),
                         hardware={"class": slot["class"], "card": slot["card"]}, digest=sub.digest,
                         source_digest=course.source_digest, peak_rss_bytes=outcome.peak_rss_bytes,
-                        wall_s=outcome.wall_s)
+                        wall_s=outcome.wall_s, sandbox="bwrap" if jailed else "none")
     err = courses.config_error(outcome.output)
     if err:  # nbgrader carries on without a config it cannot load, i.e. without the grader's safeguards
         return _fail(res, course, "grader error", f"nbgrader could not load the scratch config: {err}")
@@ -320,7 +330,9 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
         verdicts, outs = trusted.run_trusted(course.calls, graded_dir, scratch / "trusted",
                                              harness_module=cfg.harness_module, env=env,
                                              limits=replace(limits, wall_s=cfg.harness_timeout_s),
-                                             data_files=course.source_files)
+                                             data_files=course.source_files,
+                                             sandbox="none" if cfg.trusted_submissions else "bwrap",
+                                             memory_gb=cfg.memory_gb)
         for o in outs:
             res.peak_rss_bytes = max(res.peak_rss_bytes, o.peak_rss_bytes)
             res.wall_s += o.wall_s
@@ -362,10 +374,52 @@ def default_out(assignment: str) -> Path:
     return Path("grading") / assignment
 
 
-def load_result(path: Path) -> StudentResult | None:
-    """A done-marker, or None if it is missing or unreadable (then the student is graded again)."""
+_KEY_FILE = ".grader-key"  # in the output folder, which no student process ever sees
+
+
+def grader_digest() -> str:
+    """sha256 of the grader's own code (autograder/ and labkit/): a result made by other code is regraded."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for p in sorted([*root.glob("autograder/**/*.py"), *root.glob("labkit/*.py")]):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def result_key(out: Path) -> bytes:
+    """The output folder's secret for authenticating done-markers (made on first use, readable by the grader only)."""
+    path = out / _KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        key = path.read_bytes()
+        if len(key) == 32:
+            return key
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    return path.read_bytes()
+
+
+def _mac(key: bytes, d: dict) -> str:
+    body = json.dumps({k: v for k, v in d.items() if k != "mac"}, sort_keys=True, default=str).encode()
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def sealed_result(res: StudentResult, key: bytes) -> bytes:
+    """The done-marker's bytes: the result and its MAC under the output folder's key."""
+    d = json.loads(json.dumps(asdict(res), default=str))
+    d["mac"] = _mac(key, d)
+    return (json.dumps(d, indent=2) + "\n").encode()
+
+
+def load_result(path: Path, key: bytes | None = None) -> StudentResult | None:
+    """A done-marker, or None if it is missing, unreadable, or (with `key`) fails verification: then the
+    student is graded again."""
     try:
         d = json.loads(path.read_text())
+        if key is not None and not (isinstance(d, dict) and hmac.compare_digest(str(d.get("mac", "")), _mac(key, d))):
+            log.warning("%s failed verification (written by something other than this grader); regrading", path)
+            return None
         return StudentResult(**{k: v for k, v in d.items() if k in StudentResult.__dataclass_fields__})
     except (OSError, json.JSONDecodeError, TypeError):
         return None
@@ -431,6 +485,15 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
             raise LabkitError(f"submissions folder {submissions} does not exist: pass the folder (or .zip) you "
                               "downloaded with --submissions")
         _remove_stale_sockets()
+        if not cfg.trusted_submissions:
+            why = jail.probe()
+            if why:
+                raise LabkitError(f"cannot sandbox the students' code: {why}. Install bubblewrap, or pass "
+                                  "--trusted-submissions if you trust every hand-in (their code then runs "
+                                  "unconfined, as you)")
+        if not cfg.trusted_recheck and not cfg.trusted_submissions:
+            raise LabkitError("scores from inside the students' notebooks can be faked: the checks are re-run "
+                              "outside them unless the submissions are trusted (--trusted-submissions)")
         if cfg.work:
             work = Path(cfg.work).resolve()
         else:
@@ -454,7 +517,9 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         for line in found.junk:
             log.warning("intake: %s", line)
         if not found.submissions:
-            log.warning("no student hand-ins found in %s", submissions)
+            raise LabkitError(f"no student hand-ins found in {submissions}: expected one folder per student "
+                              f"(holding {assignment}.ipynb) or LMS-named .ipynb/.zip files"
+                              + (f"; skipped: {found.junk[0]}" if found.junk else ""))
         outputs = Outputs(out)
         results, todo, changed = _plan(found.submissions, course, cfg, outputs)
         graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
@@ -488,7 +553,11 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
 
 
 def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outputs: Outputs):
-    """Who needs grading; finished students keep their result and their files are guarded from here on."""
+    """Who needs grading; finished students keep their result and their files are guarded from here on.
+
+    A result is kept only if its MAC verifies under the output folder's key and it was made by this grader's
+    code, from this hand-in and this assignment."""
+    key, grader = result_key(outputs.out), grader_digest()
     results: dict[str, StudentResult] = {}
     todo, changed = [], []
     for sub in subs:
@@ -500,8 +569,11 @@ def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outpu
                 if n:
                     log.warning("%s: killed %d process(es) left by an interrupted run", sub.student_id, n)
             stale.unlink(missing_ok=True)
-        done = load_result(sdir / "result.json")
-        fresh = done is not None and done.digest == sub.digest and done.source_digest == course.source_digest
+        done = load_result(sdir / "result.json", key)
+        fresh = done is not None and done.digest == sub.digest and done.source_digest == course.source_digest \
+            and done.grader == grader
+        if done is not None and done.grader != grader and not cfg.only:
+            log.info("%s: graded by another version of the grader; regrading", sub.student_id)
         keep = done is not None and ((cfg.only and sub.student_id not in cfg.only) or (fresh and not cfg.force))
         if keep:
             results[sub.student_id] = done
@@ -531,6 +603,7 @@ def _run_all(todo, course: Course, cfg: GradeConfig, outputs: Outputs, hardware,
         slots = [hardware[0]] * jobs
     free = list(range(jobs))
     markers = [rel for rel in outputs.kept if rel.endswith("/result.json")]
+    key, grader = result_key(outputs.out), grader_digest()
 
     def one(sub, slot_i):
         try:
@@ -540,8 +613,9 @@ def _run_all(todo, course: Course, cfg: GradeConfig, outputs: Outputs, hardware,
             res = _not_graded(sub, course, "grader error", f"{type(e).__name__}: {e}",
                               {"class": slots[slot_i]["class"], "card": slots[slot_i]["card"]})
         res.finished_at = _now()
+        res.grader = grader
         rel = f"students/{sub.student_id}/result.json"
-        outputs.write(rel, (json.dumps(asdict(res), indent=2, default=str) + "\n").encode())
+        outputs.write(rel, sealed_result(res, key))
         (outputs.out / "students" / sub.student_id / "running.json").unlink(missing_ok=True)
         return res, rel
 

@@ -1,21 +1,22 @@
-"""The trusted grading harness: run a student's file in a fresh process, check it is right, then time it.
+"""The trusted grading harness: checks that drive a sandboxed student process and keep every decision here.
 
-Why a subprocess: nbgrader runs cells a student added before the locked test cells, so anything in the
-notebook kernel (timers, torch functions, this module's own functions) may have been monkeypatched. The
-harness therefore imports the student's file (written by a `%%writefile` cell) in a new Python process,
-runs the named checks there and returns one JSON verdict per check:
+A check (a function in a trusted `labN_checks` module) never imports the student's file. The student's code
+runs in a process of its own, inside the sandbox (autograder.jail: no view of the course, the checks, the
+grader or other students), behind one socket (autograder.student.channel). The check sends a probe request
+(`Context.call`), gets back what the student's code produced, computes the reference itself and compares.
+Speed is timed by this process's clock around each request, alternating with a baseline that runs in a
+process that never held student code, the idle side frozen (`Context.compare`); every timed reply is verified.
+Verdicts are JSON dicts:
 
-    {"check", "ok", "score", "max_score", "gradable", "message", "measurements", "hardware", "device", ...}
+    {"check", "ok", "score", "max_score", "gradable", "message", "measurements", "hardware", "device", "sandbox"}
 
 Rules every check follows: correctness gates speed (a wrong result earns no speed points); a speed-up is a
-ratio against a baseline timed in the same process with `labkit.bench.compare` (interleaved, after warm-up,
-median of repeats); thresholds depend on the hardware class ("tensor_core_gpu", "gpu", "cpu"); a check this
-machine cannot grade says so (`gradable: false`, score 0) instead of passing or failing.
+ratio against a baseline timed alternately in the same run (median of rounds, after warm-up); thresholds
+depend on the hardware class ("tensor_core_gpu", "gpu", "cpu"); a check this machine cannot grade says so
+(`gradable: false`, score 0) instead of passing or failing.
 
-What it defends against: monkeypatching in the notebook kernel, fake-fast wrong submissions, and a
-submission that replaces the timers at import (the worker snapshots the timing functions before importing the
-student's file and fails the check if any changed). What it does not: code written to attack the grader
-from inside the worker process (reading its memory, patching C code); review submissions that look odd.
+What it does not defend against (assignments/README.md, "Threat model"): counts that only the student's
+process can observe (host syncs, matmul dtypes, data-wait share) are that process's own report.
 
 Entry points: `run_check(name, student_file)`, `run_checks(names, student_file)`, `grade(...)` for nbgrader
 test cells, and `python -m autograder.harness <check-name|labN> <student-file> [--json]`.
@@ -100,6 +101,10 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
           "ResNet-18 step vs the naive step: 3x for full marks on a tensor-core GPU (needs CUDA)"),
     Check("lab4.correctness_hidden", "autograder.lab4_checks", "check_correctness_hidden", 2, 600,
           "same as correctness, other hyper-parameters and seed"),
+    # The toy assignment the grader rehearses on (autograder.rehearsal): not part of the course.
+    Check("toy.correct", "autograder.rehearsal", "check_correct", 1, 60, "toy: sum of squares on fresh inputs"),
+    Check("toy.hidden", "autograder.rehearsal", "check_hidden", 1, 60, "toy: sum of squares on the hidden inputs"),
+    Check("toy.speed", "autograder.rehearsal", "check_speed", 1, 120, "toy: 4x the Python loop, interleaved"),
 ]}
 
 
@@ -641,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.student_file:
         ap.error("give the student's file after the check name")
+    if not a.student_file.endswith(".py"):
+        print(f"autograder.harness: {a.student_file} is not a .py file: give the module the lab's %%writefile "
+              "cell writes (e.g. student_scaler.py)", file=sys.stderr)
+        return 2
     try:
         names = checks_for(a.check)
         verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device)

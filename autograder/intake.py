@@ -45,6 +45,7 @@ class Submission:
     cause: str | None = None  # short category of `problem`, for the summary
     notes: list[str] = field(default_factory=list)  # things worth telling the instructor, not fatal
     digest: str = ""  # sha256 of every file's name and bytes: a changed hand-in is graded again
+    origin: str = ""  # the folder or file names under the submissions folder this hand-in came from
 
     def compute_digest(self) -> str:
         h = hashlib.sha256()
@@ -98,6 +99,9 @@ def check_notebook(data: bytes, name: str) -> str | None:
     if len(data) > MAX_NOTEBOOK_BYTES:
         return f"{name} is {len(data) / 2**20:.0f} MiB (limit {MAX_NOTEBOOK_BYTES // 2**20} MiB): clear its outputs"
     try:
+        raw = json.loads(data.decode("utf-8"))
+        if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or "nbformat" not in raw:
+            return f"{name} is not a notebook: JSON without the notebook fields (cells, nbformat)"
         nb = nbformat.reads(data.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
     except json.JSONDecodeError as e:
@@ -209,6 +213,7 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
         if entry.is_dir():
             sid = safe_id(entry.name)
             sub = _collect_folder(sid, entry, assignment)
+            sub.origin = entry.name
             if sid != entry.name:
                 sub.notes.append(f"folder {entry.name!r} graded as student id {sid!r}")
             _add(by_id, sub, junk)
@@ -225,15 +230,17 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
             shutil.rmtree(dest, ignore_errors=True)
             problems = extract_zip(entry, dest)
             if problems:
-                _add(by_id, Submission(sid, problem=problems[0], cause="bad archive"), junk)
+                _add(by_id, Submission(sid, problem=problems[0], cause="bad archive", origin=entry.name), junk)
                 continue
             inner = [p for p in dest.iterdir() if p.name not in _SKIP]
             folder = inner[0] if len(inner) == 1 and inner[0].is_dir() else dest
-            _add(by_id, _collect_folder(sid, folder, assignment), junk)
+            sub = _collect_folder(sid, folder, assignment)
+            sub.origin = entry.name
+            _add(by_id, sub, junk)
         else:
             lms_files.setdefault(sid, []).append((name, entry))
     for sid, files in lms_files.items():
-        sub = Submission(sid)
+        sub = Submission(sid, origin=" and ".join(sorted(p.name for _, p in files)))
         _read(sub, dict(files))
         if not sub.problem:
             _pick_notebook(sub, assignment)
@@ -250,11 +257,15 @@ def _looks_like_student(folder: Path, assignment: str) -> bool:
 
 
 def _add(by_id: dict[str, Submission], sub: Submission, junk: list[str]) -> None:
+    """Record a hand-in; two that map to one id are an error naming both (a folder like '-n07_alice' must not
+    shadow 'n07_alice'), so that student is not graded until the instructor says which one is theirs."""
     old = by_id.get(sub.student_id)
     if old is None:
         by_id[sub.student_id] = sub
-    elif old.notebook is None and sub.notebook is not None:
-        junk.append(f"{sub.student_id}: two hand-ins; graded the one with a notebook")
-        by_id[sub.student_id] = sub
-    else:
-        junk.append(f"{sub.student_id}: two hand-ins; kept the first one found")
+        return
+    names = [n for n in (old.origin or "?").split(" + ") + [sub.origin or "?"]]
+    msg = (f"{len(names)} hand-ins map to student id {sub.student_id!r}: {', '.join(repr(n) for n in names)}; "
+           "keep the student's own one in the submissions folder and grade again")
+    junk.append(f"{sub.student_id}: {msg}")
+    by_id[sub.student_id] = Submission(sub.student_id, problem=msg, cause="ambiguous hand-in",
+                                       origin=" + ".join(names))

@@ -147,6 +147,7 @@ def _grader_view() -> list[str]:
            "--ro-bind", str(PUBLIC), f"{VIEW}/autograder/student",
            "--ro-bind", str(PUBLIC / "view_init.py"), f"{VIEW}/autograder/__init__.py",
            "--ro-bind", str(PUBLIC / "kernel_harness.py"), f"{VIEW}/autograder/harness.py",
+           "--ro-bind", str(PUBLIC / "kernel_harness.py"), f"{VIEW}/autograder/rehearsal.py",
            # nbgrader runs inside the sandbox with the notebook, and loads the grader's preprocessors from here
            "--ro-bind", str(GRADER_ROOT / "autograder" / "nbhooks.py"), f"{VIEW}/autograder/nbhooks.py"]
     return out

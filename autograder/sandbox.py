@@ -37,6 +37,7 @@ class Limits:
     address_space: bool = False  # also cap each process's virtual memory at memory_bytes (RLIMIT_AS; CPU only)
     poll_s: float = 0.25  # how often the watchdog looks, seconds
     keep_output_bytes: int = 64 * 1024  # how much of the start and of the end of the output is kept, bytes each
+    max_processes: int | None = 512  # processes alive at once (a fork bomb is killed at the next look)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Outcome:
     wall_s: float  # seconds from start to the last process gone
     timed_out: bool = False  # killed for passing Limits.wall_s
     out_of_memory: bool = False  # killed for passing Limits.memory_bytes
+    too_many_processes: bool = False  # killed for passing Limits.max_processes
     peak_rss_bytes: int = 0  # largest total resident memory the watchdog saw, bytes
     output: str = ""  # stdout and stderr interleaved, head and tail only
     output_bytes: int = 0  # how many bytes the command wrote in all
@@ -55,7 +57,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not (self.timed_out or self.out_of_memory)
+        return self.returncode == 0 and not (self.timed_out or self.out_of_memory or self.too_many_processes)
 
     def cause(self) -> str | None:
         """A short cause for a failed command, for logs and summaries; None when it succeeded."""
@@ -65,6 +67,8 @@ class Outcome:
             return "timeout"
         if self.out_of_memory:
             return "memory"
+        if self.too_many_processes:
+            return "processes"
         if self.returncode != 0:
             return f"exit {self.returncode}"
         return None
@@ -164,16 +168,23 @@ def _rss(procs: list[psutil.Process]) -> int:
 
 
 def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] | None = None,
-                limits: Limits | None = None, token: str | None = None) -> Outcome:
+                limits: Limits | None = None, token: str | None = None, jail=None) -> Outcome:
     """Run `cmd` in its own session under `limits`; always returns, never leaves a process behind.
 
     `token` marks every process of this run (a fresh random one if None); pass a token you recorded if you
-    want to be able to kill the run's leftovers after a crash of the caller (see kill_token).
+    want to be able to kill the run's leftovers after a crash of the caller (see kill_token). With `jail` (an
+    autograder.jail.Jail) the command runs in that sandbox, whose PID namespace takes every process with it.
     """
     limits = limits or Limits()
     token = token or secrets.token_hex(16)
     env = dict(os.environ if env is None else env)
     env[TOKEN_VAR] = token
+    if jail is not None:
+        jail.env.setdefault(TOKEN_VAR, token)
+        try:
+            cmd = jail.command(cmd)
+        except RuntimeError as e:
+            return Outcome(None, 0.0, error=str(e))
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -196,6 +207,10 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
                 out.out_of_memory = True
                 _kill(members)
                 break
+            if limits.max_processes and len(members) > limits.max_processes:
+                out.too_many_processes = True
+                _kill(members)
+                break
             if time.monotonic() - t0 > limits.wall_s:
                 out.timed_out = True
                 _kill(members)
@@ -210,7 +225,7 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
             out.returncode = proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             out.returncode = None
-        if out.timed_out or out.out_of_memory:
+        if out.timed_out or out.out_of_memory or out.too_many_processes:
             out.returncode = -signal.SIGKILL  # psutil may have reaped it first and left 0 behind
         out.wall_s = time.monotonic() - t0
         out.output = cap.text()

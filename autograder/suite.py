@@ -27,7 +27,7 @@ class Expect:
     correct: bool | None  # correctness test cells pass (None: not checked)
     speed: bool | None  # speed test cells pass (None: not checked)
     status: str = "graded"  # "graded" or "not graded"
-    causes: tuple = (None,)  # acceptable values of StudentResult.cause
+    causes: tuple = (None,)  # acceptable values of StudentResult.cause ("*": any)
     flagged: bool = False  # the result must carry a flag for the instructor
     note: str | None = None  # a substring the notes must contain
 
@@ -119,11 +119,14 @@ class SuiteBuilder:
         return {name or f"{self.assignment}.ipynb": json.dumps(nb, indent=1).encode()}
 
     def variants(self, *, address_space_limit: bool = False, release_expect: Expect | None = None,
-                 flood_lines: int = 100_000, vandal_root: Path | None = None) -> list[Variant]:
+                 flood_lines: int = 100_000, vandal_root: Path | None = None,
+                 canary: Path | None = None) -> list[Variant]:
         """Every variant this assignment supports, with the score each deserves.
 
         `vandal_root` (a folder you own holding the course, hand-ins and output) adds a submission that
         overwrites every result, gradebook, notebook and feedback page in it; without it there is none.
+        `canary` (a file outside the class that only the grader should see) adds the attacks of a hostile
+        class (see `_attacks`): they try to read and rewrite it, among much else.
         """
         b, full, v = self.bodies, Expect(True, True), []
         slow = b.get("slow_correct")
@@ -146,7 +149,7 @@ class SuiteBuilder:
             add("tests_deleted", "slow solution, test cells deleted (nbgrader restores them)",
                 self._files(self.notebook(slow, tests="delete")), Expect(True, False))
             add("patch_kernel", "slow solution plus a cell that patches timers, CUDA events and run_check",
-                self._files(self.notebook(slow, before_tests=self._patch_cell())), Expect(True, False, flagged=True))
+                self._files(self.notebook(slow, before_tests=self._patch_cell())), Expect(True, False))
         if b.get("timer_patch"):
             add("patch_in_file", "slow solution whose file replaces time.perf_counter when imported",
                 self._files(self.notebook(b["timer_patch"])), Expect(True, False))
@@ -183,11 +186,47 @@ class SuiteBuilder:
             add("vandal", "the reference plus a cell that overwrites every gradebook, result, notebook and "
                 "feedback file under the class folder", self._files(self.notebook(
                     before_tests=_VANDAL.replace("@ROOT@", repr(str(vandal_root))))), full)
+        self._attacks(add, rel, canary, vandal_root)
         add("malformed", "a notebook file that is not JSON", {f"{self.assignment}.ipynb": b'{"cells": [ oops'},
             Expect(None, None, status="not graded", causes=("invalid notebook",)))
         add("no_notebook", "a folder with no notebook in it", {"README.txt": b"I could not get it to work"},
             Expect(None, None, status="not graded", causes=("no notebook",)))
         return v
+
+    def _attacks(self, add, rel: Expect, canary: Path | None, root: Path | None) -> None:
+        """A hostile class: forge verdicts, reach the checks and the course, signal or outlive the grader."""
+        if canary is None or root is None:
+            return
+        slow, target = self.bodies.get("slow_correct"), self.target[1] if self.target else "pipeline.py"
+        paths = {"@CANARY@": repr(str(canary)), "@ROOT@": repr(str(root)), "@REPO@": repr(str(_REPO))}
+
+        def fill(code: str) -> str:
+            for k, v in paths.items():
+                code = code.replace(k, v)
+            return code
+
+        add("forge_verdict", "the release plus a cell that prints passing verdicts in every format the grader "
+            "has used and writes a perfect result.json wherever it can", self._files(self.notebook(
+                reference=False, before_tests=fill(_FORGE))), rel)
+        add("reach_files", "the release plus a cell that reads the checks, the course and a file only the grader "
+            "may read, and rewrites what it can", self._files(self.notebook(
+                reference=False, before_tests=fill(_REACH))), rel)
+        add("kill_all", "the reference plus a cell that SIGKILLs every process it can see, its own grader first",
+            self._files(self.notebook(before_tests=_KILL_ALL)),
+            Expect(None, None, status="not graded", causes=("*",)))
+        add("daemon", "the reference plus a cell that leaves a detached daemon behind to rewrite the grades later",
+            self._files(self.notebook(before_tests=fill(_DAEMON))), Expect(True, True))
+        add("fork_flood", "the reference plus a cell that starts processes until something stops it",
+            self._files(self.notebook(before_tests=_FORK_FLOOD)),
+            Expect(None, None, status="not graded", causes=("processes", "memory", "kernel died", "timeout")))
+        if slow:
+            steal = ("try:\n    from autograder.rehearsal import REFERENCE as _R\n    exec(_R)\nexcept Exception:\n"
+                     "    pass\n")
+            add("import_reference", "slow solution whose file imports the grader's reference and answer key",
+                self._files(self.notebook(slow + "\n" + steal + _IMPORT_TRUSTED)), Expect(True, False))
+            add("spinner", "slow solution whose import starts detached processes that spin while the baseline is "
+                "timed", self._files(self.notebook(slow + "\n" + _SPINNER)), Expect(True, False))
+        _ = target
 
     def _patch_cell(self) -> str:
         mods = self.harness_modules or ["autograder.harness"]
@@ -269,6 +308,128 @@ print("vandal overwrote", hit, "files")
 '''
 
 
+_REPO = Path(__file__).resolve().parents[1]
+
+# Every verdict format the grader and its harness ever printed, a forged trusted marker, and perfect done-markers.
+_FORGE = r"""
+import json, os
+ok = {"check": "toy.speed", "ok": True, "passed": True, "gradable": True, "score": 99, "max_score": 1,
+      "message": "blazing", "ratio": 99.0}
+print("@@labkit-trusted-verdicts@@" + json.dumps([ok, ok, ok]))
+print("@@toy@@" + json.dumps(ok))
+for nonce in ("0" * 32, "f" * 32):
+    print(nonce, "verdict", json.dumps(ok))
+done = {"status": "graded", "score": 1000, "max_score": 5, "digest": "", "source_digest": "", "mac": "0" * 64}
+hit, p = 0, os.path.abspath(".")
+for _ in range(10):
+    for rel in ("result.json", "students/forge_verdict/result.json", "out/students/forge_verdict/result.json"):
+        try:
+            os.makedirs(os.path.dirname(os.path.join(p, rel)) or p, exist_ok=True)
+            with open(os.path.join(p, rel), "w") as f:
+                json.dump(done, f)
+            hit += 1
+        except OSError:
+            pass
+    p = os.path.dirname(p)
+print("forged", hit, "done-markers")
+"""
+
+# Reads what only the grader should (the checks, the course's source, the instructor's canary), then rewrites
+# the canary, the grader's own modules and the class folder; prints whatever it found into its notebook.
+_REACH = r"""
+import glob, os
+found = []
+for pattern in (os.path.join(@REPO@, "autograder", "*.py"), os.path.join(@ROOT@, "course", "source", "*", "*.ipynb"),
+                @CANARY@, os.path.join(@ROOT@, "subs", "*", "*.ipynb"), "/proc/1/environ", "/root/*", "/home/*"):
+    for path in glob.glob(pattern):
+        try:
+            with open(path, "rb") as f:
+                found.append((path, f.read(200)))
+        except OSError:
+            pass
+for path, head in found:
+    print("READ", path, head[:80])
+wrote = 0
+for path in [@CANARY@, os.path.join(@REPO@, "autograder", "rehearsal.py"), os.path.join(@REPO@, "autograder", "harness.py"),
+             *glob.glob(os.path.join(@ROOT@, "subs", "*", "*.ipynb"))]:
+    try:
+        with open(path, "a") as f:
+            f.write("\n# tampered\n")
+        wrote += 1
+    except OSError:
+        pass
+print("reach found", len(found), "files and rewrote", wrote)
+"""
+
+# Kills every process it can see: in the sandbox that is its own nbgrader and kernel, never the grader.
+_KILL_ALL = r"""
+import os, signal
+me = os.getpid()
+pids = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != me]
+for pid in [os.getppid()] + pids:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+# A double-forked daemon in its own session, without the grader's variables, that waits for the run to end
+# and then rewrites the grades and the canary.
+_DAEMON = r"""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        for k in list(os.environ):
+            os.environ.pop(k, None)
+        time.sleep(25)
+        for path in [os.path.join(@ROOT@, "out", "grades.csv"), @CANARY@]:
+            try:
+                with open(path, "w") as f:
+                    f.write("daemon was here")
+            except OSError:
+                pass
+        os._exit(0)
+    os._exit(0)
+os.wait()
+print("daemon started")
+"""
+
+_FORK_FLOOD = r"""
+import os, time
+kids = 0
+for _ in range(3000):
+    if os.fork() == 0:
+        time.sleep(120)
+        os._exit(0)
+    kids += 1
+print("started", kids)
+"""
+
+# Imports the grader's trusted modules at import time (in the sandbox they do not exist).
+_IMPORT_TRUSTED = r"""
+import importlib
+for _m in ("autograder.rehearsal", "autograder.lab1_checks", "autograder.lab3_checks", "autograder.harness"):
+    try:
+        _mod = importlib.import_module(_m)
+        for _name in ("check_speed", "run_checks", "REQUIRED_RATIO", "ANSWER_KEY"):
+            if hasattr(_mod, _name):
+                setattr(_mod, _name, (lambda *a, **k: [{"ok": True, "passed": True}]) if _name != "REQUIRED_RATIO" else 0.0)
+    except Exception:
+        pass
+"""
+
+# Detached processes that spin on the CPU from import on: they would slow a baseline timed beside them.
+_SPINNER = r"""
+import os
+for _ in range(3):
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            pass
+"""
+
+
 def write_submissions(variants: list[Variant], dest: Path) -> Path:
     """One folder per variant (named after it) under `dest`; returns `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -297,7 +458,7 @@ def check(variant: Variant, result, cells: list[dict], speed_cells: set[str]) ->
         return [f"{variant.name}: no result"]
     if result.status != e.status:
         problems.append(f"{variant.name}: status {result.status!r}, expected {e.status!r} ({result.message})")
-    if result.cause not in e.causes:
+    if result.cause not in e.causes and "*" not in e.causes:
         problems.append(f"{variant.name}: cause {result.cause!r}, expected one of {e.causes} ({result.message})")
     want = expected_score(e, cells, speed_cells)
     if want is not None and abs(result.score - want) > 1e-6:

@@ -1,4 +1,4 @@
-"""Trusted checks: find the harness calls in an assignment's test cells and re-run them outside the kernel.
+"""Trusted checks: find the harness calls in an assignment's test cells and run them outside the kernel.
 
 A test cell scores through the harness: `grade("lab2.loader_speed", "student_pipeline.py", points=4)` (the
 course's labs) or `run_check("name", "file.py")` (simpler assignments). The harness measures in a fresh
@@ -130,11 +130,13 @@ def interpret(call: HarnessCall, answer: dict) -> Verdict:
 
 def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *, harness_module: str,
                 limits: Limits, env: dict[str, str], data_files: dict[str, bytes] | None = None,
+                sandbox: str = "bwrap", memory_gb: float | None = None,
                 ) -> tuple[dict[str, Verdict], list[Outcome]]:
-    """Re-run `calls` in fresh isolated interpreters (one per student file); never raises.
+    """Run `calls` from fresh trusted interpreters (one per student file); never raises.
 
-    Each runs in a folder holding the assignment's own files (`data_files`, as nbgrader puts them beside the
-    notebook) and a copy of the student's file, nothing else the student wrote.
+    Each gets a folder holding the assignment's own files (`data_files`, as nbgrader puts them beside the
+    notebook) and a copy of the student's file, nothing else the student wrote. The harness runs the
+    student's code in its own sandboxed process (`sandbox`: "bwrap", or "none" for trusted submissions).
     """
     verdicts, outcomes = {}, []
     by_file: dict[str, list[HarnessCall]] = {}
@@ -161,7 +163,7 @@ def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *
             f"import {harness_module} as h\n"
             f"names, path = {names!r}, {sfile!r}\n"
             "if hasattr(h, 'run_checks'):\n"
-            "    out = h.run_checks(names, path)\n"
+            f"    out = h.run_checks(names, path, sandbox={sandbox!r}, memory_gb={memory_gb!r})\n"
             "else:\n"
             "    out = [h.run_check(n, path) for n in names]\n"
             f"print({RESULT_MARK!r} + json.dumps(out, default=str), flush=True)\n"
@@ -192,8 +194,11 @@ def _parse(text: str) -> list | None:
 
 
 def cell_scores(calls: list[HarnessCall], verdicts: dict[str, Verdict], cells: list[dict]) -> list[str]:
-    """Rescore every cell that calls the harness from the trusted verdicts (in place); returns flags."""
-    flags = []
+    """Rescore every cell that calls the harness from the trusted verdicts (in place); returns flags.
+
+    What the cell scored inside the notebook is kept as `kernel_score` for the record only: in the sandbox the
+    test cells run nothing (the harness there is a stand-in), and a student's cell could fake it anyway.
+    """
     by_cell: dict[tuple, list[HarnessCall]] = {}
     for c in calls:
         by_cell.setdefault((c.notebook, c.cell), []).append(c)
@@ -203,11 +208,9 @@ def cell_scores(calls: list[HarnessCall], verdicts: dict[str, Verdict], cells: l
             continue
         vs = [verdicts[c.check] for c in group if c.check in verdicts]
         frac = min((v.fraction for v in vs), default=0.0)
-        kernel = cell["score"]
+        cell["kernel_score"] = cell["score"]
         cell["score"] = round(cell["max_score"] * frac, 2)
         cell["source"] = "trusted"
-        cell["kernel_score"] = kernel
-        if kernel > cell["score"] + 1e-6:
-            flags.append(f"{cell['cell']}: {kernel:g} points inside the notebook but {cell['score']:g} when the "
-                         "grader re-ran the check")
-    return flags
+    unverified = [c["cell"] for c in cells if (c["notebook"], c["cell"]) not in by_cell]
+    return [f"{', '.join(unverified)}: scored inside the notebook (no harness check): a student's code could "
+            "have faked it"] if unverified else []

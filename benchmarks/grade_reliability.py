@@ -41,7 +41,7 @@ def pick_check(device: str) -> str:
     return rehearsal.CHECK
 
 
-def one_run(check: str, path: Path, device: str) -> dict:
+def one_run(check: str, path: Path, device: str, sandbox: str = "auto") -> dict:
     """One fresh-process run of the check: verdict, share of points, ratio and the seconds it took."""
     box = []
     if check == rehearsal.CHECK:
@@ -50,12 +50,13 @@ def one_run(check: str, path: Path, device: str) -> dict:
         v.setdefault("ok", v.get("passed"))
         v["score"], v["max_score"], v["gradable"] = (1.0 if v.get("passed") else 0.0), 1.0, True
     else:
-        secs = bench.time_fn(lambda: box.append(harness.run_check(check, path, device=device)),
+        secs = bench.time_fn(lambda: box.append(harness.run_check(check, path, device=device, sandbox=sandbox)),
                              warmup=0, repeats=1).median
         v = box[0]
     numbers = dict(v.get("measurements") or {}, **{k: v[k] for k in ("ratio",) if k in v})
     frac = v["score"] / v["max_score"] if v.get("max_score") else 0.0
     return {"ok": bool(v.get("ok")), "gradable": bool(v.get("gradable", True)), "fraction": frac,
+            "sandbox": v.get("sandbox"),
             "ratio": trusted.headline(numbers).get("ratio"), "message": v.get("message", ""), "seconds": secs,
             "measurements": {k: val for k, val in numbers.items() if k != "traceback"}}
 
@@ -84,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check", default="auto",
                     help="harness check to repeat (default: lab4.speed on CUDA, else a CPU-gradable speed check)")
     ap.add_argument("--device", default="auto", help="device to grade on: auto, cpu, cuda, cuda:N (--quick: cpu)")
+    ap.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
+                    help="where the reference runs: bwrap (required), none, or auto (bwrap where it works)")
     args = ap.parse_args(argv)
     try:
         device = "cpu" if args.quick else str(pick_device(args.device))
@@ -107,9 +110,10 @@ def main(argv=None) -> int:
             else:
                 path = harness.student_file_from_notebook(_source(check), d)
             for _ in tqdm(range(runs_n), desc=f"{check} x{runs_n}", unit="run"):
-                runs.append(one_run(check, path, device))
+                runs.append(one_run(check, path, device, args.sandbox))
                 # saved after every run: a run cut short by a time limit still leaves what it measured
                 p = bench.save_result("grade_reliability", {"check": check, "device": device, "runs_planned": runs_n,
+                                                            "sandbox": sorted({str(r["sandbox"]) for r in runs}),
                                                             "complete": len(runs) == runs_n,
                                                             "summary": summarize(runs), "runs": runs},
                                       out_dir=args.out, device=device)
@@ -117,7 +121,7 @@ def main(argv=None) -> int:
         print(f"grade_reliability: error: {e}", file=sys.stderr)
         return 2
     summary = summarize(runs)
-    print(f"{check} on {device}: {summary['runs']} runs, {summary['false_failures']} false failure(s), "
+    print(f"{check} on {device} (sandbox: {', '.join(sorted({str(r['sandbox']) for r in runs}))}): {summary['runs']} runs, {summary['false_failures']} false failure(s), "
           f"{summary['not_gradable_runs']} not gradable")
     if "ratio_median" in summary:
         print(f"ratio median {summary['ratio_median']:.2f}x, range {summary['ratio_min']:.2f}-"

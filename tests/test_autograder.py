@@ -30,7 +30,10 @@ AID = rehearsal.TOY_ID
 SKIP_IN_BATCH = {"renamed", "patch_in_file"}
 IN_BATCH = ["reference", "release", "wrong_fast", "tests_edited", "slow_correct", "tests_deleted", "patch_kernel",
             "cache", "infinite_loop", "deaf_loop", "kernel_crash", "memory_hog", "output_flood", "stderr_noise", "snoop",
-            "vandal", "malformed", "no_notebook"]
+            "vandal", "malformed", "no_notebook",
+            # the hostile class: forge, reach the grader's files, kill, outlive, flood, steal, slow the baseline
+            "forge_verdict", "reach_files", "kill_all", "daemon", "fork_flood", "import_reference", "spinner"]
+CANARY = "instructor-only: the hidden answers are 42"
 
 
 # ------------------------------------------------------------------------------------------------ sandbox
@@ -116,10 +119,17 @@ def test_intake_understands_folders_lms_files_and_zips(tmp_path):
     (s / "notes.txt").write_text("junk")
     (s / "weird name!").mkdir()
     (s / "weird name!" / "lab.ipynb").write_bytes(_nb_bytes())
+    for shadow in ("n07_kim", "-n07_kim"):  # a second folder that maps to a classmate's id
+        (s / shadow).mkdir()
+        (s / shadow / "lab.ipynb").write_bytes(_nb_bytes())
 
     got = intake.collect(s, "lab", scratch=tmp_path / "scratch")
     by = {x.student_id: x for x in got.submissions}
-    assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gus", "hana", "ivan", "weird_name"}
+    assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gus", "hana", "ivan", "weird_name",
+                       "n07_kim"}
+    kim = by["n07_kim"]  # neither is graded as the student's until the instructor keeps the right one
+    assert kim.cause == "ambiguous hand-in" and "'-n07_kim'" in kim.problem and "'n07_kim'" in kim.problem
+    assert any("n07_kim" in j and "-n07_kim" in j for j in got.junk)
     assert by["alice"].problem is None and set(by["alice"].files) == {"lab.ipynb", "helper.py"}
     assert by["bob"].problem is None and by["bob"].notebook == "lab.ipynb"
     assert by["carol"].problem is None and any("only notebook" in n for n in by["carol"].notes)
@@ -157,6 +167,8 @@ def test_find_calls_in_the_course_and_the_toy(tmp_path):
     course = rehearsal.build_toy_course(tmp_path / "c")
     calls = trusted.find_calls(course / "source" / AID / f"{AID}.ipynb")
     assert [(c.cell, c.check, c.student_file, c.kind) for c in calls] == [
+        ("test_correct", "toy.correct", "pipeline.py", "run_check"),
+        ("test_correct", "toy.hidden", "pipeline.py", "run_check"),
         ("test_speed", rehearsal.CHECK, "pipeline.py", "run_check")]
     lab1 = REPO_ROOT / "assignments" / "source" / "lab1_loss_scaling" / "lab1_loss_scaling.ipynb"
     if lab1.exists():
@@ -165,7 +177,7 @@ def test_find_calls_in_the_course_and_the_toy(tmp_path):
         assert any(c.check.startswith("lab1.") for c in calls)
 
 
-def test_verdicts_rescore_cells_and_flag_disagreement():
+def test_verdicts_rescore_cells_and_flag_cells_scored_in_the_notebook():
     g = trusted.HarnessCall("nb", "c1", "lab2.loader_speed", "f.py", "grade")
     v = trusted.interpret(g, {"check": "lab2.loader_speed", "ok": True, "score": 2.0, "max_score": 4.0,
                               "gradable": True, "message": "2.1x",
@@ -184,11 +196,12 @@ def test_verdicts_rescore_cells_and_flag_disagreement():
     flags = trusted.cell_scores([g, r], {"lab2.loader_speed": v, "toy.speed": trusted.interpret(r, {"passed": False})},
                                 cells)
     assert [c["score"] for c in cells] == [2.0, 0.0, 1.0]
-    assert len(flags) == 2 and "c2" in flags[1]
+    assert [c.get("kernel_score") for c in cells] == [4.0, 3.0, None]
+    assert len(flags) == 1 and flags[0].startswith("c3: scored inside the notebook")
 
 
 def test_toy_harness_rejects_replaced_clocks_and_wrong_answers(tmp_path):
-    for body, ok, why in [(rehearsal.REFERENCE, True, "enough"), (rehearsal.BODIES["timer_patch"], False, "clock"),
+    for body, ok, why in [(rehearsal.REFERENCE, True, "enough"), (rehearsal.BODIES["timer_patch"], False, "need"),
                           (rehearsal.BODIES["wrong_fast"], False, "wrong")]:
         f = tmp_path / "pipeline.py"
         f.write_text(body)
@@ -216,6 +229,20 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):
     assert rc == 2 and "unknown assignment 'lab9_nope'" in err and AID in err
     rc = main(["grade", AID, "--submissions", str(tmp_path / "subs"), "--course", str(tmp_path), "--out", str(out)])
     assert rc == 2 and "not an nbgrader course" in capsys.readouterr().err
+    (tmp_path / "subs" / "notes.txt").write_text("no hand-ins here")
+    rc = main(["grade", AID, "--submissions", str(tmp_path / "subs"), "--course", str(course), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no student hand-ins found" in err and "notes.txt" in err, err
+    assert not (out / "grades.csv").exists() and not (out / "feedback").exists()
+
+
+def test_harness_cli_refuses_what_is_not_a_module_and_notebooks_that_are_not(tmp_path):
+    f = tmp_path / "answers.json"
+    f.write_text("{}")
+    p = subprocess.run([PY, "-m", "autograder.harness", "lab1", str(f)], capture_output=True, text=True,
+                       cwd=REPO_ROOT, timeout=120)
+    assert p.returncode == 2 and "not a .py file" in p.stderr and "Error" not in p.stderr, p.stderr
+    assert "JSON without the notebook fields" in intake.check_notebook(b"{}", "lab.ipynb")
 
 
 # ------------------------------------------------------------------------------------------------ the class
@@ -241,8 +268,12 @@ def graded_class(tmp_path_factory):
     cls, work = base / "class", base / "work"  # the scratch folder lies outside what the vandal can reach
     course = rehearsal.build_toy_course(cls / "course")
     release = courses.generate_release(course, AID, base / "release")
+    canary = base / "instructor" / "secret.txt"
+    canary.parent.mkdir()
+    canary.write_text(CANARY)
+    grader_files = {p: p.read_bytes() for p in sorted((REPO_ROOT / "autograder").rglob("*.py"))}
     builder = suite.SuiteBuilder(course / "source" / AID / f"{AID}.ipynb", release, AID, rehearsal.BODIES)
-    variants = [v for v in builder.variants(vandal_root=cls) if v.name not in SKIP_IN_BATCH]
+    variants = [v for v in builder.variants(vandal_root=cls, canary=canary) if v.name not in SKIP_IN_BATCH]
     assert sorted(v.name for v in variants) == sorted(IN_BATCH)
     suite.write_submissions(variants, cls / "subs")
     (cls / "subs" / "notes.txt").write_text("not a submission")
@@ -264,7 +295,8 @@ def graded_class(tmp_path_factory):
     cfg = _config(cls, work)
     rep = grade.grade_class(AID, cls / "subs", cfg)
     return {"cls": cls, "work": work, "builder": builder, "variants": variants, "before": before, "report": rep,
-            "course": course, "cfg": cfg, "killed_pid": proc.pid}
+            "course": course, "cfg": cfg, "killed_pid": proc.pid, "canary": canary, "grader_files": grader_files,
+            "hand_ins": {p: p.read_bytes() for p in sorted((cls / "subs").rglob("*")) if p.is_file()}}
 
 
 def test_validate_source_passes_and_release_fails(graded_class, tmp_path):
@@ -329,18 +361,38 @@ def test_outputs_grades_csv_gradebook_feedback_summary(graded_class):
     assert "baseline per s" in (out / "feedback" / "reference" / AID / f"{AID}.html").read_text()
     summary = (out / "summary.txt").read_text()
     assert "failures by cause:" in summary and "kernel died" in summary and "notes.txt" in summary
-    assert "flagged for a look: patch_kernel" in summary
     assert "notes.txt" in (out / "grade_log.txt").read_text()
     snooped = nbformat.read(out / "autograded" / "snoop" / AID / f"{AID}.ipynb", as_version=4)
     said = "".join(o.get("text", "") for c in snooped.cells if c.cell_type == "code" for o in c.outputs)
     assert "snooping found 0 things" in said  # no notebook, gradebook or source with hidden tests in reach
 
 
+def test_the_hostile_class_reached_nothing_outside_its_sandbox(graded_class):
+    """Students read, rewrote, signalled and outlived what they could: none of it reached the grader's code, the
+    instructor's files, the other hand-ins or the outputs, and every verdict came from the trusted side."""
+    rep, out = graded_class["report"], graded_class["cls"] / "out"
+    assert graded_class["canary"].read_text() == CANARY
+    assert {p: p.read_bytes() for p in graded_class["grader_files"]} == graded_class["grader_files"]
+    assert {p: p.read_bytes() for p in graded_class["hand_ins"]} == graded_class["hand_ins"]
+    assert all(r.sandbox == "bwrap" for r in rep.results if r.status == "graded")
+    reach = nbformat.read(out / "autograded" / "reach_files" / AID / f"{AID}.ipynb", as_version=4)
+    said = "".join(o.get("text", "") for c in reach.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "reach found 0 files and rewrote 0" in said and CANARY not in said
+    page = (out / "feedback" / "reach_files" / AID / f"{AID}.html").read_text()
+    assert CANARY not in page and "REQUIRED_RATIO" not in page
+    key = grade.result_key(out)
+    for r in rep.results:  # every done-marker is the grader's own: its MAC verifies
+        assert grade.load_result(out / "students" / r.student_id / "result.json", key) is not None
+    assert "daemon was here" not in (out / "grades.csv").read_text()
+
+
 def test_vandal_changed_nothing_that_counts(graded_class):
     rep = graded_class["report"]
-    # The vandal really wrote over the class folder (hand-ins, the course), and the grader undid what it owns.
-    assert (graded_class["cls"] / "subs" / "reference" / f"{AID}.ipynb").read_text() == "vandalised"
-    assert rep.restored
+    # The vandal's code ran in the sandbox, which shows it nothing of the class folder: nothing to undo.
+    vandal = next(r for r in rep.results if r.student_id == "vandal")
+    assert vandal.score == vandal.max_score
+    assert (graded_class["cls"] / "subs" / "reference" / f"{AID}.ipynb").read_text() != "vandalised"
+    assert not rep.restored
     for r in rep.results:
         marker = json.loads((graded_class["cls"] / "out" / "students" / r.student_id / "result.json").read_text())
         assert marker["score"] == r.score
@@ -354,13 +406,22 @@ def test_rerun_is_idempotent_and_regrades_only_a_changed_hand_in(graded_class):
     csv_before = (cls / "out" / "grades.csv").read_text()
     again = grade.grade_class(AID, cls / "subs", graded_class["cfg"])
     assert again.graded_now == 0 and (cls / "out" / "grades.csv").read_text() == csv_before
+    # A done-marker rewritten by anyone but the grader (the digests recomputed, the MAC guessed) is regraded.
+    marker = cls / "out" / "students" / "wrong_fast" / "result.json"
+    forged = json.loads(marker.read_text())
+    forged.update(score=forged["max_score"], message="forged")
+    marker.write_text(json.dumps(forged))
+    forged_run = grade.grade_class(AID, cls / "subs", graded_class["cfg"])
+    assert forged_run.graded_now == 1
+    assert {r.student_id: r.score for r in forged_run.results}["wrong_fast"] == 0
+    assert (cls / "out" / "grades.csv").read_text() == csv_before
     ref_nb = next(v for v in variants if v.name == "reference").files[f"{AID}.ipynb"]
     (cls / "subs" / "release" / f"{AID}.ipynb").write_bytes(ref_nb)
     third = grade.grade_class(AID, cls / "subs", graded_class["cfg"])
     assert third.graded_now == 1
     by = {r.student_id: r for r in third.results}
     assert by["release"].score == by["release"].max_score
-    assert by["wrong_fast"].finished_at == {r.student_id: r for r in again.results}["wrong_fast"].finished_at
+    assert by["slow_correct"].finished_at == {r.student_id: r for r in again.results}["slow_correct"].finished_at
 
 
 # ------------------------------------------------------------------------------------------------ benchmarks

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from autograder.student.probes import call, gemm_dtypes, host_sync_sites, require
 
