@@ -60,6 +60,7 @@ class Check:
     max_score: float  # points of the check in the harness's own scale (test cells rescale to their points)
     timeout_s: float  # wall-clock budget for this check alone, warm-up and torch.compile included
     doc: str  # one line shown by --list
+    torch: bool = True  # the check and its probes use torch (the toy's do not: its grading never loads torch)
 
 
 CHECKS: dict[str, Check] = {c.name: c for c in [
@@ -102,9 +103,12 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
     Check("lab4.correctness_hidden", "autograder.lab4_checks", "check_correctness_hidden", 2, 600,
           "same as correctness, other hyper-parameters and seed"),
     # The toy assignment the grader rehearses on (autograder.rehearsal): not part of the course.
-    Check("toy.correct", "autograder.rehearsal", "check_correct", 1, 60, "toy: sum of squares on fresh inputs"),
-    Check("toy.hidden", "autograder.rehearsal", "check_hidden", 1, 60, "toy: sum of squares on the hidden inputs"),
-    Check("toy.speed", "autograder.rehearsal", "check_speed", 1, 120, "toy: 4x the Python loop, interleaved"),
+    Check("toy.correct", "autograder.rehearsal", "check_correct", 1, 60, "toy: sum of squares on fresh inputs",
+          torch=False),
+    Check("toy.hidden", "autograder.rehearsal", "check_hidden", 1, 60, "toy: sum of squares on the hidden inputs",
+          torch=False),
+    Check("toy.speed", "autograder.rehearsal", "check_speed", 1, 120, "toy: 4x the Python loop, interleaved",
+          torch=False),
 ]}
 
 
@@ -365,9 +369,10 @@ _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
 
 def _run_in_worker(check: Check, ctx: Context) -> dict:
-    import torch
+    if check.torch:
+        import torch
 
-    torch.manual_seed(0)
+        torch.manual_seed(0)
     ctx.deadline = time.monotonic() + check.timeout_s
     try:
         fn = getattr(importlib.import_module(check.module), check.func)
@@ -434,17 +439,22 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
         sandbox = "bwrap" if probe() is None else "none"
     path = _student_box(Path(student_file), Path.cwd())
     early = _early_student(path, device, sandbox, memory_gb)  # starts importing torch while this process does
-    import torch
+    memory = int(memory_gb * 2**30) if memory_gb else None
+    if any(CHECKS[n].torch for n in names):
+        import torch
 
-    from labkit.env import pick_device
+        from labkit.env import pick_device
 
-    dev = pick_device(device)
-    ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
-                  student_file=path, sandbox=sandbox, memory_bytes=int(memory_gb * 2**30) if memory_gb else None)
+        dev = pick_device(device)
+        ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
+                      student_file=path, sandbox=sandbox, memory_bytes=memory)
+        torch.backends.cudnn.benchmark = False
+        if dev.type == "cpu":
+            torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
+    else:
+        ctx = Context(device="cpu", hardware="cpu", small=True, work_dir=Path.cwd(), student_file=path,
+                      sandbox=sandbox, memory_bytes=memory)
     ctx._student = early
-    torch.backends.cudnn.benchmark = False
-    if dev.type == "cpu":
-        torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
     try:
         for name in names:
             print(f"{nonce} start {name}", flush=True)

@@ -22,8 +22,15 @@ class Probe:
     """What a probe function gets: the student's module (imported on first use), the device, kept state."""
 
     def __init__(self, student_file: str | None, device, state: dict):
-        self.student_file, self.device, self.state = student_file, device, state
+        """`device`: a torch.device, or a function returning one on first use (so torch loads only if needed)."""
+        self.student_file, self._device, self.state = student_file, device, state
         self._mod = None
+
+    @property
+    def device(self):
+        if callable(self._device):
+            self._device = self._device()
+        return self._device
 
     @property
     def student(self):

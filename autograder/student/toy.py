@@ -26,6 +26,29 @@ def arrays(seed: int, count: int, n: int) -> list:
     return [(idx * int(a) + int(b)) % 2000 - 1000 for a, b in rng.integers(1, 1 << 20, size=(count, 2))]
 
 
+def pool(seed: int, n: int) -> np.ndarray:
+    """A pool of `n` int64 values in [-1000, 1000) from `seed`; timed requests read windows of it."""
+    return np.random.default_rng(seed).integers(-1000, 1000, size=n)
+
+
+def windows(params: dict, the_pool: np.ndarray) -> list:
+    """The arrays a timed request stands for: windows of the pool at the request's fresh offsets.
+
+    Making the pool is not timed (it happens on a warm-up request) and reading a window costs nothing, so the
+    timing is the work itself; the offsets are new in every request, so remembering answers does not help.
+    """
+    n = int(params["n"])
+    return [the_pool[int(o):int(o) + n] for o in params["offsets"]]
+
+
+def _pool(p, params: dict) -> np.ndarray:
+    key = ("pool", int(params["pool_seed"]), int(params["pool_n"]))
+    if key not in p.state:
+        p.state.clear()
+        p.state[key] = pool(key[1], key[2])
+    return p.state[key]
+
+
 def _totals(fn, xs_list) -> list[int]:
     out = []
     for xs in xs_list:
@@ -37,13 +60,14 @@ def _totals(fn, xs_list) -> list[int]:
 
 
 def probe_totals(p, params: dict) -> dict:
-    """total() of given arrays (sent as int64 tensors) and of `count` arrays drawn from `seed`."""
-    xs = [t.numpy() for t in params.get("arrays", [])]
+    """total() of given arrays (lists of ints), of `count` arrays from `seed`, and of pool windows at `offsets`."""
+    xs = [np.asarray(a, dtype=np.int64) for a in params.get("arrays", [])]
     if "seed" in params:
         xs += arrays(int(params["seed"]), int(params["count"]), int(params["n"]))
+    if "offsets" in params:
+        xs += windows(params, _pool(p, params))
     return {"totals": _totals(p.attr("total"), xs)}
 
 
 def probe_baseline(p, params: dict) -> dict:
-    xs = arrays(int(params["seed"]), int(params["count"]), int(params["n"]))
-    return {"totals": [baseline(x) for x in xs]}
+    return {"totals": [baseline(x) for x in windows(params, _pool(p, params))]}
