@@ -1,19 +1,24 @@
 """Lab 3, profile and fix: the answer key, and the checks of the student's fixed training loop.
 
-The baseline is `autograder/lab3_slow.py` (the lab hands students an identical copy as slow_train.py). The
-student's file defines `bottlenecks() -> {site letter: kind}` and a `train(...)` with the slow script's
-signature and result that must compute the same losses and accuracy, without a host sync per step, faster.
+The baseline is the slow script, `autograder/student/lab3_slow.py` (the lab hands students an identical copy as
+slow_train.py). The student's file defines `bottlenecks() -> {site letter: kind}` and a `train(...)` with the
+slow script's signature and result that must compute the same losses and accuracy, without a host sync per
+step, faster. Every run of the student's code happens in a probe of `autograder.student.lab3` in the sandbox;
+the references (the slow script run here, or in the baseline's process for timed rounds), the answer key, the
+seeds used when grading and every verdict stay here.
 """
 
 from __future__ import annotations
 
+import collections
 import math
+import secrets
 
 import torch
 
-from autograder import lab3_slow as slow
-from autograder.harness import CheckFailed, Tiers, call_student, count_host_syncs, require, student_attr
-from labkit import bench
+from autograder.harness import CheckFailed, Tiers, require
+from autograder.student import lab3 as scen
+from autograder.student import lab3_slow as slow
 
 SITES = "ABCDEFGHI"
 KINDS = ("data", "overhead", "sync", "compute")
@@ -26,7 +31,7 @@ ANSWER_KEY = {
     "H": ("sync",),  # loss.item() every step: the host waits for the device
     "I": ("sync", "overhead"),  # one int(tensor) per sample: a host sync and a tiny kernel launch per element
 }
-# Ratio of the fixed loop's speed to the slow script's, both in this process, interleaved.
+# Ratio of the fixed loop's speed to the slow script's, each in its own process, interleaved (the idle one frozen).
 # On a CPU the small CNN's own math is a large share of a step, so the reachable ratio is ~1.8-2x; on a GPU the
 # step is launch bound and the planted syncs and Python loops dominate, so 3x is easy for a complete fix.
 SPEED_TIERS = {
@@ -34,16 +39,38 @@ SPEED_TIERS = {
     "gpu": Tiers(((2.0, 0.5), (3.0, 1.0))),
     "cpu": Tiers(((1.2, 0.5), (1.45, 1.0))),
 }
+SPEED_ROUNDS, SPEED_WARMUP = 5, 1  # timed rounds (each on fresh seeds and data) and untimed warm-up rounds
+BATCH = 64
+PUBLIC_SEEDS = {"data_seed": 0, "init_seed": 0, "seed": 0}  # the notebook's own run: a student can reproduce it
 
 
-def check_answers(mod, ctx) -> dict:
-    ans = call_student("bottlenecks()", student_attr(mod, "bottlenecks"))
-    require(isinstance(ans, dict), f"bottlenecks() must return a dict {{site letter: kind}}, got {type(ans).__name__}")
-    ans = {str(k).strip().upper(): str(v).strip().lower() for k, v in ans.items()}
+def _hidden_seeds() -> dict:
+    """Seeds drawn when grading (never fixed in code): data, model initialization and batch order."""
+    return {k: secrets.randbelow(2**31) for k in PUBLIC_SEEDS}
+
+
+def _run_params(ctx, steps: int, seeds: dict) -> dict:
+    return {"n": 1024 if ctx.small else 2048, "steps": steps, "batch_size": BATCH, **seeds}
+
+
+# ---------------------------------------------------------------------------------- part A: the answer key
+
+
+def check_answers(ctx) -> dict:
+    """Grade the written findings: what bottlenecks() declares (read in the sandbox) against the answer key."""
+    got = ctx.call("lab3.answers", {})
+    kind = got.get("type") if isinstance(got, dict) else None
+    require(kind == "dict", f"bottlenecks() must return a dict {{site letter: kind}}, got {str(kind)[:40]}")
+    pairs = got["pairs"]
+    require(isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
+                                            for p in pairs), "the submission's process sent malformed answers")
+    ans = {k.strip().upper(): v.strip().lower() for k, v in pairs}
+    extra = max(0, int(got.get("size", len(pairs))) - len(pairs))  # entries past the first 64 are not sent
     bad_sites = sorted(set(ans) - set(SITES))
     bad_kinds = sorted({v for v in ans.values() if v not in KINDS})
-    require(not bad_sites, f"unknown site(s) {bad_sites}: use the letters {', '.join(SITES)} from slow_train.py")
-    require(not bad_kinds, f"unknown kind(s) {bad_kinds}: use one of {', '.join(KINDS)}")
+    require(not bad_sites and not extra, f"unknown site(s) {_few(bad_sites)}{f' and {extra} more' if extra else ''}: "
+            f"use the letters {', '.join(SITES)} from slow_train.py")
+    require(not bad_kinds, f"unknown kind(s) {_few(bad_kinds)}: use one of {', '.join(KINDS)}")
     points = 0.0
     for site, kinds in ANSWER_KEY.items():
         if site in ans:
@@ -61,95 +88,145 @@ def check_answers(mod, ctx) -> dict:
             "measurements": m}
 
 
-def _setup(ctx, seed: int = 0):
-    torch.manual_seed(seed)
-    model = slow.Net().to(ctx.device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    return model, opt
+def _few(items: list, k: int = 10) -> str:
+    return str([str(s)[:20] for s in items[:k]]) + (f" (+{len(items) - k})" if len(items) > k else "")
 
 
-def _run(train, ctx, steps, data, *, count=False, seed=0):
-    """Run one training function on a fresh model; returns (result, optimizer steps, samples)."""
-    model, opt = _setup(ctx)
-    counts = {"steps": 0, "samples": 0}
-    if count:
-        opt.register_step_post_hook(lambda *a: counts.__setitem__("steps", counts["steps"] + 1))
-        model.register_forward_pre_hook(lambda m, a: counts.__setitem__("samples", counts["samples"] + a[0].shape[0]))
-    images, labels = data
-    out = train(model, opt, images, labels, steps=steps, batch_size=64, seed=seed, device=ctx.device)
-    return out, counts
+# ---------------------------------------------------------------------------------- runs and their comparison
 
 
-def _results(out):
-    require(isinstance(out, dict) and "losses" in out and "correct" in out,
-            'train() must return {"losses": [...], "correct": ...} like slow_train.train')
-    losses = out["losses"]
-    losses = losses.detach().float().cpu().tolist() if isinstance(losses, torch.Tensor) else [float(v) for v in losses]
-    return losses, int(out["correct"])
+def _observation(got) -> dict:
+    """A run's observation from the student's process, type-checked: losses (list of floats), counters (ints)."""
+    require(isinstance(got, dict), "the submission's process sent no result of the run")
+    losses = got["losses"]
+    require(isinstance(losses, torch.Tensor) and losses.dim() == 1 and losses.dtype == torch.float64,
+            "the submission's process sent malformed losses")
+    ints = {k: got[k] for k in ("correct", "steps", "samples")}
+    require(all(isinstance(v, int) and not isinstance(v, bool) for v in ints.values()),
+            "the submission's process sent malformed counts")
+    return {"losses": losses.tolist(), **ints}
 
 
-def _student_train(mod):
-    fn = student_attr(mod, "train")
-    return lambda *a, **k: call_student("train(...)", fn, *a, **k)
-
-
-def _same_result(mod, ctx, steps, seed=0) -> dict:
-    data = slow.make_data(n=1024 if ctx.small else 2048)
-    ref, _ = _run(slow.train, ctx, steps, data, seed=seed)
-    got, counts = _run(_student_train(mod), ctx, steps, data, count=True, seed=seed)
-    rl, rc = _results(ref)
-    gl, gc = _results(got)
-    m = {"steps": counts["steps"], "samples": counts["samples"], "first_losses": [round(v, 4) for v in gl[:4]],
-         "reference_first_losses": [round(v, 4) for v in rl[:4]], "correct": gc, "reference_correct": rc}
-    require(len(gl) == steps, f"{len(gl)} losses returned for {steps} steps", **m)
-    require(counts["steps"] == steps, f"{counts['steps']} optimizer steps for steps={steps}", **m)
-    require(counts["samples"] == steps * 64, f"the model saw {counts['samples']} samples, expected {steps * 64} "
+def _compare(got: dict, ref: dict, steps: int, label: str = "") -> dict:
+    """Check a run against the slow script's run on the same seeds; returns the measurements of the run."""
+    g, r = _observation(got), _observation(ref)
+    gl, rl = g["losses"], r["losses"]
+    m = {"steps": g["steps"], "samples": g["samples"], "first_losses": [round(v, 4) for v in gl[:4]],
+         "reference_first_losses": [round(v, 4) for v in rl[:4]], "correct": g["correct"],
+         "reference_correct": r["correct"]}
+    require(len(gl) == steps, f"{label}{len(gl)} losses returned for {steps} steps", **m)
+    require(g["steps"] == steps, f"{label}{g['steps']} optimizer steps for steps={steps}", **m)
+    require(g["samples"] == steps * BATCH, f"{label}the model saw {g['samples']} samples, expected {steps * BATCH} "
             "(one forward pass of batch_size samples per step)", **m)
     # Reordering float operations (batched normalization, another memory layout) changes the last bits, and
     # training amplifies that a little over the steps; a different order of samples changes it a lot.
     for s in range(steps):
         tol = 2e-3 if s < 5 else 5e-2
-        require(math.isclose(gl[s], rl[s], rel_tol=tol, abs_tol=tol), f"step {s}: loss {gl[s]:.5f}, the slow script "
-                f"gives {rl[s]:.5f}: same data order, normalization, model and optimizer as slow_train.py", **m)
-    require(abs(gc - rc) <= max(2, 0.01 * steps * 64), f"{gc} correct training predictions, the slow script counts "
-            f"{rc}", **m)
+        require(math.isclose(gl[s], rl[s], rel_tol=tol, abs_tol=tol), f"{label}step {s}: loss {gl[s]:.5f}, the slow "
+                f"script gives {rl[s]:.5f}: same data order, normalization, model and optimizer as slow_train.py", **m)
+    require(abs(g["correct"] - r["correct"]) <= max(2, 0.01 * steps * BATCH), f"{label}{g['correct']} correct "
+            f"training predictions, the slow script counts {r['correct']}", **m)
     return m
 
 
-def check_same_result(mod, ctx) -> dict:
-    m = _same_result(mod, ctx, steps=20 if ctx.small else 60)
-    return {"message": f"same losses and accuracy as the slow script over {m['steps']} steps", "measurements": m}
+def _same_result(ctx, steps: int, seeds: dict | None = None, label: str = "") -> dict:
+    params = _run_params(ctx, steps, seeds or PUBLIC_SEEDS)
+    ref = scen.train_run(slow.train, ctx.device, params)
+    return _compare(ctx.call("lab3.train", params), ref, steps, label)
 
 
-def check_no_host_sync(mod, ctx) -> dict:
+def check_same_result(ctx) -> dict:
+    """Losses, correct count, optimizer steps and samples against the slow script: on the notebook's seeds, then
+    on seeds drawn when grading (so a result that only holds for the public seeds does not pass)."""
+    steps = 20 if ctx.small else 60
+    m = _same_result(ctx, steps)
+    _same_result(ctx, steps, _hidden_seeds(), "with other seeds (data, initialization and batch order): ")
+    return {"message": f"same losses and accuracy as the slow script over {m['steps']} steps (on the notebook's "
+                       "seeds and on others)", "measurements": m}
+
+
+# ---------------------------------------------------------------------------------- part C: host syncs
+
+
+def check_no_host_sync(ctx) -> dict:
+    """At most steps // 4 + 4 host syncs in one run: a few at the start and end, one per epoch, not one per step.
+
+    The count (and where the syncs happen) is the student process's own report: nothing outside that process can
+    see a host sync. What the counted run returned is checked against the slow script on the same (fresh) seeds,
+    so a loop cannot skip its work while it is being counted.
+    """
     steps = 24 if ctx.small else 60
-    data = slow.make_data(n=1024 if ctx.small else 2048)
-    train = _student_train(mod)
-    _same_result(mod, ctx, steps=8)  # a loop that does not train has nothing to sync: correctness first
-    _run(train, ctx, 4, data)  # warm-up: lazy initialization may sync once
-    model, opt = _setup(ctx)  # outside the count: copying parameters to a GPU is not the loop's doing
-    images, labels = data
-    syncs = count_host_syncs(lambda: train(model, opt, images, labels, steps=steps, batch_size=64, seed=0,
-                                           device=ctx.device), ctx.device)
-    allowed = steps // 4 + 4  # a few at the start and end, one per epoch: fine; one per step: not
-    m = {"host_syncs": syncs, "steps": steps, "allowed": allowed}
+    _same_result(ctx, steps=8)  # a loop that does not train has nothing to sync: correctness first
+    params = {**_run_params(ctx, steps, _hidden_seeds()), "warmup_steps": 4}  # warm-up: lazy init may sync once
+    got = ctx.call("lab3.host_syncs", params)
+    sites = got["sites"]
+    require(isinstance(sites, list) and all(isinstance(s, str) for s in sites),
+            "the submission's process sent malformed sync sites")
+    _compare(got, scen.train_run(slow.train, ctx.device, params), steps, "the run whose host syncs were counted: ")
+    syncs, allowed = len(sites), steps // 4 + 4
+    by_site = collections.Counter(s[:120] for s in sites)
+    m = {"host_syncs": syncs, "steps": steps, "allowed": allowed, "sync_sites": dict(by_site.most_common(6))}
+    where = ", ".join(f"{k} ({v}x)" for k, v in by_site.most_common(3))
     require(syncs <= allowed, f"{syncs} host syncs in {steps} steps (at most {allowed}): keep losses and counts "
-            "as tensors inside the loop and convert once at the end", **m)
+            f"as tensors inside the loop and convert once at the end; they happen at {where}", **m)
     return {"message": f"{syncs} host syncs in {steps} steps", "measurements": m}
 
 
-def check_speedup(mod, ctx) -> dict:
-    _same_result(mod, ctx, steps=8)  # correctness gates speed
+# ---------------------------------------------------------------------------------- part D: speed
+
+
+class _Rounds:
+    """Pairs each timed round's two replies (the baseline's and the student's, same seeds) and compares them.
+
+    The slow script's reply is the reference: it ran on the same seeds in a process that never held student
+    code. Whichever reply of a round arrives second triggers the comparison (the order alternates by round).
+    """
+
+    def __init__(self, steps: int):
+        self.steps, self.base, self.student, self.checked = steps, {}, {}, set()
+
+    def on_base(self, result, params) -> None:
+        self.base[params["round"]] = result
+        self._match(params["round"])
+
+    def on_student(self, result, params) -> None:
+        self.student[params["round"]] = result
+        self._match(params["round"])
+
+    def _match(self, r: int) -> None:
+        if r in self.base and r in self.student:
+            _compare(self.student.pop(r), self.base.pop(r), self.steps,
+                     f"timed run {r + 1} (every timed run is checked, each on fresh seeds): ")
+            self.checked.add(r)
+
+
+def check_speedup(ctx) -> dict:
+    """Fixed vs slow training, each in its own process, interleaved with the idle one frozen: ratio, tiered.
+
+    Every round (warm-up included) runs both on fresh seeds and data, made ahead outside the timing, and the
+    student's timed reply must match the slow script's reply of the same round: a loop that is right when
+    checked but skips or reuses work when timed gets no speed points.
+    """
+    _same_result(ctx, steps=8)  # correctness gates speed
     steps = 20 if ctx.small else 50
-    data = slow.make_data(n=1024 if ctx.small else 2048)
-    train = _student_train(mod)
-    ab = bench.compare(lambda: _run(slow.train, ctx, steps, data), lambda: _run(train, ctx, steps, data),
-                       device=ctx.device, rounds=5, warmup=1)
+    seeds = [_hidden_seeds() for _ in range(SPEED_WARMUP + SPEED_ROUNDS)]
+    prep = {"n": _run_params(ctx, steps, PUBLIC_SEEDS)["n"], "data_seeds": [s["data_seed"] for s in seeds]}
+    # The student's side last: the timing starts right after its reply, with the baseline's run (student frozen).
+    ctx.baseline_call("lab3.prepare", prep)
+    ctx.call("lab3.prepare", prep)
+
+    def request(probe):
+        return lambda r: (probe, {**_run_params(ctx, steps, seeds[r]), "round": r})
+
+    rounds = _Rounds(steps)
+    ab, notes = ctx.compare(request("lab3.slow_train"), request("lab3.timed_train"), rounds=SPEED_ROUNDS,
+                            warmup=SPEED_WARMUP, check_base=rounds.on_base, check_student=rounds.on_student)
+    require(len(rounds.checked) == SPEED_WARMUP + SPEED_ROUNDS, "not every timed run could be checked")
     tiers = SPEED_TIERS[ctx.hardware]
     frac = tiers.fraction(ab.ratio)
     m = {"speedup": round(ab.ratio, 2), "speedup_iqr": round(ab.ratio_iqr, 2),
          "slow_ms_per_step": round(1e3 * ab.a.median / steps, 3), "fixed_ms_per_step": round(1e3 * ab.b.median / steps, 3),
-         "tiers": tiers.describe()}
+         "tiers": tiers.describe(), "timed_runs_checked": len(rounds.checked), **notes}
     if frac == 0:
         raise CheckFailed(f"the fixed loop is {ab.ratio:.2f}x the slow script, below the first tier "
                           f"({tiers.describe()})", **m)

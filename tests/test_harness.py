@@ -121,6 +121,16 @@ def test_profile_fix_fake_fast_gets_no_speed_points(tmp_path):
     assert not v["ok"] and v["score"] == 0 and "optimizer steps" in v["message"]
 
 
+def test_profile_fix_sync_per_step_loses_the_sync_points_and_is_told_where(tmp_path):
+    ref = reference("lab3", tmp_path)
+    sync = variant(ref, tmp_path / "student_sync.py", "losses.append(loss.detach())",
+                   "losses.append(torch.tensor(loss.item()))")
+    v = run_check("lab3.no_host_sync", sync, device="cpu")
+    line = next(i for i, t in enumerate(sync.read_text().splitlines(), 1) if "loss.item()" in t)
+    assert v["score"] == 0 and v["measurements"]["host_syncs"] > v["measurements"]["allowed"]
+    assert f"student_sync.py:{line} (24x)" in v["message"], v["message"]
+
+
 def test_tiers_give_partial_credit():
     t = Tiers(((1.5, 0.5), (2.0, 2 / 3), (3.0, 1.0)), bonus=5.0)
     assert [t.fraction(r) for r in (1.0, 1.49, 1.5, 2.5, 3.0, 9.0)] == [0, 0, 0.5, 2 / 3, 1.0, 1.0]

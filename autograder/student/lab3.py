@@ -1,0 +1,136 @@
+"""Lab 3 probes: run the student's fixed training loop (and the slow script, as the baseline) on given seeds.
+
+The scenario `train_run(train, device, params)` takes the training function as an argument: the trusted side
+runs it with `slow_train.train` (lab3_slow, the script handed out to students) and the probes run it with the
+student's `train`, so both see the same data, model initialization and batch order. A probe only reports
+observations (losses, correct predictions, optimizer steps, samples seen, host-sync sites); the answer key, the
+seeds used when grading and every verdict stay with the trusted side.
+
+params of a run: n (images), data_seed (make_data), init_seed (torch.manual_seed before Net()), seed (the
+batch order, as train's `seed`), steps, batch_size.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from autograder.student import lab3_slow as slow
+from autograder.student.probes import call, host_sync_sites, require, synchronize
+
+LR, MOMENTUM = 0.05, 0.9  # the optimizer the slow script's __main__ uses; the student's train gets it built
+
+
+def data(params: dict):
+    """The run's (uint8 images (n, 32, 32, 3), int64 labels (n,)), as make_data makes them."""
+    return slow.make_data(n=int(params["n"]), seed=int(params["data_seed"]))
+
+
+def fresh_model(device, params: dict):
+    """A freshly initialized Net and its SGD optimizer, with counters of optimizer steps and samples seen."""
+    torch.manual_seed(int(params["init_seed"]))
+    model = slow.Net().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    counts = {"steps": 0, "samples": 0}
+    opt.register_step_post_hook(lambda *a: counts.__setitem__("steps", counts["steps"] + 1))
+    model.register_forward_pre_hook(lambda m, a: counts.__setitem__("samples", counts["samples"] + a[0].shape[0]))
+    return model, opt, counts
+
+
+def invoke(train, model, opt, images, labels, device, params: dict):
+    """One call of `train` with the slow script's signature; returns what it returned."""
+    return train(model, opt, images, labels, steps=int(params["steps"]), batch_size=int(params["batch_size"]),
+                 seed=int(params["seed"]), device=device)
+
+
+def observe(out, counts: dict) -> dict:
+    """What a run returned, as the trusted side reads it: losses (float64 tensor), correct (int), counters."""
+    require(isinstance(out, dict) and "losses" in out and "correct" in out,
+            'train() must return {"losses": [...], "correct": ...} like slow_train.train')
+    losses = out["losses"]
+    if isinstance(losses, torch.Tensor):
+        losses = losses.detach().to("cpu", torch.float64).reshape(-1)
+    else:
+        require(isinstance(losses, (list, tuple)), "losses must be a list of floats or a tensor, got "
+                f"{type(losses).__name__}")
+        losses = torch.tensor([_number(v, "each loss", float) for v in losses], dtype=torch.float64)
+    correct = _number(out["correct"], "correct", int)
+    return {"losses": losses, "correct": correct, "steps": counts["steps"], "samples": counts["samples"]}
+
+
+def _number(v, what: str, kind):
+    """`kind` (float or int) of a plain number or a one-element tensor; a clear failure for anything else."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.detach().reshape(()).item()
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+    require(ok and (kind is float or float(v).is_integer()),
+            f"{what} must be a {'number' if kind is float else 'count'}, got {str(v)[:60]!r}")
+    return kind(v)
+
+
+def train_run(train, device, params: dict, images=None, labels=None) -> dict:
+    """Train a fresh Net with `train` for params["steps"] steps; what came out (see `observe`)."""
+    if images is None:
+        images, labels = data(params)
+    model, opt, counts = fresh_model(device, params)
+    return observe(invoke(train, model, opt, images, labels, device, params), counts)
+
+
+def _student_train(p):
+    fn = p.attr("train")
+    return lambda *a, **k: call("train(...)", fn, *a, **k)
+
+
+def probe_answers(p, params: dict) -> dict:
+    """What bottlenecks() declares: its type, and its items as (site, kind) strings, in order."""
+    ans = call("bottlenecks()", p.attr("bottlenecks"))
+    if not isinstance(ans, dict):
+        return {"type": type(ans).__name__, "pairs": []}
+    return {"type": "dict", "pairs": [[str(k), str(v)] for k, v in list(ans.items())[:64]], "size": len(ans)}
+
+
+def probe_train(p, params: dict) -> dict:
+    """One run of the student's train on the given seeds."""
+    return train_run(_student_train(p), p.device, params)
+
+
+def probe_host_syncs(p, params: dict) -> dict:
+    """Sync sites of one run of the student's train (after a short warm-up run), and what that run returned.
+
+    The model is built and moved to the device before counting: copying parameters is not the loop's doing.
+    """
+    train = _student_train(p)
+    images, labels = data(params)
+    train_run(train, p.device, {**params, "steps": int(params["warmup_steps"])}, images, labels)
+    model, opt, counts = fresh_model(p.device, params)
+    box = {}
+    sites = host_sync_sites(lambda: box.setdefault("out", invoke(train, model, opt, images, labels, p.device,
+                                                                 params)), p.device)
+    return {"sites": sites, **observe(box.get("out"), counts)}
+
+
+def probe_prepare(p, params: dict) -> dict:
+    """Make the data of the timed runs ahead (untimed): one data set per seed in params["data_seeds"]."""
+    store = p.state.setdefault("lab3_data", {})
+    for s in params["data_seeds"]:
+        store[str(s)] = data({"n": params["n"], "data_seed": s})
+    return {"prepared": len(store)}
+
+
+def _timed(p, train, params: dict) -> dict:
+    prepared = p.state.get("lab3_data", {}).pop(str(params["data_seed"]), None)
+    images, labels = prepared if prepared is not None else data(params)
+    out = train_run(train, p.device, params, images, labels)
+    synchronize(p.device)
+    return out
+
+
+def probe_timed_train(p, params: dict) -> dict:
+    """A timed run of the student's train on data made ahead by probe_prepare; the trusted side checks it."""
+    return _timed(p, _student_train(p), params)
+
+
+def probe_slow_train(p, params: dict) -> dict:
+    """The baseline's timed run: slow_train.train on data made ahead (runs in a process without student code)."""
+    return _timed(p, slow.train, params)

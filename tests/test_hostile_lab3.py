@@ -1,0 +1,64 @@
+"""Hostile lab 3 submissions: right when checked but cheating when timed, and reading the trusted answer key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autograder import harness
+from autograder.harness import run_check
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "assignments" / "source" / "lab3_profile_fix" / "lab3_profile_fix.ipynb"
+
+# Honest for the first two calls (the correctness gate and the warm-up round), then the result of the last honest
+# run of as many steps is replayed, with just enough forward passes and optimizer steps to fool the counters.
+REPLAY = '''
+
+_real_train = train
+_honest = {}
+
+
+def train(model, optimizer, images, labels, *, steps, batch_size=64, seed=0, device="cpu"):
+    if len(_honest) < 2 and steps not in _honest:
+        _honest[steps] = _real_train(model, optimizer, images, labels, steps=steps, batch_size=batch_size,
+                                     seed=seed, device=device)
+        return _honest[steps]
+    if steps in _honest:
+        x = torch.zeros(batch_size, 3, 32, 32, device=device)
+        for _ in range(steps):
+            model(x)
+            optimizer.step()
+        return _honest[steps]
+    return _real_train(model, optimizer, images, labels, steps=steps, batch_size=batch_size, seed=seed,
+                       device=device)
+'''
+
+
+def _reference(dest: Path) -> Path:
+    return harness.student_file_from_notebook(NOTEBOOK, dest)
+
+
+def test_replaying_results_while_timed_gets_no_speed_points(tmp_path):
+    f = _reference(tmp_path)
+    f.write_text(f.read_text() + REPLAY)
+    v = run_check("lab3.speedup", f, device="cpu")
+    assert not v["ok"] and v["score"] == 0, v
+    assert "timed run 2" in v["message"] and "loss" in v["message"], v["message"]
+
+
+def test_importing_the_trusted_checks_fails_cleanly(tmp_path):
+    from autograder import jail
+
+    if jail.probe() is not None:
+        pytest.skip(f"no sandbox here: {jail.probe()}")
+    f = _reference(tmp_path)
+    text = f.read_text().replace("import torch\n", "import torch\n\nimport autograder.lab3_checks as _key\n", 1)
+    f.write_text(text.replace('return {"B": "data", "C": "overhead", "H": "sync", "I": "sync"}',
+                              "return {k: v[0] for k, v in _key.ANSWER_KEY.items()}"))
+    v = run_check("lab3.answers", f, device="cpu")
+    assert v.get("sandbox") == "bwrap", v
+    assert not v["ok"] and v["score"] == 0 and v["gradable"], v
+    assert "No module named 'autograder.lab3_checks'" in v["message"], v["message"]
+
