@@ -93,7 +93,7 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
     Check("lab3.no_host_sync", "autograder.lab3_checks", "check_no_host_sync", 2, 120,
           "the fixed training loop does not sync the host every step"),
     Check("lab3.speedup", "autograder.lab3_checks", "check_speedup", 4, 240,
-          "fixed vs slow training, same process, interleaved: ratio, tiered"),
+          "fixed vs slow training, each in its own process, interleaved: ratio, tiered"),
     Check("lab4.correctness", "autograder.lab4_checks", "check_correctness", 4, 600,
           "first K losses and parameter updates match the naive step within AMP tolerance"),
     Check("lab4.no_host_sync", "autograder.lab4_checks", "check_no_host_sync", 2, 600,

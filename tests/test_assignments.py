@@ -75,7 +75,7 @@ def test_source_notebooks_follow_the_conventions():
 
 def test_lab3_hands_out_the_graders_slow_script():
     assert (COURSE / "source" / "lab3_profile_fix" / "slow_train.py").read_text() == \
-        (ROOT / "autograder" / "lab3_slow.py").read_text()
+        (ROOT / "autograder" / "student" / "lab3_slow.py").read_text()
 
 
 def test_course_config_sets_the_policies():

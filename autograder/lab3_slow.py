@@ -1,1 +1,0 @@
-student/lab3_slow.py
