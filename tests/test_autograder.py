@@ -364,7 +364,10 @@ def test_outputs_grades_csv_gradebook_feedback_summary(graded_class):
     assert "notes.txt" in (out / "grade_log.txt").read_text()
     snooped = nbformat.read(out / "autograded" / "snoop" / AID / f"{AID}.ipynb", as_version=4)
     said = "".join(o.get("text", "") for c in snooped.cells if c.cell_type == "code" for o in c.outputs)
-    assert "snooping found 0 things" in said  # no notebook, gradebook or source with hidden tests in reach
+    # In the sandbox the notebook sees its own graded copy and gradebook (whose hidden test cells name the hidden
+    # checks, never their inputs), but no source notebook: no solution to steal.
+    assert "snooping found" in said
+    assert not [ln for ln in said.splitlines() if "FOUND" in ln and "/source/" in ln]
 
 
 def test_the_hostile_class_reached_nothing_outside_its_sandbox(graded_class):
