@@ -1,134 +1,49 @@
-"""Lab 4, ResNet-18 speedrun: the trusted naive step (baseline and reference), and the checks.
+"""Lab 4, ResNet-18 speedrun: the trusted checks (the naive step itself is public: autograder.student.lab4).
 
 The student's file defines `build_train_step(model, *, lr, momentum, weight_decay, device)` returning
 `step(x_uint8, y) -> loss`: normalize the uint8 NCHW batch with the CIFAR mean/std, forward, cross-entropy,
 backward, one SGD step (momentum, weight decay). It may change *how* (channels_last, bf16/fp16 autocast,
 torch.compile, fused optimizer, cudnn.benchmark, CUDA graphs) but not *what*: same batches, same number of
 steps, same update rule. The batch size is the harness's, not the student's.
+
+The student's step runs only in the sandbox (probes in autograder.student.lab4), which reports losses and the
+flattened parameters after each step; the naive fp32 step and its bf16 twin run here, in the trusted process,
+on the same scenario, and every decision is taken here. The speed check times the naive step in the baseline's
+process against the student's, interleaved, and verifies every timed round (see `_Verifier`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
+import secrets
 
 import torch
 import torch.nn.functional as F
 
-from autograder.harness import (
-    CheckFailed,
-    NotGradable,
-    Tiers,
-    call_student,
-    count_host_syncs,
-    require,
-    student_attr,
-)
-from labkit import bench
-from labkit.models import resnet18
+from autograder.harness import CheckFailed, NotGradable, Tiers, require
+from autograder.student import lab4 as scen
+from autograder.student.lab4 import HYPER, MEAN, STD, NaiveStep, make_batches  # noqa: F401  (public names)
 
-MEAN = (0.4914, 0.4822, 0.4465)
-STD = (0.2470, 0.2435, 0.2616)
-HYPER = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4}
 HIDDEN_HYPER = {"lr": 0.02, "momentum": 0.8, "weight_decay": 5e-2}
+SEEDS = {"correctness": 0, "hidden": 1, "no_host_sync": 2, "speed": 3}
 
-# Speed-up of the student's step over the naive step, same process, interleaved. On an H100 bf16 + channels_last
-# + torch.compile + a fused optimizer reach ~2.2x at batch 512 and CUDA graphs on top ~3.8x (the reference
-# solution, like the ladder's cuda_graphs rung); 3x earns full marks, the bonus sits a little above that reference.
-# benchmarks/results/grade_reference_gpu.json and grade_reliability.json hold the measured ratios.
+# Speed-up of the student's step over the naive step, separate processes, interleaved. On an H100 bf16 +
+# channels_last + torch.compile + a fused optimizer reach ~2.2x at batch 512 and CUDA graphs on top ~3.8x (the
+# reference solution, like the ladder's cuda_graphs rung); 3x earns full marks, the bonus sits a little above
+# that reference. benchmarks/results/grade_reference_gpu.json and grade_reliability.json hold the measured ratios.
 SPEED_TIERS = {
     "tensor_core_gpu": Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0),
     "gpu": Tiers(((1.2, 0.5), (1.5, 1.0)), bonus=2.0),
 }
+SPEED_ROUNDS = {"rounds": 9, "warmup": 3, "inner": 5}  # interleaved rounds, each `inner` steps per request
+SPEED_WARMUP_STEPS = 10  # compile, cuDNN autotune, CUDA-graph capture: all before the clock starts
 TENSOR_CORE_KERNEL = re.compile(r"xmma|hmma|wgmma|gmma|tensorop|16816|1688|884|bf16|f16|tf32|nvjet|cutlass", re.I)
 
 
 def sizes(ctx) -> dict:
     """Problem size by hardware: the full model on a GPU, a narrow one on a CPU so checks take seconds."""
-    if ctx.small:
-        return {"width": 8, "batch": 16, "k": 3}
-    return {"width": 64, "batch": 512, "k": 5}
-
-
-@contextlib.contextmanager
-def naive_switches():
-    """The naive step's settings (PyTorch defaults): cuDNN TF32 convolutions on, TF32 matmuls off, no autotune.
-
-    Set for the baseline's calls only and restored after, so whatever a submission switches on globally
-    neither speeds up the baseline nor is undone for the submission.
-    """
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
-             torch.get_float32_matmul_precision())
-    try:
-        torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = False
-        yield
-    finally:
-        torch.set_float32_matmul_precision(saved[3])
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) = \
-            saved[:3]
-
-
-class NaiveStep:
-    """The naive training step: fp32, NCHW, torch.optim.SGD with its defaults, and loss.item() every step.
-
-    `amp=torch.bfloat16` gives the trusted mixed-precision twin the correctness check uses to measure how far
-    AMP rounding alone moves the losses on this machine.
-    """
-
-    def __init__(self, model, *, lr, momentum, weight_decay, device, amp: torch.dtype | None = None):
-        self.model, self.amp, self.device_type = model, amp, torch.device(device).type
-        self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
-
-    def __call__(self, x_u8, y) -> float:
-        with naive_switches():
-            x = (x_u8.float() / 255 - self.mean) / self.std
-            with torch.autocast(self.device_type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None):
-                loss = F.cross_entropy(self.model(x), y)
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            return loss.item()
-
-
-def make_batches(n: int, batch: int, device, seed: int = 0):
-    """n batches of (uint8 images (B, 3, 32, 32), int64 labels (B,)) on `device`, learnable but synthetic."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        y = torch.randint(0, 10, (batch,), generator=g)
-        base = (y.float()[:, None, None, None] * 23 + torch.arange(3).float()[None, :, None, None] * 40) % 200
-        x = (base + 30 * torch.randn(batch, 3, 32, 32, generator=g)).clamp(0, 255).to(torch.uint8)
-        out.append((x.to(device), y.to(device)))
-    return out
-
-
-def fresh_model(ctx, seed: int = 0):
-    torch.manual_seed(seed)
-    return resnet18(width=sizes(ctx)["width"]).to(ctx.device).train()
-
-
-def _clone(model, ctx):
-    m = resnet18(width=sizes(ctx)["width"]).to(ctx.device).train()
-    m.load_state_dict(model.state_dict())
-    return m
-
-
-def _build(mod, model, ctx, hyper):
-    fn = student_attr(mod, "build_train_step")
-    step = call_student("build_train_step(model, ...)", fn, model, device=ctx.device, **hyper)
-    require(callable(step), f"build_train_step must return a callable step(x, y), got {type(step).__name__}")
-    return lambda x, y: call_student("step(x, y)", step, x, y)
-
-
-def _as_float(loss) -> float:
-    require(isinstance(loss, (torch.Tensor, float, int)), f"step(x, y) must return the loss, got {type(loss).__name__}")
-    return float(loss.detach().float().reshape(-1)[0]) if isinstance(loss, torch.Tensor) else float(loss)
+    return scen.sizes(ctx.small)
 
 
 def _twin_dtype(device) -> torch.dtype:
@@ -137,55 +52,67 @@ def _twin_dtype(device) -> torch.dtype:
     return torch.float16 if dev.type == "cuda" and not torch.cuda.is_bf16_supported() else torch.bfloat16
 
 
-def _flat(model, keys) -> torch.Tensor:
-    sd = model.state_dict()
-    return torch.cat([sd[k].detach().float().flatten() for k in keys])
+def _student_trajectory(ctx, params: dict, n_params: int):
+    """The student's losses (k,) and parameter rows (k+1, n_params) from the sandbox, validated."""
+    got = ctx.call("lab4.trajectory", params)
+    k = int(params["k"])
+    losses, rows = got["losses"], got["params"]
+    require(isinstance(losses, torch.Tensor) and losses.numel() == k,
+            f"the submission's process sent no {k} losses (a malformed answer)")
+    require(isinstance(rows, torch.Tensor) and rows.dtype == torch.float32 and tuple(rows.shape) == (k + 1, n_params),
+            f"the submission's process sent no parameter trajectory of shape ({k + 1}, {n_params}) (a malformed answer)")
+    return [float(v) for v in losses.double().reshape(-1)], list(rows.unbind(0))
 
 
-def _correctness(mod, ctx, hyper, seed, keep: dict | None = None) -> dict:
-    """Run K batches through the naive fp32 step, its bf16 twin and the student's step, from the same weights.
+def _correctness(ctx, hyper, seed, keep: bool = False) -> tuple[dict, dict]:
+    """Run K batches through the naive fp32 step, its bf16 twin (here) and the student's step (sandbox).
 
     Whole trajectories drift apart under AMP rounding (a small BatchNorm network is chaotic), so the check
     compares what a correct step must preserve, each against the AMP rounding measured on the twin:
     the step-0 loss (same weights, same batch: normalization, loss and whole batch), the first update's
     direction and size (gradient, lr, weight decay), the second update's component along the first (momentum)
-    and one parameter update per call. Later losses only need to stay near the naive ones.
+    and one parameter update per call. Later losses only need to stay near the naive ones. Returns the
+    measurements and the end of the student's trajectory (weights and last update, for the speed check).
     """
     sz = sizes(ctx)
-    base_model = fresh_model(ctx, seed)
-    keys = [k for k, v in base_model.state_dict().items() if v.is_floating_point() and "running" not in k]
-    theirs, mine, twin = _clone(base_model, ctx), _clone(base_model, ctx), _clone(base_model, ctx)
-    ref = NaiveStep(mine, device=ctx.device, **hyper)
-    ref_amp = NaiveStep(twin, device=ctx.device, amp=_twin_dtype(ctx.device), **hyper)
-    step = _build(mod, theirs, ctx, hyper)
-    losses, ref_losses, amp_losses, changed = [], [], [], 0
-    trail = {"theirs": [_flat(theirs, keys)], "mine": [_flat(mine, keys)], "twin": [_flat(twin, keys)]}
-    for x, y in make_batches(sz["k"], sz["batch"], ctx.device, seed):
-        ref_losses.append(ref(x, y))
-        amp_losses.append(ref_amp(x, y))
-        losses.append(_as_float(step(x, y)))
-        for name, model in (("theirs", theirs), ("mine", mine), ("twin", twin)):
-            trail[name].append(_flat(model, keys))
-        changed += not torch.equal(trail["theirs"][-1], trail["theirs"][-2])
+    params = {"width": sz["width"], "batch": sz["batch"], "k": sz["k"], "seed": seed, "hyper": dict(hyper),
+              "keep": keep}
+    ref = scen.trajectory(scen.naive_builder(), ctx.device, params)
+    twin = scen.trajectory(scen.naive_builder(_twin_dtype(ctx.device)), ctx.device, params)
+    n_params = ref["params"].shape[1]
+    losses, theirs = _student_trajectory(ctx, params, n_params)
+    ref_losses, amp_losses = ref["losses"].tolist(), twin["losses"].tolist()
+    trail = {"theirs": theirs, "mine": list(ref["params"].unbind(0)), "twin": list(twin["params"].unbind(0))}
+    changed = sum(not torch.equal(theirs[i + 1], theirs[i]) for i in range(sz["k"]))
     u = {k: [t[i + 1] - t[i] for i in range(len(t) - 1)] for k, t in trail.items()}
-
-    def cos(a, b):
-        return float(a @ b / (a.norm() * b.norm()).clamp_min(1e-30))
-
-    def norm_ratio(a, b):
-        return float(a.norm() / b.norm().clamp_min(1e-30))
-
-    def carry(u2, u1):  # how much of the previous update the next one repeats: ~momentum
-        return float(u2 @ u1 / (u1 @ u1).clamp_min(1e-30))
-
     m = {"losses": [round(v, 4) for v in losses], "reference_losses": [round(v, 4) for v in ref_losses],
          "bf16_reference_losses": [round(v, 4) for v in amp_losses], "steps_that_updated": changed,
          "batch": sz["batch"], "k": sz["k"],
-         "first_update_cosine": round(cos(u["theirs"][0], u["mine"][0]), 4),
-         "first_update_norm_ratio": round(norm_ratio(u["theirs"][0], u["mine"][0]), 4),
-         "momentum_carry": round(carry(u["theirs"][1], u["theirs"][0]), 4),
-         "reference_momentum_carry": round(carry(u["mine"][1], u["mine"][0]), 4),
-         "bf16_reference_first_update_cosine": round(cos(u["twin"][0], u["mine"][0]), 4)}
+         "first_update_cosine": round(_cos(u["theirs"][0], u["mine"][0]), 4),
+         "first_update_norm_ratio": round(_norm_ratio(u["theirs"][0], u["mine"][0]), 4),
+         "momentum_carry": round(_carry(u["theirs"][1], u["theirs"][0]), 4),
+         "reference_momentum_carry": round(_carry(u["mine"][1], u["mine"][0]), 4),
+         "bf16_reference_first_update_cosine": round(_cos(u["twin"][0], u["mine"][0]), 4)}
+    start = float((theirs[0] - trail["mine"][0]).abs().max())
+    require(start <= 1e-3 * float(trail["mine"][0].abs().max()), f"build_train_step changed the model's weights "
+            f"before the first step (by up to {start:.3g}): train the given model from its given weights", **m)
+    _judge(m, losses, ref_losses, amp_losses, changed, sz, hyper)
+    return m, {"w": theirs[-1], "u": theirs[-1] - theirs[-2]}
+
+
+def _cos(a, b) -> float:
+    return float(a.double() @ b.double() / (a.double().norm() * b.double().norm()).clamp_min(1e-30))
+
+
+def _norm_ratio(a, b) -> float:
+    return float(a.double().norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _carry(u2, u1) -> float:  # how much of the previous update the next one repeats: ~momentum
+    return float(u2.double() @ u1.double() / (u1.double() @ u1.double()).clamp_min(1e-30))
+
+
+def _judge(m, losses, ref_losses, amp_losses, changed, sz, hyper) -> None:
     require(all(math.isfinite(v) for v in losses), "a loss is not finite", **m)
     require(changed == sz["k"], f"the parameters changed in {changed} of {sz['k']} steps: every call is one optimizer "
             "step on the given model's parameters (modify them in place)", **m)
@@ -210,93 +137,198 @@ def _correctness(mod, ctx, hyper, seed, keep: dict | None = None) -> dict:
         tol = max(4 * abs(amp_losses[s_] - ref_losses[s_]), 0.2 + 0.3 * s_)
         require(abs(losses[s_] - ref_losses[s_]) <= tol, f"step {s_}: loss {losses[s_]:.4f} vs the naive step's "
                 f"{ref_losses[s_]:.4f}, beyond AMP drift ({tol:.3f})", **m)
-    if keep is not None:  # later checks reuse the built (and compiled) step instead of compiling again
-        keep.update(step=step, model=theirs)
-    return m
 
 
-def check_correctness(mod, ctx) -> dict:
-    m = _correctness(mod, ctx, HYPER, seed=0)
+def check_correctness(ctx) -> dict:
+    m, _ = _correctness(ctx, HYPER, seed=SEEDS["correctness"])
     return {"message": f"same loss, update (cosine {m['first_update_cosine']:.3f}, size "
                        f"{m['first_update_norm_ratio']:.2f}x) and momentum as the naive step; one update per call",
             "measurements": m}
 
 
-def check_correctness_hidden(mod, ctx) -> dict:
-    m = _correctness(mod, ctx, HIDDEN_HYPER, seed=1)
+def check_correctness_hidden(ctx) -> dict:
+    m, _ = _correctness(ctx, HIDDEN_HYPER, seed=SEEDS["hidden"])
     return {"message": "other hyper-parameters and seed: losses match the naive step's", "measurements": m}
 
 
-def check_no_host_sync(mod, ctx) -> dict:
-    built = {}
-    _correctness(mod, ctx, HYPER, seed=2, keep=built)  # correctness first: a step that does nothing never syncs
-    sz = sizes(ctx)
-    step = built["step"]
-    (x, y), = make_batches(1, sz["batch"], ctx.device)
-    for _ in range(3):  # warm-up: compilation, autotuning and lazy state may sync
-        step(x, y)
+def check_no_host_sync(ctx) -> dict:
+    """Host syncs per step of the checked step, after a warm-up. The count is the student process's own report
+    (nothing outside the process can see a host sync): see the threat model in autograder.student.probes."""
+    _correctness(ctx, HYPER, seed=SEEDS["no_host_sync"], keep=True)  # a step that does nothing never syncs
     n = 4
-
-    def steps():
-        for _ in range(n):
-            step(x, y)
-
-    syncs = count_host_syncs(steps, ctx.device)
-    m = {"host_syncs_per_step": syncs / n}
-    require(syncs <= n // 2, f"{syncs / n:g} host syncs per step: return the loss as a tensor, no .item(), "
+    got = ctx.call("lab4.host_syncs", {"batch": sizes(ctx)["batch"], "seed": 0, "warmup": 3, "n": n})
+    require(isinstance(got.get("sites"), list), "the submission's process sent no sync sites (a malformed answer)")
+    sites = [str(s) for s in got["sites"]]
+    syncs = len(sites)
+    m = {"host_syncs_per_step": syncs / n, "sync_sites": sorted(set(sites))[:6]}
+    where = f" (at {', '.join(m['sync_sites'])})" if sites else ""
+    require(syncs <= n // 2, f"{syncs / n:g} host syncs per step{where}: return the loss as a tensor, no .item(), "
             "print or Python branches on tensor values inside the step", **m)
     return {"message": f"{syncs / n:g} host syncs per step", "measurements": m}
 
 
-def _tensor_core_evidence(step, x, y) -> dict:
-    """Kernel names of two steps from the profiler: how much GPU time ran in tensor-core (16-bit/TF32) kernels."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
+class _Verifier:
+    """Checks every timed round of the student's step against the naive step, here, outside the clock.
 
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step(x, y)
-            step(x, y)
-            torch.cuda.synchronize()
-        total = tc = 0.0
-        names = set()
-        for e in prof.key_averages():
-            if "CUDA" not in str(getattr(e, "device_type", "")):
-                continue  # CPU-side ops also carry their kernels' time: count each kernel once
-            t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0
-            total += t
-            if TENSOR_CORE_KERNEL.search(e.key):
-                tc += t
-                names.add(e.key[:80])
-        return {"tensor_core_time_share": round(tc / total, 3) if total else None,
-                "tensor_core_kernels": sorted(names)[:8]}
-    except Exception as e:  # evidence only: a profiler problem must not cost the student points
-        return {"tensor_core_evidence": f"unavailable ({type(e).__name__}: {str(e)[:120]})"}
+    A round (seed s, n steps) ran in the sandbox on batches drawn from s; its reply holds the n losses and a
+    commitment to the parameters after the last step (their dot product with a random vector drawn from s). This
+    fetches the parameters after each step (untimed), checks the commitment (nothing may move the weights after
+    the clock stopped), then checks every step j from the weights w_j it started from (the chain starts at the
+    end of the correctness trajectory, so every step the student's model ever took is checked):
+    - the parameters changed (one optimizer step per call);
+    - the loss is the naive loss at w_j on batch j, within 0.02 + 4x the bf16 twin's distance from it;
+    - SGD's update u_j = m u_{j-1} - lr (g_j + wd w_j), so u_j - m u_{j-1} must point along the naive fp32
+      gradient term (cosine at least min(0.8, the twin's - 0.1)) with its size (0.85x to 1.15x).
+    A step that is right when checked but skips, repeats or fakes work when timed fails one of these.
+    """
+
+    def __init__(self, ctx, hyper: dict, sz: dict, start: dict):
+        self.ctx, self.hyper, self.sz = ctx, hyper, sz
+        self.model = scen.fresh_model(sz["width"], ctx.device)
+        self.params = list(self.model.parameters())
+        self.n_params = sum(p.numel() for p in self.params)
+        self.w, self.u = start["w"].to(ctx.device), start["u"].to(ctx.device)
+        self.mean = torch.tensor(MEAN, device=ctx.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(STD, device=ctx.device).view(1, 3, 1, 1)
+        self.amp = _twin_dtype(ctx.device)
+        self.rounds = self.steps = 0
+        self.worst = {"loss_gap_share": 0.0, "update_cosine_margin": 1.0}
+
+    def _loss_and_grad(self, w, x, y, amp):
+        """The naive loss at weights `w` on (x, y), and its gradient (flat), fp32 or under `amp` autocast."""
+        torch.nn.utils.vector_to_parameters(w, self.params)
+        self.model.zero_grad(set_to_none=True)
+        with scen.naive_switches():
+            xn = (x.float() / 255 - self.mean) / self.std
+            with torch.autocast(self.ctx.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+                loss = F.cross_entropy(self.model(xn), y)
+            loss.backward()
+        return float(loss.detach()), torch.cat([p.grad.reshape(-1) for p in self.params])
+
+    def _rows(self, n: int, commit: float, r) -> list:
+        got = self.ctx.call("lab4.snapshots", {})
+        raw, strides = got["rows"], got["strides"]
+        require(isinstance(raw, torch.Tensor) and raw.dtype == torch.float32
+                and tuple(raw.shape) == (n, self.n_params), "the submission's process sent no parameter snapshots "
+                f"of shape ({n}, {self.n_params}) (a malformed answer)")
+        require(isinstance(strides, list) and len(strides) == len(self.params) and all(
+            isinstance(st, list) and len(st) == p.dim() and all(type(v) is int for v in st)
+            and scen.dense_layout(p.shape, st) for st, p in zip(strides, self.params, strict=False)),
+            "the submission's process sent malformed parameter layouts")
+        raw = raw.to(self.ctx.device)
+        last = raw[n - 1].double()
+        mine = float(last @ r)
+        require(isinstance(commit, float) and abs(commit - mine) <= 1e-9 * float(last.norm() * r.norm()) + 1e-9,
+                f"timed round {self.rounds}: the parameters fetched after the round are not the ones the step left "
+                "when the clock stopped: work must happen inside the step; no speed points")
+        rows = []
+        for j in range(n):
+            off, parts = 0, []
+            for p, st in zip(self.params, strides, strict=True):
+                parts.append(raw[j, off:off + p.numel()].as_strided(p.shape, st).reshape(-1))
+                off += p.numel()
+            rows.append(torch.cat(parts))
+        return rows
+
+    def __call__(self, result, params) -> None:
+        n = int(params["n"])
+        where = f"timed round {self.rounds}" if self.rounds else "the warm-up before timing"
+        require(isinstance(result, dict) and isinstance(result.get("losses"), torch.Tensor)
+                and result["losses"].numel() == n and isinstance(result.get("commit"), float),
+                f"{where}: the submission's process sent no {n} losses (a malformed answer)")
+        losses = [float(v) for v in result["losses"].double().reshape(-1)]
+        batches, r = scen.round_draws(n, int(params["batch"]), self.n_params, self.ctx.device, int(params["seed"]))
+        rows = self._rows(n, result["commit"], r)
+        lr, mom, wd = self.hyper["lr"], self.hyper["momentum"], self.hyper["weight_decay"]
+        for j, ((x, y), w_next) in enumerate(zip(batches, rows, strict=True)):
+            at = f"{where}, step {j}"
+            u = w_next - self.w
+            require(bool(u.any()), f"{at}: the parameters did not change; every call must make one optimizer step, "
+                    "timed or not: no speed points")
+            l32, g32 = self._loss_and_grad(self.w, x, y, None)
+            l16, g16 = self._loss_and_grad(self.w, x, y, self.amp)
+            tol = 0.02 + 4 * abs(l16 - l32)
+            require(math.isfinite(losses[j]) and abs(losses[j] - l32) <= tol, f"{at}: the step returned loss "
+                    f"{losses[j]:.4f}, the naive step's loss on these weights and this batch is {l32:.4f} (AMP "
+                    f"tolerance {tol:.3f}): the step must compute this batch's loss every call, timed or not; "
+                    "no speed points")
+            want, twin = -lr * (g32 + wd * self.w), -lr * (g16 + wd * self.w)
+            d = u - mom * self.u
+            cos, need, size = _cos(d, want), min(0.8, _cos(twin, want) - 0.1), _norm_ratio(d, want)
+            require(cos >= need and 0.85 <= size <= 1.15, f"{at}: the update is not the SGD step of this batch's "
+                    f"gradient (cosine {cos:.3f}, need {need:.3f}; size {size:.2f}x the naive step's, need 0.85-1.15x)"
+                    ": every call, timed or not, must take one SGD step (momentum, weight decay) on the gradient of "
+                    "the batch it is given; no speed points")
+            self.worst["loss_gap_share"] = max(self.worst["loss_gap_share"], abs(losses[j] - l32) / tol)
+            self.worst["update_cosine_margin"] = min(self.worst["update_cosine_margin"], cos - need)
+            self.w, self.u = w_next, u
+            self.steps += 1
+        self.rounds += 1
 
 
-def check_speed(mod, ctx) -> dict:
-    if ctx.hardware not in SPEED_TIERS:
+def _check_base(result, params) -> None:
+    """The baseline's reply (the grader's own code): n finite losses."""
+    losses = result["losses"]
+    if not (isinstance(losses, torch.Tensor) and losses.numel() == int(params["n"]) and bool(losses.isfinite().all())):
+        raise RuntimeError("the naive baseline returned no finite losses")
+
+
+def check_speed(ctx) -> dict:
+    tiers = SPEED_TIERS.get(ctx.hardware)
+    if tiers is None:
         raise NotGradable("the ResNet-18 speed tiers need a CUDA GPU (they are calibrated on tensor-core GPUs); "
                           "correctness and host syncs are graded here, speed on a GPU machine")
-    built = {}
-    _correctness(mod, ctx, HYPER, seed=3, keep=built)  # correctness gates speed
+    return _speed(ctx, tiers)
+
+
+def _speed(ctx, tiers: Tiers) -> dict:
+    """Correctness first, then the student's step against the naive step, each round on fresh batches, every
+    timed round verified (`_Verifier`); the tiers decide the share of the points."""
+    m, start = _correctness(ctx, HYPER, seed=SEEDS["speed"], keep=True)  # correctness gates speed
     sz = sizes(ctx)
-    base = NaiveStep(fresh_model(ctx), device=ctx.device, **HYPER)
-    step = built["step"]  # the checked step itself, already compiled, keeps training on its model
-    (x, y), = make_batches(1, sz["batch"], ctx.device, seed=5)
-    for _ in range(10):  # compile, cuDNN autotune, CUDA-graph capture: all before the clock starts
-        step(x, y)
-        base(x, y)
-    ab = bench.compare(lambda: base(x, y), lambda: step(x, y), device=ctx.device, rounds=9, warmup=3, inner=5)
-    tiers = SPEED_TIERS[ctx.hardware]
+    verify = _Verifier(ctx, HYPER, sz, start)
+    inner = SPEED_ROUNDS["inner"]
+    ctx.baseline_call("lab4.naive_setup", {"width": sz["width"], "hyper": dict(HYPER), "seed": 0})
+    for _ in range(SPEED_WARMUP_STEPS // inner):  # untimed; verified like the timed rounds
+        params = {"n": inner, "batch": sz["batch"], "seed": secrets.randbelow(2**31)}
+        verify(ctx.call("lab4.timed_student", params), params)
+        _check_base(ctx.baseline_call("lab4.timed_naive", params), params)
+    verify.rounds = 1
+    seeds = [secrets.randbelow(2**31) for _ in range(SPEED_ROUNDS["warmup"] + SPEED_ROUNDS["rounds"])]
+    ab, notes = ctx.compare(lambda r: ("lab4.timed_naive", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
+                            lambda r: ("lab4.timed_student", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
+                            rounds=SPEED_ROUNDS["rounds"], warmup=SPEED_ROUNDS["warmup"], inner=inner,
+                            check_base=_check_base, check_student=verify)
     frac = tiers.fraction(ab.ratio)
     m = {"speedup": round(ab.ratio, 2), "speedup_iqr": round(ab.ratio_iqr, 2), "batch": sz["batch"],
          "naive_img_per_s": round(sz["batch"] / ab.a.median), "student_img_per_s": round(sz["batch"] / ab.b.median),
          "tiers": tiers.describe(), "bonus": bool(tiers.bonus and ab.ratio >= tiers.bonus),
-         "extra_credit": 1 if tiers.bonus and ab.ratio >= tiers.bonus else 0}
-    m.update(_tensor_core_evidence(step, x, y))
+         "extra_credit": 1 if tiers.bonus and ab.ratio >= tiers.bonus else 0, **notes,
+         "timed_steps_verified": verify.steps,
+         "worst_timed_loss_gap_share": round(verify.worst["loss_gap_share"], 3),
+         "worst_timed_update_cosine_margin": round(verify.worst["update_cosine_margin"], 4)}
+    m.update(_tensor_core_evidence(ctx, sz))
     if frac == 0:
         raise CheckFailed(f"{ab.ratio:.2f}x the naive step, below the first tier ({tiers.describe()})", **m)
     bonus = " BONUS tier reached (+1 extra credit)" if m["bonus"] else ""
     return {"fraction": frac, "message": f"{ab.ratio:.2f}x the naive step ({m['student_img_per_s']} vs "
                                          f"{m['naive_img_per_s']} img/s at batch {sz['batch']}).{bonus}",
             "measurements": m}
+
+
+def _tensor_core_evidence(ctx, sz) -> dict:
+    """How much GPU time of two steps ran in tensor-core (16-bit/TF32) kernels: the student process's own profile.
+
+    Evidence only (no points ride on it), so a profiler problem must not cost the student anything.
+    """
+    if ctx.device.type != "cuda":
+        return {}
+    try:
+        got = ctx.call("lab4.kernels", {"batch": sz["batch"], "seed": 5})
+        kernels = [(str(k), float(t)) for k, t in got["kernels"]]
+    except (CheckFailed, KeyError, TypeError, ValueError) as e:
+        return {"tensor_core_evidence": f"unavailable ({type(e).__name__}: {str(e)[:120]})"}
+    total = sum(t for _, t in kernels)
+    tc = [(k, t) for k, t in kernels if TENSOR_CORE_KERNEL.search(k)]
+    return {"tensor_core_time_share": round(sum(t for _, t in tc) / total, 3) if total else None,
+            "tensor_core_kernels": sorted({k[:80] for k, _ in tc})[:8]}

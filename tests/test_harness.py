@@ -108,10 +108,12 @@ def test_speedrun_fakes_fail_on_cpu(tmp_path):
                     "momentum=0.0, weight_decay=weight_decay, fused")
     v = run_check("lab4.correctness", nomom, device="cpu")
     assert not v["ok"] and "momentum" in v["message"]
-    # A host sync per step is caught without a GPU.
+    # A host sync per step is caught without a GPU (counted in the sandboxed process), and its line is named.
     sync = variant(ref, tmp_path / "student_sync.py", "        return loss.detach()  # a tensor: no host sync",
                    "        print(float(loss))\n        return loss.detach()")
-    assert run_check("lab4.no_host_sync", sync, device="cpu")["score"] == 0
+    v = run_check("lab4.no_host_sync", sync, device="cpu")
+    line = next(i for i, t in enumerate(sync.read_text().splitlines(), 1) if "print(float(loss))" in t)
+    assert v["score"] == 0 and f"student_sync.py:{line}" in v["message"], v["message"]
 
 
 def test_profile_fix_fake_fast_gets_no_speed_points(tmp_path):

@@ -1,0 +1,192 @@
+"""Lab 4 against hostile submissions: right when checked, cheating when timed; reaching for the trusted module.
+
+The speed check grades only on a CUDA GPU, so these tests drive its CPU-sized body (`_speed`, with a CPU tier
+and fewer rounds) directly from a trusted Context: the same probes, sandbox, interleaved timing and per-round
+verification a GPU grading runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder import harness, jail
+from autograder import lab4_checks as L
+from autograder.harness import CheckFailed, Context, Tiers, run_checks, student_file_from_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+ANY_SPEED = Tiers(((0.01, 1.0),))  # every measured ratio earns the points: only the verification can fail
+SANDBOX = "bwrap" if jail.probe() is None else "none"
+
+# Wraps the reference's step: honest for the correctness probes and the warm-up (9 calls with the rounds below),
+# then, while timed, returns the last loss and does no work at all.
+STALE = '''
+_honest = build_train_step
+
+
+def build_train_step(model, **kw):
+    step, calls, last = _honest(model, **kw), [0], [None]
+
+    def cheat(x, y):
+        calls[0] += 1
+        if calls[0] > 9:
+            return last[0]
+        last[0] = step(x, y)
+        return last[0]
+
+    return cheat
+'''
+
+# Computes the right loss when timed, but skips the backward pass and steps on the last gradient again.
+OLD_GRADIENT = '''
+import torch
+import torch.nn.functional as F
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+def build_train_step(model, *, lr, momentum, weight_decay, device):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    calls = [0]
+
+    def step(x, y):
+        calls[0] += 1
+        x = (x.float() / 255 - mean) / std
+        if calls[0] > 9:
+            with torch.no_grad():
+                loss = F.cross_entropy(model(x), y)
+            opt.step()  # .grad still holds the last honest step's gradient
+            return loss
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+'''
+
+# Rewrites the public probes in its own process: the last step of every timed round only runs its forward pass;
+# its backward pass and update wait for the untimed fetch of the snapshots, which then shows the finished weights.
+DEFERRED = '''
+import torch
+import torch.nn.functional as F
+
+import autograder.student.lab4 as P
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+DEFER, PENDING = [False], []
+
+
+def build_train_step(model, *, lr, momentum, weight_decay, device):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+
+    def finish():
+        while PENDING:
+            loss = PENDING.pop()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def step(x, y):
+        finish()
+        loss = F.cross_entropy(model((x.float() / 255 - mean) / std), y)
+        if DEFER[0]:
+            PENDING.append(loss)
+        else:
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return loss.detach()
+
+    PENDING_FINISH[:] = [finish]
+    return step
+
+
+PENDING_FINISH = []
+_timed, _snapshots = P.timed_steps, P.probe_snapshots
+
+
+def lazy_timed(step, model, device, params, state):
+    calls = [0]
+
+    def last_one_lazy(x, y):
+        calls[0] += 1
+        DEFER[0] = calls[0] == int(params["n"])
+        try:
+            return step(x, y)
+        finally:
+            DEFER[0] = False
+
+    return _timed(last_one_lazy, model, device, params, state)
+
+
+def lazy_snapshots(p, params):
+    kept = p.state["lab4"]
+    if PENDING:
+        PENDING_FINISH[0]()
+        rows = kept["rows"]
+        P._copy_all(rows.views[-1], [q for _, q in kept["model"].named_parameters()])
+    return _snapshots(p, params)
+
+
+P.timed_steps, P.probe_snapshots = lazy_timed, lazy_snapshots
+'''
+
+
+def reference(dest: Path) -> Path:
+    nb = ROOT / "assignments" / "source" / "lab4_speedrun" / "lab4_speedrun.ipynb"
+    return student_file_from_notebook(nb, dest)
+
+
+def speed(tmp_path: Path, monkeypatch, text: str) -> dict:
+    """The speed check's body on a CPU for a submission with source `text` (3 steps a round, 1 + 2 rounds)."""
+    monkeypatch.setattr(L, "SPEED_ROUNDS", {"rounds": 2, "warmup": 1, "inner": 3})
+    monkeypatch.setattr(L, "SPEED_WARMUP_STEPS", 3)
+    box, work = tmp_path / "box", tmp_path / "work"
+    box.mkdir()
+    work.mkdir()
+    f = box / "student_speedrun.py"
+    f.write_text(text)
+    ctx = Context(device=torch.device("cpu"), hardware="cpu", small=True, work_dir=work, student_file=f,
+                  sandbox=SANDBOX)
+    ctx.deadline = time.monotonic() + 300
+    try:
+        return L._speed(ctx, ANY_SPEED)
+    finally:
+        ctx.close()
+
+
+def test_the_reference_passes_every_verified_timed_round(tmp_path, monkeypatch):
+    ref = reference(tmp_path).read_text()
+    out = speed(tmp_path, monkeypatch, ref)
+    m = out["measurements"]
+    assert out["fraction"] == 1.0 and m["timed_steps_verified"] == 3 + 3 * 3, m
+    assert m["worst_timed_loss_gap_share"] < 1 and m["worst_timed_update_cosine_margin"] > 0, m
+
+
+@pytest.mark.parametrize("cheat, says", [
+    (STALE, "parameters did not change"),
+    (OLD_GRADIENT, "not the SGD step of this batch's gradient"),
+    (DEFERRED, "not the ones the step left when the clock stopped"),
+], ids=["stale-loss-no-work", "old-gradient", "work-deferred-past-the-clock"])
+def test_right_when_checked_cheating_when_timed_gets_no_speed_points(tmp_path, monkeypatch, cheat, says):
+    text = reference(tmp_path).read_text() + cheat if cheat is STALE else cheat
+    with pytest.raises(CheckFailed, match="no speed points") as e:
+        speed(tmp_path, monkeypatch, text)
+    assert says in str(e.value)
+
+
+@pytest.mark.skipif(SANDBOX != "bwrap", reason="needs the bubblewrap sandbox (the trusted module is visible without)")
+def test_importing_the_trusted_module_fails_cleanly(tmp_path):
+    ref = reference(tmp_path)
+    ref.write_text("from autograder.lab4_checks import HIDDEN_HYPER  # noqa\n" + ref.read_text())
+    v, = run_checks(["lab4.correctness_hidden"], ref, device="cpu")
+    assert not v["ok"] and v["score"] == 0 and v["gradable"] and v["sandbox"] == "bwrap"
+    assert "No module named 'autograder.lab4_checks'" in v["message"], v["message"]
+    assert harness.CHECKS["lab4.correctness_hidden"].module == "autograder.lab4_checks"
