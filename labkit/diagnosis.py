@@ -65,8 +65,6 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
 GPU_IDLE_LIMIT = 0.30      # GPU idle share below which "faster loading will not help" notes apply
 DATA_IDLE_LIMIT = 0.15     # GPU idle share waiting on a background loader that ranks the loader first
-CPU_DATA_LIMIT = 0.50      # CPU: share of the step in data waits that is data-loading bound by any count
-CPU_OVERHEAD_LIMIT = 0.60  # CPU: share of compute time outside operators >= SMALL_OP_US that is clearly overhead
 SMALL_OP_US = 20.0
 SYNC_TOLERANCE_US = 20.0   # host and device clocks in a trace agree to within a few microseconds
 DOMINANCE = 2.0            # the top cause is the single verdict when its share is at least this times the next
