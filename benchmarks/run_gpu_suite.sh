@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
 #   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
-# Steps: doctor ladder compile matmul top peers amp loaders profiling grading reliability notebooks ddp (default: all but ddp,
-# which needs a machine with several GPUs).
+# Steps: doctor ladder compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp (default:
+# all but ddp, which needs a machine with several GPUs). corpus's folder is what benchmarks/results/trace_corpus/ holds.
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
 shift
-steps=${*:-doctor ladder compile matmul peers amp loaders profiling grading reliability notebooks}
+steps=${*:-doctor ladder compile matmul peers amp loaders profiling corpus grading reliability notebooks}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NCCL_NVLS_ENABLE=0
 run() {
@@ -32,6 +32,7 @@ for s in $steps; do
     amp) run amp 240 python benchmarks/week3_amp.py --out "$out" ;;
     loaders) run loaders 300 python benchmarks/week4_loaders.py --out "$out" ;;
     profiling) run profiling 300 python benchmarks/week5_profiling.py --out "$out" --trace-out "$out/gpu_trace.json.gz" ;;
+    corpus) run corpus 590 python benchmarks/trace_corpus.py --out "$out/trace_corpus" ;;
     grading) run grading 300 python benchmarks/grade_reference_gpu.py --out "$out" ;;
     reliability) run reliability "${RELIABILITY_LIMIT:-300}" python benchmarks/grade_reliability.py --out "$out" ;;
     ddp) run ddp "${DDP_LIMIT:-580}" python benchmarks/ddp_scaling.py --out "$out" ${DDP_ARGS:-} ;;

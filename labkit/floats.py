@@ -1,8 +1,10 @@
 """Floating-point formats: bit layouts, exact decoding, rounding to each format, ranges and plots.
 
-Rounding is simulated with exact float64 arithmetic on float32 inputs, so one code path covers the formats
-torch has (fp16, bf16, both fp8) and one it has not (tf32), and it can be checked bit for bit against torch's
-own casts (`verify_rounding`). `round_bits_reference` is a second, independent implementation by integer bit
+Rounding is simulated with exact float64 arithmetic, so one code path covers the formats torch has (fp16,
+bf16, both fp8) and one it has not (tf32), and it can be checked bit for bit against torch's own casts
+(`verify_rounding`). float64 input (Python floats, numpy float64, float64 tensors) is rounded once, exactly;
+`via_float32=True` reproduces torch's cast instead, which goes float64 -> float32 -> target and so rounds twice
+(65519.999999999 becomes inf in fp16 that way, not 65504). `round_bits_reference` is a second, independent implementation by integer bit
 manipulation, for the formats that share fp32's 8-bit exponent (fp32, tf32, bf16).
 """
 
@@ -117,15 +119,29 @@ def _policy(f: FloatFormat, overflow: str | None) -> str:
     return policy
 
 
-def _as_float32(x) -> torch.Tensor:
+def _as_float(x) -> torch.Tensor:
+    """x as a float32 or float64 tensor, never losing precision: Python floats and ints become float64, numpy
+    values keep their dtype (float64 stays float64), narrower floats widen exactly to float32."""
     if not isinstance(x, torch.Tensor):
-        return torch.as_tensor(x, dtype=torch.float32)
-    if x.dtype == torch.float32:
+        if hasattr(x, "dtype"):  # numpy arrays and scalars
+            x = torch.as_tensor(x)
+            x = x if x.is_floating_point() else x.double()
+        else:
+            x = torch.as_tensor(x, dtype=torch.float64)
+    if x.dtype in (torch.float32, torch.float64):
         return x
     if x.is_floating_point() and x.element_size() <= 4:
-        return x.float()  # narrower floats widen exactly
-    raise LabkitError(f"rounding takes float32 input, got {x.dtype}: convert with .float() first "
-                      "(a float64 tensor would otherwise be rounded twice)")
+        return x.float()
+    raise LabkitError(f"rounding takes float input, got {x.dtype}")
+
+
+def _as_float32(x) -> torch.Tensor:
+    """x as float32, for the checks that compare float32 bit patterns; float64 input is refused, not rounded."""
+    x = _as_float(x)
+    if x.dtype == torch.float64:
+        raise LabkitError("this check works on float32 inputs, got float64: round with round_to (exact) or "
+                          "convert with .float() knowingly (that is a first rounding)")
+    return x
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
@@ -136,16 +152,19 @@ def _pow2(e: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------- rounding
 
 
-def round_to(x, fmt, *, overflow: str | None = None) -> torch.Tensor:
-    """Round float32 values to `fmt` (round to nearest, ties to even); returns float32 holding exact values.
+def round_to(x, fmt, *, overflow: str | None = None, via_float32: bool = False) -> torch.Tensor:
+    """Round values to `fmt` (round to nearest, ties to even) once; returns float32 holding exact values.
 
+    Takes float32 or float64 (tensors, numpy, Python floats): float64 is rounded exactly to `fmt`, not via
+    float32. via_float32=True rounds to float32 first, as torch's own casts from float64 do (a second rounding
+    that can move a value just past a halfway point back onto it, and then to the other neighbour).
     Subnormals are kept, NaN stays NaN, and a value past the format's max becomes what `overflow` says:
     "inf", "saturate" (the largest finite value, also for an infinite input) or "nan"; None = the format's default.
     """
     f = get_format(fmt)
     policy = _policy(f, overflow)
-    x = _as_float32(x)
-    xd = x.double()
+    x = _as_float(x)
+    xd = x.float().double() if via_float32 else x.double()
     a = xd.abs()
     _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1)
     e = (e.long() - 1).clamp(min=f.emin)  # below the normal range every value shares the subnormal quantum
@@ -157,10 +176,10 @@ def round_to(x, fmt, *, overflow: str | None = None) -> torch.Tensor:
     return torch.copysign(r, xd).float()
 
 
-def encode(x, fmt, *, overflow: str | None = None) -> torch.Tensor:
-    """Bit patterns (int64, 0 .. 2^bits - 1) of float32 values rounded to `fmt`."""
+def encode(x, fmt, *, overflow: str | None = None, via_float32: bool = False) -> torch.Tensor:
+    """Bit patterns (int64, 0 .. 2^bits - 1) of values rounded to `fmt` (as `round_to` rounds them)."""
     f = get_format(fmt)
-    r = round_to(x, f, overflow=overflow).double()
+    r = round_to(x, f, overflow=overflow, via_float32=via_float32).double()
     a = r.abs()
     M, all_ones = f.mantissa_bits, 2**f.exponent_bits - 1
     _, e = torch.frexp(a)
@@ -202,8 +221,11 @@ def decode(bits, fmt) -> torch.Tensor:
 
 
 def torch_round(x, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:
-    """What torch's own cast gives: x.to(dtype) and back to float32 (on `device`), returned on the CPU."""
-    return _as_float32(x).to(device).to(dtype).float().cpu()
+    """What torch's own cast gives: x.to(dtype) and back to float32 (on `device`), returned on the CPU.
+
+    float64 input (Python floats included) is cast from float64, as torch does it: through float32 on the CPU.
+    """
+    return _as_float(x).to(device).to(dtype).float().cpu()
 
 
 def torch_decode(bits, dtype: torch.dtype) -> torch.Tensor:
@@ -378,10 +400,10 @@ class Decomposed:
         return f"{self.format:>9}: {self.bit_string():<36} {self.kind:<9} {self.formula()}{err}"
 
 
-def decompose(value: float, fmt) -> Decomposed:
-    """Round `value` (via float32) to `fmt` and split it into sign, exponent and mantissa fields."""
+def decompose(value: float, fmt, *, via_float32: bool = False) -> Decomposed:
+    """Round `value` (a float64, exactly; via float32 if asked) to `fmt` and split it into its bit fields."""
     f = get_format(fmt)
-    bits = int(encode(torch.tensor([value], dtype=torch.float32), f)[0])
+    bits = int(encode(torch.tensor([value], dtype=torch.float64), f, via_float32=via_float32)[0])
     stored = float(decode(bits, f))
     M = f.mantissa_bits
     exp, man = (bits >> M) & (2**f.exponent_bits - 1), bits & (2**M - 1)
@@ -499,7 +521,7 @@ def underflow_summary(magnitudes: torch.Tensor, fmt, loss_scale: float = 1.0) ->
     """What rounding `magnitudes * loss_scale` to `fmt` does: fractions that flush to zero, land among the
     subnormals (precision lost), stay normal, or overflow."""
     f = get_format(fmt)
-    x = _as_float32(magnitudes) * loss_scale
+    x = _as_float(magnitudes) * loss_scale
     r = round_to(x, f).abs()
     n = max(x.numel(), 1)
     zero = int(((r == 0) & (x != 0)).sum())

@@ -39,7 +39,25 @@ def _fp32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float64).to(torch.float32))
 
 
+def _usable(scale: float) -> bool:
+    """Whether a float32 scale > 0 has a finite float32 reciprocal (true down to about 2.94e-39).
+
+    Below that GradScaler's unscale factor is inf, and it checks the gradients for inf/NaN before multiplying
+    by it: finite gradients become inf (zero ones NaN) and the step is taken, so the weights are overwritten with inf/NaN. At scale 0
+    (reached by backing off past the smallest float32) that happens on every later step, for good.
+    """
+    return scale > 0 and math.isfinite(_fp32(1.0 / scale))
+
+
+def _check_scale(scale: float, what: str) -> None:
+    if not _usable(scale):
+        raise LabkitError(f"{what} {scale:g} is unusable: in float32 (where the scale is kept, as in GradScaler) "
+                          f"it or its reciprocal is 0/inf; use a scale >= {_SMALLEST_SCALE:.3g}")
+
+
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+# The smallest power of two whose float32 reciprocal is finite; any scale below ~2.94e-39 is unusable.
+_SMALLEST_SCALE = 2.0**-127
 
 
 class StaticLossScaler:
@@ -61,6 +79,7 @@ class StaticLossScaler:
         self._enabled = enabled
         self._init_scale = float(scale)
         self._scale = _fp32(scale)
+        _check_scale(self._scale, "loss scale")
         self._growth_tracker = 0
         self._per_optimizer: dict[int, dict] = {}
         self.history: list[tuple[float, bool]] = []
@@ -142,6 +161,7 @@ class StaticLossScaler:
                 if new_scale.numel() != 1 or new_scale.requires_grad:
                     raise LabkitError("new_scale must be a float or a one-element tensor without requires_grad")
                 new_scale = float(new_scale.item())
+            _check_scale(_fp32(float(new_scale)), "new_scale")
             self._scale = _fp32(float(new_scale))
         else:
             if not checked:
@@ -188,6 +208,7 @@ class StaticLossScaler:
             return
         if not state:
             raise LabkitError("the scaler state dict is empty (it was saved from a disabled scaler)")
+        _check_scale(_fp32(float(state["scale"])), "the state dict's scale")
         self._scale = _fp32(float(state["scale"]))
         self._growth_tracker = int(state.get("_growth_tracker", 0))
         if isinstance(self, DynamicLossScaler):
@@ -203,7 +224,9 @@ class DynamicLossScaler(StaticLossScaler):
     """Loss scaling that adapts: after an inf/NaN step the scale is multiplied by `backoff_factor`; after
     `growth_interval` clean steps in a row it is multiplied by `growth_factor` (unless that overflows float32).
 
-    Defaults and behaviour are those of `torch.amp.GradScaler`.
+    Defaults and behaviour are those of `torch.amp.GradScaler`, with one exception: where overflow after
+    overflow backs the scale off below ~2.94e-39 (GradScaler goes on down to 0 and then writes inf/NaN into
+    the weights), `update()` raises a LabkitError that says so.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
@@ -221,12 +244,29 @@ class DynamicLossScaler(StaticLossScaler):
 
     def _next_scale(self, found_inf: bool) -> tuple[float, int]:
         if found_inf:
-            return _fp32(self._scale * self.backoff_factor), 0
+            backed_off = _fp32(self._scale * self.backoff_factor)
+            if not _usable(backed_off):
+                self._raise_underflow(backed_off)
+            return backed_off, 0
         streak = self._growth_tracker + 1
         if streak == self.growth_interval:
             grown = _fp32(self._scale * self.growth_factor)
             return (grown if math.isfinite(grown) else self._scale), 0
         return self._scale, streak
+
+    def _raise_underflow(self, backed_off: float) -> None:
+        """Stop where GradScaler would go on to write inf/NaN into the weights (see `_usable`)."""
+        streak = 0
+        for _, skipped in reversed(self.history):
+            if not skipped:
+                break
+            streak += 1
+        first = self.history[-streak][0]
+        raise LabkitError(
+            f"loss scale underflow: {streak} overflow steps in a row backed the scale off from {first:g} to "
+            f"{backed_off:g}, too small to unscale by in float32; gradients that are inf/NaN at every scale come "
+            "from the model or the loss itself (NaN inputs, log/div of 0, a diverged learning rate), not from "
+            "fp16 range. torch.amp.GradScaler would carry on and write inf/NaN into the weights")
 
 
 def clip_grad_norm_(optimizer: torch.optim.Optimizer, max_norm: float, scaler=None) -> torch.Tensor:

@@ -126,6 +126,46 @@ def test_scaler_refuses_fp16_grads_and_bad_settings():
             amp.DynamicLossScaler(**kw)
 
 
+def test_overflow_streak_down_to_zero_scale_stops_where_gradscaler_corrupts_weights():
+    """Gradients that are inf at every scale back the scale off until its float32 reciprocal overflows.
+
+    GradScaler carries on: at 2**-128 (and at 0, two steps later) its unscale factor is inf, so the first
+    finite gradients are turned into inf/NaN and applied. labkit matches it up to the last usable scale, then
+    stops with a LabkitError instead of a bare ZeroDivisionError or NaN weights.
+    """
+    inf, one = [1.0, float("inf"), 0.0], [1e-3, -2e-4, 5e-6]
+    ref = amp.drive_scaler(torch.amp.GradScaler("cpu"), [inf] * 170 + [one] * 2)
+    usable = [s for s in ref.scales if s >= 2.0**-127]
+    assert usable == [2.0 ** (16 - i) for i in range(144)] and 0.0 in ref.scales
+    assert all(math.isnan(v) for v in ref.params[-1])  # GradScaler ends with NaN weights, steps not skipped
+    mine = amp.DynamicLossScaler()
+    amp.drive_scaler(mine, [inf] * 143)
+    assert [s for s, _ in mine.history] + [mine.get_scale()] == usable
+    with pytest.raises(LabkitError, match=r"underflow: 144 overflow steps in a row .* from 65536 to 2\.9"):
+        amp.drive_scaler(mine, [inf])
+    assert mine.get_scale() == 2.0**-127  # left at the last usable scale
+
+
+def test_tiny_init_scale_like_gradscaler_or_a_clear_error():
+    one = [1e-3, -2e-4, 5e-6]
+    # tiny but usable: the same scales, skips and weights as GradScaler
+    for init in (1e-38, 2.0**-127):
+        ref = amp.drive_scaler(torch.amp.GradScaler("cpu", init_scale=init, growth_interval=2), [one] * 5)
+        mine = amp.drive_scaler(amp.DynamicLossScaler(init, growth_interval=2), [one] * 5)
+        assert (mine.scales, mine.skipped, mine.params) == (ref.scales, ref.skipped, ref.params)
+    # too small to unscale by in float32 (or 0 there): GradScaler writes inf/NaN into the weights
+    for init in (2.9e-39, 1e-45, 1e-46):
+        ref = amp.drive_scaler(torch.amp.GradScaler("cpu", init_scale=init), [[1.0, 1.0, 0.0]])
+        assert not all(map(math.isfinite, ref.params[-1])) and ref.skipped == [False]
+        for make in (amp.DynamicLossScaler, amp.StaticLossScaler):
+            with pytest.raises(LabkitError, match="unusable"):
+                make(init)
+    with pytest.raises(LabkitError, match="unusable"):
+        amp.DynamicLossScaler().update(1e-46)
+    with pytest.raises(LabkitError, match="unusable"):
+        amp.DynamicLossScaler().load_state_dict({"scale": 0.0})
+
+
 def test_state_dict_moves_between_labkit_and_gradscaler():
     seq = amp.crafted_sequences()["overflow_backoff"]
     mine = amp.DynamicLossScaler(2.0**16, growth_interval=4)

@@ -1,6 +1,9 @@
 """labkit.floats: format specs against torch.finfo, bit-exact decoding, rounding checked against torch's casts."""
 
+import bisect
+import functools
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -103,6 +106,89 @@ def test_the_check_catches_ties_rounded_away_from_zero(monkeypatch):
     assert r["mismatches"] > 1000 and r["examples"]
 
 
+@functools.cache
+def _values_and_overflow(name: str) -> list[float]:
+    """Every finite value >= 0 of the format (index = bit pattern, so an even index is an even mantissa), then
+    one value past max (max + one top ulp) that stands for overflow."""
+    f = fl.get_format(name)
+    return fl.positive_values(f).tolist() + [f.max + 2.0 ** (f.emax - f.mantissa_bits)]
+
+
+def _exact_round(x: float, fmt) -> float:
+    """Rational reference: the nearest value of `fmt` to the float64 `x`, ties to the even bit pattern.
+
+    Independent of round_to's arithmetic: it searches the format's listed values with exact Fractions, and
+    the overflow threshold is a tie like any other.
+    """
+    f = fl.get_format(fmt)
+    vals = _values_and_overflow(f.name)
+    a = Fraction(abs(x))
+    i = bisect.bisect_left(vals, a)
+    if i == len(vals):
+        r = vals[-1]
+    elif vals[i] == a or i == 0:
+        r = vals[i]
+    else:
+        lo, hi = vals[i - 1], vals[i]
+        d_lo, d_hi = a - Fraction(lo), Fraction(hi) - a
+        r = lo if d_lo < d_hi or (d_lo == d_hi and (i - 1) % 2 == 0) else hi
+    if r == vals[-1]:
+        r = {"inf": math.inf, "saturate": f.max, "nan": math.nan}[f.overflow]
+    return math.copysign(r, x)
+
+
+def _near_ties(fmt, n: int = 600) -> list[float]:
+    """float64 midpoints between neighbours of `fmt` and the float64 numbers just beside them (both signs):
+    all of them among the smallest and the largest 64 values, about `n` spread over the rest."""
+    f = fl.get_format(fmt)
+    vals = _values_and_overflow(f.name)[:-1]
+    v = vals[:64] + vals[64:-64:max(1, len(vals) // n)] + vals[-64:]
+    out = []
+    for lo in v:
+        ulp = 2.0 ** (max(math.frexp(lo)[1] - 1, f.emin) - f.mantissa_bits) if lo else f.min_subnormal
+        mid = lo + ulp / 2
+        out += [mid, math.nextafter(mid, math.inf), math.nextafter(mid, -math.inf)]
+    return out + [-x for x in out]
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "tf32"])
+def test_float64_rounds_once_exactly_like_rational_rounding(name):
+    xs = _near_ties(name)
+    xs += [65519.999999999, 2.98e-08, 2.980232238769532e-08, 1e300, 5e-324, 0.1, 1 / 3]
+    exact = torch.tensor([_exact_round(x, name) for x in xs])
+    x64 = torch.tensor(xs, dtype=torch.float64)
+    assert fl.same_values(fl.round_to(x64, name), exact.float()).all()
+    # numpy float64 and plain Python floats take the same single rounding
+    np = pytest.importorskip("numpy")
+    assert fl.same_values(fl.round_to(np.array(xs), name), exact.float()).all()
+    assert fl.same_values(fl.round_to(xs, name), exact.float()).all()
+    # through float32 first, some near-ties land on the wrong neighbour
+    twice = fl.round_to(x64, name, via_float32=True)
+    assert (~fl.same_values(twice, exact.float())).sum() > 0
+    dtype = fl.get_format(name).dtype()
+    if dtype is not None:  # ... which is what torch's own cast from float64 does
+        torch_policy = fl.torch_overflow_policy(dtype)
+        ours = fl.round_to(x64, name, via_float32=True, overflow=torch_policy)
+        assert fl.same_values(ours, fl.torch_round(x64, dtype)).all()
+
+
+def test_double_rounding_examples_from_the_issue():
+    assert fl.round_to(65519.999999999, "fp16").item() == 65504.0
+    assert fl.round_to(65519.999999999, "fp16", via_float32=True).item() == math.inf
+    # Just above half the smallest subnormal (2**-25): exactly, it rounds up to 2**-24; float32 rounds it onto
+    # 2**-25 itself, a tie, which goes to the even neighbour, 0. (2.98e-08 is just below 2**-25: 0 either way.)
+    above_half = 2.980232238769532e-08
+    assert above_half == math.nextafter(2.0**-25, 1.0)
+    assert fl.round_to(above_half, "fp16").item() == 2.0**-24
+    assert fl.round_to(above_half, "fp16", via_float32=True).item() == 0.0
+    assert fl.round_to(2.98e-08, "fp16").item() == 0.0
+    assert torch.tensor(65519.999999999, dtype=torch.float64).to(torch.float16).item() == math.inf  # torch: twice
+    assert fl.decompose(65519.999999999, "fp16").value == 65504.0
+    assert fl.decompose(65519.999999999, "fp16", via_float32=True).kind == "inf"
+    bits = fl.encode(torch.tensor([above_half], dtype=torch.float64), "fp16")
+    assert bits.tolist() == [1]  # the smallest subnormal
+
+
 def test_overflow_policies():
     x = torch.tensor([500.0, -1e9, math.inf, math.nan, 448.0, 465.0, 463.0])
     sat = fl.round_to(x, "fp8_e4m3", overflow="saturate")
@@ -147,8 +233,10 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(LabkitError, match="unknown float format"):
         fl.get_format("fp7")
     assert fl.get_format(torch.bfloat16).name == "bf16" and fl.get_format("E4M3").name == "fp8_e4m3"
-    with pytest.raises(LabkitError, match="float32"):
-        fl.round_to(torch.ones(3, dtype=torch.float64), "fp16")
+    with pytest.raises(LabkitError, match="float input"):
+        fl.round_to(torch.ones(3, dtype=torch.int32), "fp16")
+    with pytest.raises(LabkitError, match="float32 inputs, got float64"):
+        fl.round_bits_reference(torch.ones(3, dtype=torch.float64), "bf16")
     with pytest.raises(LabkitError, match="bit patterns run from 0 to 255"):
         fl.decode([256], "fp8_e5m2")
     with pytest.raises(LabkitError, match="overflow"):
