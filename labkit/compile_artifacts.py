@@ -10,6 +10,8 @@ one portable blob; `load_cache_artifacts` writes such a blob into the cache fold
 compile then reads its results back instead of compiling. The blob only fits the card and torch version that
 made it, so it is stored in a file named for both (`artifact_path`) with a header naming them again and a
 checksum of the blob. `labkit ladder` and `labkit train` load it when it exists (`--no-compile-cache`: don't).
+On a CUDA GPU the compiled Triton kernels travel inside the blob (inductor bundles them into its graph cache);
+on a CPU only the graphs do, and their C++ kernels are compiled again, so there the artifact saves little.
 
 Whatever goes wrong falls back to compiling as if there were no artifact, with one line saying why: a file that
 cannot be read, one built for another card or torch (stale), one whose bytes do not check out (corrupt), a
@@ -215,12 +217,13 @@ def save(device: torch.device | str, folder: str | os.PathLike | None = None, *,
 
 
 def build(device=None, names: list[str] | None = None, *, quick: bool = False, steps: int = 3,
-          folder: str | os.PathLike | None = None, log=print) -> Path | None:
+          folder: str | os.PathLike | None = None, sets: list[str] | None = None, log=print) -> Path | None:
     """Compile the first `steps` steps of each compiled ladder rung that runs on `device`, from an empty cache
     folder (so every graph and kernel is compiled and recorded), and save them as this card's artifact.
 
     The rungs are sized as `labkit ladder` (and `labkit train --preset`) sizes them, `quick` as with --quick:
-    a compiled graph is only found again for the same model, batch and settings. Returns the artifact's path.
+    a compiled graph is only found again for the same model, batch and settings, so `sets` (FIELD=VALUE) must
+    be the changes the training command will make. Returns the artifact's path.
     """
     from labkit import data as D
     from labkit import train as T
@@ -232,6 +235,7 @@ def build(device=None, names: list[str] | None = None, *, quick: bool = False, s
             raise LabkitError(f"{n!r} is not a compiled rung: choose from {', '.join(compiled)}")
     if steps < 1:
         raise LabkitError("--steps must be >= 1")
+    changes = T.parse_sets(sets or [])
     plan = T.plan_ladder(dev, quick, names or compiled)
     path = artifact_path(dev, folder)
     bad = unwritable(path.parent)
@@ -239,14 +243,15 @@ def build(device=None, names: list[str] | None = None, *, quick: bool = False, s
         raise LabkitError(f"{path.parent} cannot be written ({bad}): choose another folder with --dir")
     for name, why in plan.skipped:
         log(f"compile cache: skipped {name}: {why}")
-    ds = D.load(plan.base.data, plan.base.n_train, plan.base.n_test)
+    ds = D.load(changes.get("data", plan.base.data))  # train() takes its subset
     with compile_cache():
         for cfg in plan.rungs:
             t0 = time.perf_counter()
-            T.train(T.with_changes(cfg, epochs=1, max_steps=steps, evaluate=False), dev, dataset=ds)
+            T.train(T.with_changes(cfg, **{**changes, "epochs": 1, "max_steps": steps, "evaluate": False}), dev,
+                    dataset=ds)
             log(f"compile cache: compiled {cfg.name} ({steps} steps) in {time.perf_counter() - t0:.1f} s")
-        saved = save(dev, folder, note={"rungs": [c.name for c in plan.rungs], "quick": quick, "steps": steps},
-                     say=log)
+        note = {"rungs": [c.name for c in plan.rungs], "quick": quick, "steps": steps, "sets": sets or []}
+        saved = save(dev, folder, note=note, say=log)
     if saved:
         log(f"compile cache: wrote {saved} ({saved.stat().st_size / 1e6:.1f} MB)")
     return saved
@@ -279,6 +284,8 @@ def add_cli(sub) -> None:
     p.add_argument("--rungs", help="comma-separated compiled rungs to build (default: all that run here)")
     p.add_argument("--quick", action="store_true", help="build for --quick runs (the CPU-sized model)")
     p.add_argument("--steps", type=int, default=3, help="steps compiled per rung (default 3)")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="TrainConfig changes the training command will make (batch, width...)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dir", help="artifact folder (default: $LABKIT_COMPILE_CACHE, else ~/.cache/labkit/compile-cache)")
     p.set_defaults(func=_cli)
@@ -288,7 +295,7 @@ def _cli(a) -> int:
     dev = pick_device(a.device)
     if a.build:
         names = [n.strip() for n in a.rungs.split(",") if n.strip()] if a.rungs else None
-        return 0 if build(dev, names, quick=a.quick, steps=a.steps, folder=a.dir) else 1
+        return 0 if build(dev, names, quick=a.quick, steps=a.steps, folder=a.dir, sets=a.set) else 1
     state, why, header = check(dev, a.dir)
     print(f"{artifact_path(dev, a.dir)}: {state}" + (f" ({why})" if why else ""))
     if header and state == "ok":
