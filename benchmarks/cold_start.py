@@ -19,9 +19,9 @@ inductor.KEY=VALUE / dynamo.KEY=VALUE (torch._inductor.config / torch._dynamo.co
 Every first-step run also records how much dynamo compiled (frames, graphs, graph breaks, cache hits).
 
 The result `cold_start` is saved after every run, so a call cut short keeps what it measured. On a machine
-without a CUDA GPU nothing is measured: the top rung needs CUDA graphs. Expected length on an H100, from the
-issue's recorded first steps (about 26 s cold): the default call, two rounds, 6-7 minutes; the variants fit
-one 10-minute call on their own: `--variants --parts first --repeats 1`.
+without a CUDA GPU nothing is measured: the top rung needs CUDA graphs. Sized by the cold first steps recorded
+in compile_time.json, the default call (two rounds) fits in a 10-minute GPU call on an H100, and so do the
+variants on their own (`--variants --parts first --repeats 1`), not both together.
 """
 
 from __future__ import annotations
