@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
 #   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
-# Steps: doctor ladder compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp (default:
-# all but ddp, which needs a machine with several GPUs). corpus's folder is what benchmarks/results/trace_corpus/ holds.
+# Steps: doctor ladder compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp
+# coldstart (default: all but ddp, which needs a machine with several GPUs, and coldstart, which takes most of 10
+# minutes). corpus's folder is what benchmarks/results/trace_corpus/ holds.
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
@@ -36,6 +37,7 @@ for s in $steps; do
     grading) run grading 300 python benchmarks/grade_reference_gpu.py --out "$out" ;;
     reliability) run reliability "${RELIABILITY_LIMIT:-300}" python benchmarks/grade_reliability.py --out "$out" ;;
     ddp) run ddp "${DDP_LIMIT:-580}" python benchmarks/ddp_scaling.py --out "$out" ${DDP_ARGS:-} ;;
+    coldstart) run coldstart "${COLD_LIMIT:-590}" python benchmarks/cold_start.py --out "$out" ${COLD_ARGS:-} ;;
     notebooks) run notebooks 590 python benchmarks/run_notebooks.py --bundle "$out/notebook_runs.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac

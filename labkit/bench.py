@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -215,7 +216,8 @@ def compile_cache(path: str | os.PathLike | None = None):
     what a student on a fresh Colab machine waits. Inside this context both caches live in `path` and compiled
     code held in memory is forgotten on entry and on exit, so the next compile reads only `path`. Entering twice
     with the same folder measures a cold start, then a warm one. The environment is restored afterwards and a
-    temporary folder removed. Yields the folder.
+    temporary folder removed. A folder that cannot be written is replaced by a temporary one, with one line on
+    stderr saying so. Yields the folder used.
     """
     import torch._dynamo
 
@@ -231,7 +233,12 @@ def compile_cache(path: str | os.PathLike | None = None):
     saved = {k: os.environ.get(k) for k in keys}
     tmp = tempfile.mkdtemp(prefix="labkit-compile-") if path is None else None
     folder = os.path.abspath(tmp or os.fspath(path))
-    os.makedirs(folder, exist_ok=True)
+    why = None if tmp else unwritable(folder)
+    if why:  # torch.compile cannot work without writing there: compile cold in a folder that can be written
+        tmp = tempfile.mkdtemp(prefix="labkit-compile-")
+        print(f"compile cache folder {folder} cannot be written ({why}): compiling from scratch in {tmp}",
+              file=sys.stderr, flush=True)
+        folder = tmp
     forget()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
     os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
@@ -246,6 +253,17 @@ def compile_cache(path: str | os.PathLike | None = None):
                 os.environ[k] = v
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def unwritable(folder: str | os.PathLike) -> str | None:
+    """Why `folder` cannot take new files (it is created if missing), or None when it can."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- results

@@ -16,6 +16,7 @@ from labkit.env import LabkitError
 MODULES = [
     "labkit.env",
     "labkit.train",
+    "labkit.compile_artifacts",
     "labkit.ddp",
     "labkit.floats",
     "labkit.matmul",

@@ -3,12 +3,18 @@
     labkit ddp --preset cuda_graphs --nproc 2          # one process per GPU, NCCL
     labkit ddp --preset resident_data --nproc 2 --quick  # on CPU: gloo, the same code path
     labkit ddp --preset cuda_graphs --nproc 2 --scaling  # scaling efficiency: 1 and 2 GPUs, alternating
+    labkit ddp --preset cuda_graphs --nproc 8 --nnodes 2 --rdzv-endpoint node0:29400   # on each of 2 machines
 
 `labkit ddp` starts `torchrun --standalone --nproc_per_node N -m labkit.ddp --worker ...`; each worker joins
 the process group, runs the same `labkit.train.train` engine (which shards the resident data per rank and seeds
 augmentation per rank) and rank 0 writes the result record. The global batch stays `batch_size`: each of N
 processes takes batch_size / N images per step, so the optimization is the one a single process would run.
 NVLink multicast stays off in NCCL (NCCL_NVLS_ENABLE=0) in every launch.
+
+Past one machine, one `labkit ddp` per machine starts its torchrun, and the torchruns meet through torchrun's own
+rendezvous (`Nodes`): c10d (ranks in order of arrival) or static (`--node-rank` fixes each machine's ranks).
+The global batch is still split by global rank, so each rank trains the shard it would on one machine with
+as many processes. docs/multinode.md has a Slurm script that starts one launcher per node.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -78,21 +85,76 @@ def _profile_worker(cfg, dev, out: str) -> None:
               + f"\n{d}\nwrote {prof.trace_path}", flush=True)
 
 
+RDZV_BACKENDS = ("c10d", "static")
+
+
+@dataclass
+class Nodes:
+    """Where the processes of one run live: this machine alone, or several machines meeting through torchrun."""
+
+    nnodes: int = 1                      # machines in the run, each starting `labkit ddp` with the same settings
+    node_rank: int | None = None         # this machine's index, 0..nnodes-1 (static rendezvous); None: c10d assigns it
+    rdzv_endpoint: str | None = None     # HOST:PORT that every machine reaches (node 0 / the store's host); None: one machine
+    rdzv_backend: str | None = None      # c10d | static; None: static when node_rank is given, else c10d
+    rdzv_id: str | None = None           # job id, the same on every machine (e.g. $SLURM_JOB_ID); None: "labkit"
+
+    @property
+    def standalone(self) -> bool:
+        """One machine with a private rendezvous (torchrun --standalone)."""
+        return self.nnodes == 1 and self.rdzv_endpoint is None
+
+
+def torchrun_args(nodes: Nodes) -> list[str]:
+    """torchrun's rendezvous flags for `nodes`; bad combinations raise a one-line LabkitError before any work."""
+    if nodes.nnodes < 1:
+        raise LabkitError(f"--nnodes must be >= 1, not {nodes.nnodes}")
+    if nodes.node_rank is not None and not 0 <= nodes.node_rank < nodes.nnodes:
+        raise LabkitError(f"--node-rank {nodes.node_rank} is outside 0..{nodes.nnodes - 1} (--nnodes {nodes.nnodes})")
+    if nodes.standalone:
+        if nodes.rdzv_backend is not None or nodes.rdzv_id is not None or nodes.node_rank:
+            raise LabkitError("--rdzv-backend, --rdzv-id and --node-rank need --rdzv-endpoint HOST:PORT "
+                              "(one machine alone needs none of them)")
+        return ["--standalone"]
+    if nodes.rdzv_endpoint is None:
+        raise LabkitError(f"--nnodes {nodes.nnodes} needs --rdzv-endpoint HOST:PORT, an address every machine "
+                          f"reaches (node 0's, e.g. the first host of the Slurm job)")
+    host, sep, port = nodes.rdzv_endpoint.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LabkitError(f"--rdzv-endpoint {nodes.rdzv_endpoint!r}: write HOST:PORT, e.g. node0:29400")
+    backend = nodes.rdzv_backend or ("static" if nodes.node_rank is not None else "c10d")
+    if backend not in RDZV_BACKENDS:
+        raise LabkitError(f"--rdzv-backend {backend!r}: choose {' or '.join(RDZV_BACKENDS)}")
+    if backend == "static" and nodes.node_rank is None:
+        raise LabkitError("static rendezvous needs --node-rank (0 on the machine at --rdzv-endpoint)")
+    if backend == "c10d" and nodes.node_rank is not None:
+        raise LabkitError("c10d rendezvous numbers the machines itself: drop --node-rank, "
+                          "or keep it with --rdzv-backend static")
+    run_id = nodes.rdzv_id if nodes.rdzv_id is not None else "labkit"
+    if not run_id or any(c.isspace() for c in run_id):
+        raise LabkitError(f"--rdzv-id {run_id!r}: one word, the same on every machine (e.g. the Slurm job id)")
+    args = [f"--nnodes={nodes.nnodes}", f"--rdzv-backend={backend}", f"--rdzv-endpoint={nodes.rdzv_endpoint}",
+            f"--rdzv-id={run_id}"]
+    return args + ([f"--node-rank={nodes.node_rank}"] if backend == "static" else [])
+
+
 def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
            json_path: str | None = None, cpu: bool = False, timeout_s: float | None = None,
-           profile_dir: str | None = None) -> int:
+           profile_dir: str | None = None, nodes: Nodes | None = None) -> int:
     """Run `preset` on `nproc` processes through torchrun; returns torchrun's exit code.
-    With `profile_dir`, profile a few steps instead (rank 0 writes its trace and diagnosis there)."""
+    With `profile_dir`, profile a few steps instead (rank 0 writes its trace and diagnosis there).
+    With `nodes`, this machine is one of several: `nproc` processes here, the run's rank 0 writes `json_path`
+    on whichever machine holds it (node 0 under static rendezvous)."""
     from labkit import train as T
 
     if nproc < 1:
         raise LabkitError("--nproc must be >= 1")
+    rdzv = torchrun_args(nodes or Nodes())
     T.preset(preset)  # unknown names fail here, before any process starts
     T.parse_sets(sets or [])
     use_cuda = torch.cuda.is_available() and not cpu
     if use_cuda and nproc > torch.cuda.device_count():
         raise LabkitError(f"--nproc {nproc} but this machine has {torch.cuda.device_count()} GPU(s)")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}",
            "-m", "labkit.ddp", "--worker", "--preset", preset]
     cmd += ["--quick"] if quick else []
     cmd += ["--cpu"] if cpu else []
@@ -106,6 +168,7 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
         return subprocess.run(cmd, env=env, timeout=timeout_s).returncode
     except subprocess.TimeoutExpired as e:
         raise LabkitError(f"the {nproc}-process run took longer than {timeout_s:.0f} s") from e
+    # (a machine whose peers never join waits in torchrun's rendezvous until torchrun gives up, then exits non-zero)
 
 
 def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, strong: bool = True,
@@ -182,6 +245,14 @@ def add_cli(sub) -> None:
     p.add_argument("--cpu", action="store_true", help="use gloo on the CPU even where GPUs exist")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
     p.add_argument("--json", metavar="PATH", help="rank 0 writes the result record here (with --scaling: the summary)")
+    m = p.add_argument_group("several machines (run the same command on each; see docs/multinode.md)")
+    m.add_argument("--nnodes", type=int, default=1, help="machines in the run (default 1)")
+    m.add_argument("--node-rank", type=int, help="this machine's index 0..NNODES-1 (static rendezvous)")
+    m.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="rendezvous address every machine reaches")
+    m.add_argument("--rdzv-backend", choices=RDZV_BACKENDS,
+                   help="c10d (machines numbered on arrival) or static (needs --node-rank); default: static "
+                        "with --node-rank, else c10d")
+    m.add_argument("--rdzv-id", help="job id, the same on every machine (default: labkit)")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--scaling", action="store_true",
                      help="measure scaling efficiency: alternate 1 and NPROC processes, same per-process batch")
@@ -191,9 +262,13 @@ def add_cli(sub) -> None:
 
 
 def _cli(a) -> int:
+    nodes = Nodes(a.nnodes, a.node_rank, a.rdzv_endpoint, a.rdzv_backend, a.rdzv_id)
     if not a.scaling:
         return launch(a.preset, a.nproc, quick=a.quick, sets=a.set, json_path=a.json, cpu=a.cpu,
-                      profile_dir=a.profile)
+                      profile_dir=a.profile, nodes=nodes)
+    if nodes != Nodes():
+        raise LabkitError("--scaling compares 1 and NPROC processes on this one machine: drop --nnodes, "
+                          "--node-rank and --rdzv-* (or run it on each machine alone)")
     from labkit.bench import write_json
 
     r = scaling(a.preset, a.nproc, quick=a.quick, sets=a.set, cpu=a.cpu)

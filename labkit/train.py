@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from labkit import compile_artifacts as CA
 from labkit import data as D
 from labkit.bench import synchronize
 from labkit.env import LabkitError, environment, pick_device, replace_fields, torch_switches
@@ -654,6 +655,7 @@ def add_cli(sub) -> None:
     p.add_argument("--data", default="synthetic", choices=["synthetic", "digits", "cifar10"], help="dataset")
     p.add_argument("--out", default="runs/ladder", help="folder for ladder.json, ladder.md, ladder.png")
     p.add_argument("--list", action="store_true", help="list the rungs and what each changes, then exit")
+    CA.add_flag(p)
     p.set_defaults(func=_cli_ladder)
 
     t = sub.add_parser("train", help="train ResNet-18 with one ladder preset (and overrides)")
@@ -662,6 +664,7 @@ def add_cli(sub) -> None:
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     t.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
     t.add_argument("--json", metavar="PATH", help="write the result record here")
+    CA.add_flag(t)
     t.set_defaults(func=_cli_train)
 
 
@@ -675,6 +678,7 @@ def _cli_ladder(args) -> int:
     if args.epochs is not None and args.epochs < 1:
         raise LabkitError("--epochs must be >= 1")
     names = [n.strip() for n in args.rungs.split(",") if n.strip()] if args.rungs else None
+    CA.load_for_cli(args, dev, needed=CA.wants(names))
     run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out)
     return 0
 
@@ -685,9 +689,10 @@ def _cli_train(args) -> int:
     dev = pick_device(args.device)
     base = quick_base() if args.quick else TrainConfig()
     cfg = with_changes(preset(args.preset, base), **parse_sets(args.set))
+    loaded = CA.load_for_cli(args, dev, needed=bool(cfg.compile))
     rec = train(cfg, dev)
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
           f"accuracy {rec['accuracy']}")
     if args.json:
-        write_json(args.json, {"kind": "train", "env": environment(device=dev), **rec})
+        write_json(args.json, {"kind": "train", "env": environment(device=dev), "compile_cache": loaded, **rec})
     return 0

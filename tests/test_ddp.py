@@ -12,13 +12,27 @@ SETS = ["width=8", "n_train=512", "n_test=128", "epochs=1", "batch_size=64", "au
         "max_steps=4", "loader=resident", "channels_last=false", "optimizer=sgd", "precision=default"]
 
 
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """The record of a 2-process run on this machine with SETS + `extra`, launched once per module (seconds each)."""
+    runs = {}
+
+    def run(extra: list[str]) -> dict:
+        if tuple(extra) not in runs:
+            out = tmp_path_factory.mktemp("ddp") / "ddp.json"
+            assert ddp.launch("resident_data", 2, quick=True, sets=SETS + extra, json_path=str(out), cpu=True,
+                              timeout_s=600) == 0
+            runs[tuple(extra)] = json.loads(out.read_text())
+        return runs[tuple(extra)]
+
+    return run
+
+
 # Muon orthogonalizes the averaged gradient, which every rank holds after the all-reduce: its steps stay in step.
 @pytest.mark.parametrize("optimizer", [[], ["optimizer=muon", "lr=0.004"]], ids=["sgd", "muon"])
-def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, optimizer):
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(two_process_run, optimizer):
     sets = SETS + optimizer
-    out = tmp_path / "ddp.json"
-    assert ddp.launch("resident_data", 2, quick=True, sets=sets, json_path=str(out), cpu=True, timeout_s=600) == 0
-    rec = json.loads(out.read_text())
+    rec = two_process_run(optimizer)
     assert rec["processes"] == 2 and rec["images"] == 4 * 64  # the global batch, not per rank
     assert rec["config"]["optimizer"] == (optimizer[0].split("=")[1] if optimizer else "sgd")
     one = T.train(T.with_changes(T.preset("resident_data", T.quick_base()), **T.parse_sets(sets)), "cpu")
@@ -87,3 +101,68 @@ def test_pil_loader_is_refused_under_ddp(tmp_path, capfd):
     rc = ddp.launch("baseline", 2, quick=True, cpu=True, sets=["max_steps=1", "n_train=256"], timeout_s=600)
     assert rc != 0
     assert "use loader=resident" in capfd.readouterr().err
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_launchers_meeting_through_torchrun_compute_what_one_machine_does(tmp_path, two_process_run,
+                                                                            monkeypatch):
+    """Two "machines" on localhost, one process each, static rendezvous: the two-process run of one machine."""
+    import os
+    import threading
+
+    # the thread count the one-machine run gives each of its 2 processes, so the CPU kernels add in the same order
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or str(max(1, os.cpu_count() // 2)))
+    endpoint, out, codes = f"127.0.0.1:{_free_port()}", tmp_path / "nodes.json", {}
+
+    def node(rank):  # what `labkit ddp --nproc 1 --nnodes 2 --node-rank R --rdzv-endpoint HOST:PORT` runs
+        codes[rank] = ddp.launch("resident_data", 1, quick=True, sets=SETS, json_path=str(out), cpu=True,
+                                 timeout_s=300, nodes=ddp.Nodes(2, rank, endpoint))
+
+    launchers = [threading.Thread(target=node, args=(r,)) for r in (1, 0)]  # node 1 waits for node 0
+    for t in launchers:
+        t.start()
+    for t in launchers:
+        t.join()
+    assert codes == {0: 0, 1: 0}
+    a, b = json.loads(out.read_text()), two_process_run([])
+    assert a["processes"] == b["processes"] == 2 and a["images"] == b["images"] == 4 * 64
+    # Global rank r takes the same share of every global batch in either layout, and the all-reduce sums the
+    # same two gradients: the runs agree to rounding (another shard per rank would differ by about 1e-2).
+    assert a["losses"] == pytest.approx(b["losses"], rel=1e-6) and a["accuracy"] == b["accuracy"]
+
+
+@pytest.mark.parametrize(("nodes", "match"), [
+    (ddp.Nodes(nnodes=2), "needs --rdzv-endpoint"),
+    (ddp.Nodes(nnodes=0), "--nnodes must be >= 1"),
+    (ddp.Nodes(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), r"outside 0\.\.1"),
+    (ddp.Nodes(nnodes=2, rdzv_endpoint="node0"), "write HOST:PORT"),
+    (ddp.Nodes(nnodes=2, rdzv_endpoint="node0:99999"), "write HOST:PORT"),
+    (ddp.Nodes(nnodes=2, rdzv_endpoint="h:1", rdzv_backend="static"), "static rendezvous needs --node-rank"),
+    (ddp.Nodes(nnodes=2, rdzv_endpoint="h:1", node_rank=0, rdzv_backend="c10d"), "drop --node-rank"),
+    (ddp.Nodes(nnodes=2, rdzv_endpoint="h:1", rdzv_backend="etcd"), "choose c10d or static"),
+    (ddp.Nodes(nnodes=2, rdzv_endpoint="h:1", rdzv_id="my job"), "one word"),
+    (ddp.Nodes(rdzv_id="42"), "need --rdzv-endpoint"),
+])
+def test_bad_node_settings_fail_before_starting(nodes, match):
+    with pytest.raises(LabkitError, match=match):
+        ddp.launch("resident_data", 1, cpu=True, nodes=nodes)
+
+
+def test_node_settings_become_torchruns_rendezvous_flags(capsys):
+    from labkit.cli import main
+
+    assert ddp.torchrun_args(ddp.Nodes()) == ["--standalone"]
+    assert ddp.torchrun_args(ddp.Nodes(nnodes=2, rdzv_endpoint="node0:29400", rdzv_id="77")) == [
+        "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=77"]
+    assert ddp.torchrun_args(ddp.Nodes(nnodes=2, node_rank=1, rdzv_endpoint="[::1]:29400"))[-1] == "--node-rank=1"
+    assert main(["ddp", "--scaling", "--cpu", "--nnodes", "2", "--rdzv-endpoint", "h:1"]) == 2
+    assert "--scaling compares 1 and NPROC processes on this one machine" in capsys.readouterr().err
+    assert main(["ddp", "--cpu", "--nnodes", "2", "--node-rank", "1"]) == 2  # the flags reach Nodes
+    assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in capsys.readouterr().err

@@ -1,0 +1,321 @@
+"""Cold start of the top rung: what a student on a fresh machine waits for, every run in a new process.
+
+    python benchmarks/cold_start.py [--repeats 2] [--out benchmarks/results]
+    python benchmarks/cold_start.py --variants                  # also try ways to compile faster, each cold
+    python benchmarks/cold_start.py --variant "16 threads:env.TORCHINDUCTOR_COMPILE_THREADS=16"
+
+Each run starts a new Python process with empty torch.compile caches (a new inductor and Triton folder), as on
+a new Colab machine, and the runs alternate within one call so drift on the machine hits all of them:
+  first step, cold          the top rung's first steps with nothing cached (the compile included)
+  first step, artifact      the same after loading the project's artifact (labkit compile-cache), built once
+                            at the start of the call in its own process, for this card and torch version
+  whole run, cold/artifact  `labkit train --preset TOP` from starting the process to its result (interpreter,
+                            imports, data, compile, all epochs, test accuracy): the student's wait
+  whole run, eager rungs    the same command for the fastest eager rungs (default batch_fused, cudnn_benchmark)
+With --variants (or --variant LABEL:KEY=VALUE,...) each variant times the cold first step with one thing
+about compiling changed: env.NAME=VALUE (environment, e.g. TORCHINDUCTOR_COMPILE_THREADS),
+inductor.KEY=VALUE / dynamo.KEY=VALUE (torch._inductor.config / torch._dynamo.config), or warm_pool=true
+(start inductor's compile workers before the data and model are set up, so they start while those load).
+Every first-step run also records how much dynamo compiled (frames, graphs, graph breaks, cache hits).
+
+The result `cold_start` is saved after every run, so a call cut short keeps what it measured. On a machine
+without a CUDA GPU nothing is measured: the top rung needs CUDA graphs. Sized by the cold first steps recorded
+in compile_time.json, the default call (two rounds) fits in a 10-minute GPU call on an H100, and so do the
+variants on their own (`--variants --parts first --repeats 1`), not both together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import compile_time as CT  # noqa: E402  (its first_steps: the same timed first steps)
+
+from labkit import compile_artifacts as CA  # noqa: E402
+from labkit import data as D  # noqa: E402
+from labkit import train as T  # noqa: E402
+from labkit.bench import save_result  # noqa: E402
+from labkit.env import LabkitError, pick_device  # noqa: E402
+
+EAGER = ["batch_fused", "cudnn_benchmark"]
+# Directions of issue 26 for a faster cold compile, each a change the child applies before compiling.
+VARIANTS = {
+    "1 compile thread": ["env.TORCHINDUCTOR_COMPILE_THREADS=1"],
+    "compile workers started early": ["warm_pool=true"],
+    "compile workers forked": ["env.TORCHINDUCTOR_WORKER_START=fork"],
+    "no pointwise autotuning": ["inductor.triton.autotune_pointwise=false"],
+    "no pattern matcher": ["inductor.pattern_matcher=false"],
+    "combo kernels": ["inductor.combo_kernels=true"],
+}
+GOALS = {"first_step_cold_s": 12.0, "first_step_artifact_s": 3.0}  # issue 26, H100
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """LABEL:KEY=VALUE[,KEY=VALUE] as (label, {"env": {}, "inductor": {}, "dynamo": {}, "warm_pool": bool})."""
+    label, sep, rest = text.partition(":")
+    if not sep or not label.strip() or not rest:
+        raise LabkitError(f"variant {text!r}: write LABEL:KEY=VALUE[,KEY=VALUE]")
+    return label.strip(), changes(rest.split(","))
+
+
+def changes(pairs: list[str]) -> dict:
+    """Validated variant changes; unknown config keys fail here, before any run."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    out = {"env": {}, "inductor": {}, "dynamo": {}, "warm_pool": False}
+    known = {"inductor": inductor_config.get_config_copy(), "dynamo": dynamo_config.get_config_copy()}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        where, _, name = key.partition(".")
+        if not sep or (where not in out) or (where != "warm_pool" and not name):
+            raise LabkitError(f"variant change {p!r}: write env.NAME=V, inductor.KEY=V, dynamo.KEY=V or warm_pool=true")
+        if where == "env":
+            out["env"][name] = value
+        elif where == "warm_pool":
+            out["warm_pool"] = value.lower() in ("1", "true", "yes", "on")
+        else:
+            if name not in known[where]:
+                raise LabkitError(f"variant change {p!r}: torch._{where}.config has no {name!r}")
+            out[where][name] = _typed(value, known[where][name])
+    return out
+
+
+def _typed(value: str, like):
+    if isinstance(like, bool):
+        return value.lower() in ("1", "true", "yes", "on")
+    for t in (int, float):
+        if isinstance(like, t):
+            return t(value)
+    return None if value.lower() == "none" else value
+
+
+# ------------------------------------------------------------------------------------------------ one process
+
+
+def child(spec: dict) -> int:
+    """One first-steps run in this fresh process; its caches are the ones its environment names."""
+    ready_s = time.time() - spec["t0"]
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    if spec["warm_pool"]:
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+    dev = pick_device(spec["device"])
+    cfg = T.with_changes(T.plan_ladder(dev, quick=False, names=[spec["rung"]]).rungs[0], **T.parse_sets(spec["sets"]))
+    ds = D.load(cfg.data)
+    loaded = CA.load(dev, spec["artifacts"]) if spec["artifacts"] else None
+    with inductor_config.patch(spec["inductor"]), dynamo_config.patch(spec["dynamo"]):
+        rec = CT.first_steps(cfg, dev, ds, spec["steps"])
+    compiled = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
+                "graph_breaks": sum(counters["graph_break"].values()),
+                **{k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
+                **{k: v for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache")}}
+    Path(spec["record"]).write_text(json.dumps({**rec, "ready_s": ready_s, "result_s": time.time() - spec["t0"],
+                                                "compiled": compiled, "loaded": loaded}))
+    return 0
+
+
+def fresh_env(folder: Path, artifacts: str | None, extra: dict | None = None) -> dict:
+    """The environment of a new process with empty compile caches in `folder` (a fresh machine's)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(folder / "inductor"), TRITON_CACHE_DIR=str(folder / "triton"),
+               LABKIT_COMPILE_CACHE=artifacts or str(folder / "no-artifacts"), **(extra or {}))
+    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    return env
+
+
+def run_process(cmd: list[str], env: dict, record: Path, timeout_s: float) -> dict:
+    """Run `cmd`, return its record plus wall_s (start of the process to its exit, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"took longer than {timeout_s:.0f} s"}
+    wall = time.perf_counter() - t0
+    if r.returncode != 0 or not record.exists():
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"exit {r.returncode}: {tail[0]}", "wall_s": wall}
+    return {**json.loads(record.read_text()), "wall_s": wall, "said": _cache_lines(r.stderr)}
+
+
+def _cache_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "compile cache" in line]
+
+
+def first_steps_job(rung: str, dev, steps: int, artifacts: str | None, variant: dict, timeout_s: float,
+                    sets: list[str]) -> dict:
+    """The first `steps` steps of `rung` in a new process with empty caches (and `artifacts` loaded, if given)."""
+    with tempfile.TemporaryDirectory(prefix="labkit-cold-") as d:
+        record = Path(d) / "record.json"
+        spec = {"rung": rung, "device": str(dev), "steps": steps, "artifacts": artifacts, "record": str(record),
+                "sets": sets,
+                "warm_pool": variant.get("warm_pool", False), "inductor": variant.get("inductor", {}),
+                "dynamo": variant.get("dynamo", {}), "t0": time.time()}
+        cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+        return run_process(cmd, fresh_env(Path(d), artifacts, variant.get("env")), record, timeout_s)
+
+
+def whole_run_job(rung: str, dev, epochs: int, artifacts: str | None, timeout_s: float, sets: list[str]) -> dict:
+    """`labkit train --preset RUNG` in a new process with empty caches: the wall time a student waits."""
+    with tempfile.TemporaryDirectory(prefix="labkit-cold-") as d:
+        record = Path(d) / "train.json"
+        cmd = [sys.executable, "-m", "labkit", "train", "--preset", rung, "--device", str(dev),
+               "--set", f"epochs={epochs}", *sets, "--json", str(record)] + ([] if artifacts else ["--no-compile-cache"])
+        rec = run_process(cmd, fresh_env(Path(d), artifacts), record, timeout_s)
+    kept = ("wall_s", "error", "said", "first_step_s", "epoch_s", "img_per_s", "img_per_s_all", "accuracy",
+            "final_loss", "compile_cache")
+    return {k: rec[k] for k in kept if k in rec}
+
+
+# ------------------------------------------------------------------------------------------------ the call
+
+
+def build_artifact(rung: str, dev, folder: str, steps: int, timeout_s: float, sets: list[str]) -> dict:
+    """Build the project's artifact for `rung` in its own process, as `labkit compile-cache --build` does."""
+    cmd = [sys.executable, "-m", "labkit", "compile-cache", "--build", "--rungs", rung, "--device", str(dev),
+           "--steps", str(steps), "--dir", folder, "--set", *sets]
+    with tempfile.TemporaryDirectory(prefix="labkit-cold-") as d:
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, env=fresh_env(Path(d), folder), capture_output=True, text=True, timeout=timeout_s)
+    path = CA.artifact_path(dev, folder)
+    if r.returncode != 0 or not path.exists():
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise LabkitError(f"building the compile-cache artifact failed (exit {r.returncode}): {tail[0]}")
+    return {"build_s": time.perf_counter() - t0, "file": path.name, "bytes": path.stat().st_size,
+            "command": " ".join(cmd[1:])}
+
+
+def plan_jobs(rung: str, eager: list[str], variants: dict, parts: list[str]) -> list[tuple[str, str, dict]]:
+    """One round: (label, kind, settings) for every run, the top rung's cold baseline first."""
+    jobs = []
+    if "first" in parts:
+        jobs += [("first step, cold", "first", {}), ("first step, artifact", "first", {"artifact": True})]
+        jobs += [(f"first step, cold, {v}", "first", {"variant": c}) for v, c in variants.items()]
+    if "run" in parts:
+        jobs += [(f"whole run {rung}, cold", "run", {"rung": rung}),
+                 (f"whole run {rung}, artifact", "run", {"rung": rung, "artifact": True})]
+        jobs += [(f"whole run {e}", "run", {"rung": e}) for e in eager]
+    return jobs
+
+
+def summarize(res: dict, rung: str, eager: list[str]) -> dict:
+    """Medians of the runs that finished, and the issue's goals next to them."""
+    def med(label, key):
+        xs = [r[key] for r in res["jobs"].get(label, {}).get("runs", []) if key in r and "error" not in r]
+        return statistics.median(xs) if xs else None
+
+    s = {"first_step_cold_s": med("first step, cold", "first_step_s"),
+         "first_step_artifact_s": med("first step, artifact", "first_step_s"),
+         "run_cold_wall_s": med(f"whole run {rung}, cold", "wall_s"),
+         "run_artifact_wall_s": med(f"whole run {rung}, artifact", "wall_s"),
+         "eager_wall_s": {e: med(f"whole run {e}", "wall_s") for e in eager},
+         "variants_first_step_s": {k[len("first step, cold, "):]: med(k, "first_step_s") for k in res["jobs"]
+                                   if k.startswith("first step, cold, ")}}
+    walls = {e: w for e, w in s["eager_wall_s"].items() if w is not None}
+    if walls:
+        s["fastest_eager"] = min(walls, key=walls.get)
+        if s["run_artifact_wall_s"] is not None:
+            s["top_with_artifact_finishes_first"] = s["run_artifact_wall_s"] < walls[s["fastest_eager"]]
+    s["goals"] = {k: {"goal": g, "met": s[k] <= g} for k, g in GOALS.items() if s[k] is not None}
+    return s
+
+
+def measure(args, dev, variants: dict) -> dict:
+    parts = args.parts.split(",")
+    res = {"kind": "cold_start", "rung": args.rung, "eager": args.eager, "steps": args.steps, "epochs": args.epochs,
+           "repeats": args.repeats, "sets": args.set, "variants": variants, "jobs": {}}
+    with tempfile.TemporaryDirectory(prefix="labkit-artifact-") as folder:
+        res["artifact"] = build_artifact(args.rung, dev, folder, args.steps, args.timeout, args.set)
+        print(f"artifact for {args.rung}: {res['artifact']['bytes'] / 1e6:.1f} MB, built in "
+              f"{res['artifact']['build_s']:.1f} s", flush=True)
+        jobs = plan_jobs(args.rung, args.eager, variants, parts)
+        for r in range(args.repeats):
+            for label, kind, how in (jobs if r % 2 == 0 else jobs[::-1]):  # alternate: drift hits every job
+                art = folder if how.get("artifact") else None
+                if kind == "first":
+                    rec = first_steps_job(args.rung, dev, args.steps, art, how.get("variant", {}), args.timeout,
+                                          args.set)
+                else:
+                    rec = whole_run_job(how["rung"], dev, args.epochs, art, args.timeout, args.set)
+                res["jobs"].setdefault(label, {"kind": kind, **how, "runs": []})["runs"].append(rec)
+                shown = rec.get("error") or (f"first step {rec['first_step_s']:6.2f} s, " if "first_step_s" in rec
+                                             else "") + f"wall {rec.get('wall_s', 0):6.1f} s"
+                print(f"round {r + 1}: {label:<44} {shown}", flush=True)
+                res["summary"] = summarize(res, args.rung, args.eager)
+                save_result("cold_start", res, out_dir=args.out, device=dev)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rung", default=T.RUNG_NAMES[-1], help=f"compiled rung to start cold (default {T.RUNG_NAMES[-1]})")
+    ap.add_argument("--eager", default=",".join(EAGER), help=f"eager rungs to run whole (default {','.join(EAGER)})")
+    ap.add_argument("--parts", default="first,run", help="first (first steps), run (whole runs) or both")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of every run (default 2; medians reported)")
+    ap.add_argument("--steps", type=int, default=3, help="steps timed by a first-step run (default 3)")
+    ap.add_argument("--epochs", type=int, default=5, help="epochs of a whole run (default 5)")
+    ap.add_argument("--variants", action="store_true", help="also time the cold first step of each of VARIANTS")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE,...",
+                    help="a variant of your own (env.NAME=V, inductor.KEY=V, dynamo.KEY=V, warm_pool=true)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="TrainConfig changes for every run and the artifact (e.g. batch_size=1024)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default 600)")
+    ap.add_argument("--device", default="auto", help="auto or cuda[:N]")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # one first-steps run, started by first_steps_job
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(json.loads(args.child))
+    args.eager = [e.strip() for e in args.eager.split(",") if e.strip()]
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+        if args.variants:
+            variants = {**{k: changes(v) for k, v in VARIANTS.items()}, **variants}
+        check_args(args)
+    except LabkitError as e:
+        ap.error(str(e))
+    dev = pick_device(args.device)
+    if dev.type != "cuda":
+        print(f"cold_start: needs a CUDA GPU ({args.rung} replays CUDA graphs); on {dev.type} nothing is measured "
+              f"(skipped)")
+        return 0
+    T.plan_ladder(dev, quick=False, names=[args.rung, *args.eager])  # a rung this GPU cannot run fails here
+    D.load("synthetic")  # generated and cached once, before the runs that read it
+    res = measure(args, dev, variants)
+    print(json.dumps(res["summary"], indent=2))
+    return 0
+
+
+def check_args(args) -> None:
+    """Bad rungs, parts or counts fail before any run."""
+    compiled = [n for n in T.RUNG_NAMES if T.preset(n).compile]
+    if args.rung not in compiled:
+        raise LabkitError(f"--rung {args.rung!r} does not compile: choose from {', '.join(compiled)}")
+    for e in args.eager:
+        if e not in T.RUNG_NAMES or T.preset(e).compile:
+            raise LabkitError(f"--eager {e!r} is not an eager rung: choose from "
+                              f"{', '.join(n for n in T.RUNG_NAMES if not T.preset(n).compile)}")
+    if not set(args.parts.split(",")) <= {"first", "run"}:
+        raise LabkitError(f"--parts {args.parts!r}: first, run or first,run")
+    T.parse_sets(args.set)
+    if min(args.repeats, args.steps, args.epochs) < 1:
+        raise LabkitError("--repeats, --steps and --epochs must be >= 1")
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except LabkitError as e:
+        sys.exit(f"cold_start: {e}")

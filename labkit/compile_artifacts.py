@@ -1,0 +1,305 @@
+"""torch.compile's work saved once per card and torch version, and loaded before compiling again.
+
+    labkit compile-cache                          # where this machine's artifact lives, and whether it is usable
+    labkit compile-cache --build                  # compile the ladder's compiled rungs' first steps, save the artifact
+
+A cold torch.compile of the top rung takes tens of seconds, most of a 5-epoch run. Everything it compiles (the
+graphs, their generated kernels, autotuning choices) lands in inductor's cache folder, which a fresh machine (a
+new Colab session) does not have. `torch.compiler.save_cache_artifacts` packs what this process compiled into
+one portable blob; `load_cache_artifacts` writes such a blob into the cache folder of another process, whose
+compile then reads its results back instead of compiling. The blob only fits the card and torch version that
+made it, so it is stored in a file named for both (`artifact_path`) with a header naming them again and a
+checksum of the blob. `labkit ladder` and `labkit train` load it when it exists (`--no-compile-cache`: don't).
+On a CUDA GPU the compiled Triton kernels travel inside the blob (inductor bundles them into its graph cache);
+on a CPU only the graphs do, and their C++ kernels are compiled again, so there the artifact saves little.
+
+Whatever goes wrong falls back to compiling as if there were no artifact, with one line saying why: a file that
+cannot be read, one built for another card or torch (stale), one whose bytes do not check out (corrupt), a
+cache folder that cannot be written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from labkit.bench import compile_cache, unwritable
+from labkit.env import LabkitError, git_commit, pick_device
+
+MAGIC = b"labkit compile cache v1\n"  # then one line of JSON (the header), then the blob
+SUFFIX = ".compile-cache"
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def card(device: torch.device | str) -> str:
+    """What compiled code depends on besides torch: the GPU model and compute capability, or the CPU's ISA."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        return f"{torch.cuda.get_device_name(dev)} sm{major}{minor}"
+    return f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.+]+", "-", text.lower()).strip("-")
+
+
+def default_folder() -> Path:
+    """Where artifacts are kept: $LABKIT_COMPILE_CACHE, else ~/.cache/labkit/compile-cache."""
+    return Path(os.environ.get("LABKIT_COMPILE_CACHE") or Path.home() / ".cache" / "labkit" / "compile-cache")
+
+
+def artifact_path(device: torch.device | str, folder: str | os.PathLike | None = None) -> Path:
+    """The artifact file for this card and torch version, e.g. nvidia-h100-80gb-hbm3-sm90-torch2.11.0+cu130.compile-cache."""
+    return Path(folder or default_folder()) / f"{_slug(card(device))}-torch{_slug(torch.__version__)}{SUFFIX}"
+
+
+def _unpack(blob: bytes) -> tuple[dict, bytes]:
+    """(header, payload) of an artifact file; ValueError naming what is wrong."""
+    if not blob.startswith(MAGIC):
+        raise ValueError("not a labkit compile cache")
+    line, sep, payload = blob[len(MAGIC):].partition(b"\n")
+    if not sep:
+        raise ValueError("header cut short")
+    try:
+        header = json.loads(line)
+    except ValueError:
+        raise ValueError("header is not JSON") from None
+    if not isinstance(header, dict) or not {"card", "torch", "sha256", "bytes"} <= header.keys():
+        raise ValueError("header lacks card, torch, sha256 or bytes")
+    if len(payload) != header["bytes"] or hashlib.sha256(payload).hexdigest() != header["sha256"]:
+        raise ValueError(f"{len(payload):,} bytes that do not match the checksum of the {header['bytes']:,} written")
+    return header, payload
+
+
+def check(device: torch.device | str, folder: str | os.PathLike | None = None) -> tuple[str, str, dict | None]:
+    """(state, why, header) of this machine's artifact without loading it.
+
+    state: "absent", "unreadable", "corrupt", "stale" (built for another card or torch) or "ok"; for "absent",
+    `why` names artifacts of the same card for other torch versions, if any.
+    """
+    path = artifact_path(device, folder)
+    if not path.exists():
+        mine = _slug(card(device)) + "-torch"
+        others = sorted(p.name for p in path.parent.glob(f"{mine}*{SUFFIX}")) if path.parent.is_dir() else []
+        return "absent", (f"only {', '.join(others)} (other torch versions)" if others else ""), None
+    try:
+        blob = path.read_bytes()
+    except OSError as e:
+        return "unreadable", e.strerror or str(e), None
+    try:
+        header, _ = _unpack(blob)
+    except ValueError as e:
+        return "corrupt", str(e), None
+    want = {"card": card(device), "torch": torch.__version__}
+    wrong = [f"{k} {header[k]!r}, not {v!r}" for k, v in want.items() if header[k] != v]
+    if wrong:
+        return "stale", "built for " + " and ".join(wrong), header
+    return "ok", "", header
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    # torch logs a failed unpickle with its traceback; the one line below says it instead
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _inductor_cache_folder() -> str:
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if folder:
+        return os.path.abspath(folder)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return default_cache_dir()
+
+
+def load(device: torch.device | str, folder: str | os.PathLike | None = None, *, say=_say) -> dict | None:
+    """Load this card's and torch version's artifact into torch.compile's cache folder, when there is one.
+
+    Returns {"path", "bytes", "entries", "built"} when loaded (entries: cached graphs and kernels per kind; one
+    line says so), else None: no artifact (silent unless one exists for another torch version), or one that is
+    unreadable, stale or corrupt, or a cache folder that cannot be written (one line each; torch.compile then
+    compiles as usual, into a fresh temporary folder if its own cannot be written).
+    """
+    path = artifact_path(device, folder)
+    state, why, header = check(device, folder)
+    if state == "absent":
+        if why:
+            say(f"compile cache: none for {card(device)}, torch {torch.__version__} in {path.parent} ({why}): "
+                f"compiling from scratch")
+        return None
+    if state != "ok":
+        say(f"compile cache {path} is {state} ({why}): compiling from scratch")
+        return None
+    cache = _inductor_cache_folder()
+    bad = unwritable(cache)
+    if bad:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp = tempfile.mkdtemp(prefix="labkit-inductor-")
+        say(f"compile cache: torch.compile's cache folder {cache} cannot be written ({bad}): compiling from "
+            f"scratch in {tmp}")
+        return None
+    fn = getattr(torch.compiler, "load_cache_artifacts", None)
+    if fn is None:
+        say(f"compile cache: torch {torch.__version__} cannot load portable caches (torch 2.7+ can): "
+            f"compiling from scratch")
+        return None
+    _, payload = _unpack(path.read_bytes())
+    try:
+        with _quiet("torch.compiler._cache"):
+            info = fn(payload)
+    except OSError as e:
+        say(f"compile cache: writing {path.name} into {cache} failed ({e.strerror or e}): compiling from scratch")
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure inside torch's loader means: compile instead
+        say(f"compile cache {path} is corrupt (torch could not load it: {type(e).__name__}): compiling from scratch")
+        return None
+    if info is None:
+        say(f"compile cache {path} is corrupt (torch could not unpack it): compiling from scratch")
+        return None
+    entries = {k: len(v) for k, v in info.artifacts.items()}
+    say(f"compile cache: loaded {sum(entries.values())} cached graphs and kernels from {path}")
+    return {"path": str(path), "bytes": len(payload), "entries": entries, "built": header.get("built")}
+
+
+def save(device: torch.device | str, folder: str | os.PathLike | None = None, *, note: dict | None = None,
+         say=_say) -> Path | None:
+    """Write everything torch.compile compiled (or read from its cache) in this process as this card's and
+    torch version's artifact, replacing any older one; returns its path, or None with one line saying why not
+    (nothing compiled, a folder that cannot be written). `note` (e.g. the rungs compiled) goes into the header."""
+    fn = getattr(torch.compiler, "save_cache_artifacts", None)
+    if fn is None:
+        say(f"compile cache: torch {torch.__version__} cannot save portable caches (torch 2.7+ can)")
+        return None
+    got = fn()
+    if got is None:
+        say("compile cache: nothing was compiled in this process, so there is nothing to save")
+        return None
+    payload, info = got
+    path = artifact_path(device, folder)
+    header = {"card": card(device), "torch": torch.__version__, "bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest(), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "git_commit": git_commit(), "entries": {k: len(v) for k, v in info.artifacts.items()},
+              "note": note or {}}
+    bad = unwritable(path.parent)
+    if bad:
+        say(f"compile cache: {path.parent} cannot be written ({bad}): no artifact saved")
+        return None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + json.dumps(header).encode() + b"\n" + payload)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        say(f"compile cache: writing {path} failed ({e.strerror or e}): no artifact saved")
+        return None
+    return path
+
+
+def build(device=None, names: list[str] | None = None, *, quick: bool = False, steps: int = 3,
+          folder: str | os.PathLike | None = None, sets: list[str] | None = None, log=print) -> Path | None:
+    """Compile the first `steps` steps of each compiled ladder rung that runs on `device`, from an empty cache
+    folder (so every graph and kernel is compiled and recorded), and save them as this card's artifact.
+
+    The rungs are sized as `labkit ladder` (and `labkit train --preset`) sizes them, `quick` as with --quick:
+    a compiled graph is only found again for the same model, batch and settings, so `sets` (FIELD=VALUE) must
+    be the changes the training command will make. Returns the artifact's path.
+    """
+    from labkit import data as D
+    from labkit import train as T
+
+    dev = pick_device(device)
+    compiled = [n for n in T.RUNG_NAMES if T.preset(n).compile]
+    for n in names or []:
+        if n not in compiled:
+            raise LabkitError(f"{n!r} is not a compiled rung: choose from {', '.join(compiled)}")
+    if steps < 1:
+        raise LabkitError("--steps must be >= 1")
+    changes = T.parse_sets(sets or [])
+    plan = T.plan_ladder(dev, quick, names or compiled)
+    path = artifact_path(dev, folder)
+    bad = unwritable(path.parent)
+    if bad:  # minutes of compiling would be lost
+        raise LabkitError(f"{path.parent} cannot be written ({bad}): choose another folder with --dir")
+    for name, why in plan.skipped:
+        log(f"compile cache: skipped {name}: {why}")
+    ds = D.load(changes.get("data", plan.base.data))  # train() takes its subset
+    with compile_cache():
+        for cfg in plan.rungs:
+            t0 = time.perf_counter()
+            T.train(T.with_changes(cfg, **{**changes, "epochs": 1, "max_steps": steps, "evaluate": False}), dev,
+                    dataset=ds)
+            log(f"compile cache: compiled {cfg.name} ({steps} steps) in {time.perf_counter() - t0:.1f} s")
+        note = {"rungs": [c.name for c in plan.rungs], "quick": quick, "steps": steps, "sets": sets or []}
+        saved = save(dev, folder, note=note, say=log)
+    if saved:
+        log(f"compile cache: wrote {saved} ({saved.stat().st_size / 1e6:.1f} MB)")
+    return saved
+
+
+def wants(names: list[str] | None) -> bool:
+    """Whether any of these ladder rungs (all when None) compiles, so an artifact is worth loading."""
+    from labkit import train as T
+
+    return any(T.preset(n).compile for n in (names or T.RUNG_NAMES) if n in T.RUNG_NAMES)
+
+
+def add_flag(parser) -> None:
+    """The --no-compile-cache switch of the commands that load the artifact before training."""
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="don't load the saved torch.compile artifact (labkit compile-cache): compile from scratch")
+
+
+def load_for_cli(args, device, needed: bool = True) -> dict | None:
+    """The training commands' hook: load the artifact unless --no-compile-cache or nothing will compile."""
+    if not needed or getattr(args, "no_compile_cache", False):
+        return None
+    return load(device)
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("compile-cache", help="save torch.compile's work once per card and torch version, "
+                                             "or show whether this machine has it")
+    p.add_argument("--build", action="store_true", help="compile the compiled rungs' first steps and save them")
+    p.add_argument("--rungs", help="comma-separated compiled rungs to build (default: all that run here)")
+    p.add_argument("--quick", action="store_true", help="build for --quick runs (the CPU-sized model)")
+    p.add_argument("--steps", type=int, default=3, help="steps compiled per rung (default 3)")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="TrainConfig changes the training command will make (batch, width...)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dir", help="artifact folder (default: $LABKIT_COMPILE_CACHE, else ~/.cache/labkit/compile-cache)")
+    p.set_defaults(func=_cli)
+
+
+def _cli(a) -> int:
+    dev = pick_device(a.device)
+    if a.build:
+        names = [n.strip() for n in a.rungs.split(",") if n.strip()] if a.rungs else None
+        return 0 if build(dev, names, quick=a.quick, steps=a.steps, folder=a.dir, sets=a.set) else 1
+    state, why, header = check(dev, a.dir)
+    print(f"{artifact_path(dev, a.dir)}: {state}" + (f" ({why})" if why else ""))
+    if header and state == "ok":
+        rungs = ", ".join(header.get("note", {}).get("rungs", [])) or "?"
+        print(f"  {header['bytes'] / 1e6:.1f} MB, built {header.get('built')} at commit "
+              f"{str(header.get('git_commit'))[:12]} for rungs {rungs}")
+    return 0 if state == "ok" else 1

@@ -1,0 +1,61 @@
+"""benchmarks/cold_start.py: its plan and summary, its variants' checks, and a clean exit without a GPU."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cs():
+    spec = importlib.util.spec_from_file_location("cold_start", ROOT / "benchmarks" / "cold_start.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="measures on a GPU")
+def test_without_a_gpu_it_says_so_and_writes_nothing(cs, tmp_path, capsys):
+    assert cs.main(["--device", "cpu", "--variants", "--out", str(tmp_path)]) == 0
+    assert "cold_start: needs a CUDA GPU (muon replays CUDA graphs); on cpu nothing is measured (skipped)" \
+        in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_default_variant_names_real_settings_and_bad_ones_fail_before_any_run(cs, capsys):
+    for changes in cs.VARIANTS.values():
+        cs.changes(changes)
+    label, c = cs.parse_variant("mine:env.TORCHINDUCTOR_COMPILE_THREADS=8,inductor.triton.autotune_pointwise=0,"
+                                "warm_pool=true")
+    assert label == "mine" and c == {"env": {"TORCHINDUCTOR_COMPILE_THREADS": "8"}, "dynamo": {},
+                                     "inductor": {"triton.autotune_pointwise": False}, "warm_pool": True}
+    for argv, needle in [(["--variant", "no colon"], "write LABEL:KEY=VALUE"),
+                         (["--variant", "x:inductor.turbo=1"], "torch._inductor.config has no 'turbo'"),
+                         (["--variant", "x:cuda.graphs=1"], "write env.NAME=V"),
+                         (["--rung", "batch_fused"], "does not compile"),
+                         (["--eager", "compile"], "not an eager rung"),
+                         (["--parts", "first,warm"], "--parts"),
+                         (["--repeats", "0"], ">= 1")]:
+        with pytest.raises(SystemExit):
+            cs.main(argv)
+        assert needle in capsys.readouterr().err, argv
+
+
+def test_a_round_runs_the_top_rung_beside_its_variants_and_the_eager_rungs_and_sums_up(cs):
+    jobs = cs.plan_jobs("muon", ["batch_fused"], {"v": {}}, ["first", "run"])
+    assert [j[0] for j in jobs] == ["first step, cold", "first step, artifact", "first step, cold, v",
+                                    "whole run muon, cold", "whole run muon, artifact", "whole run batch_fused"]
+    runs = {"first step, cold": [{"first_step_s": 20.0}, {"first_step_s": 30.0}],
+            "first step, artifact": [{"first_step_s": 2.0}, {"error": "exit 1: boom"}],
+            "first step, cold, v": [{"first_step_s": 11.0}],
+            "whole run muon, cold": [{"wall_s": 60.0}], "whole run muon, artifact": [{"wall_s": 35.0}],
+            "whole run batch_fused": [{"wall_s": 40.0}]}
+    s = cs.summarize({"jobs": {k: {"runs": v} for k, v in runs.items()}}, "muon", ["batch_fused"])
+    assert s["first_step_cold_s"] == 25.0 and s["first_step_artifact_s"] == 2.0  # the failed run has no number
+    assert s["variants_first_step_s"] == {"v": 11.0} and s["fastest_eager"] == "batch_fused"
+    assert s["top_with_artifact_finishes_first"] is True
+    assert s["goals"] == {"first_step_cold_s": {"goal": 12.0, "met": False},
+                          "first_step_artifact_s": {"goal": 3.0, "met": True}}

@@ -1,0 +1,189 @@
+"""Portable torch.compile artifacts: saved once, loaded before compiling; anything wrong means compiling, said once."""
+
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+
+from labkit import compile_artifacts as CA
+from labkit.bench import compile_cache, unwritable
+from labkit.env import LabkitError
+
+
+@pytest.fixture
+def lines():
+    got = []
+    return got, got.append
+
+
+@pytest.fixture
+def fake_saved(monkeypatch):
+    """save() with torch's packer replaced: a small blob, no compiling (a CPU compile takes many seconds)."""
+    from torch.compiler._cache import CacheInfo
+
+    info = CacheInfo()
+    info.artifacts["inductor"] += ["k1", "k2"]
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"compiled graphs" * 10, info))
+
+
+def _other_file(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("not a folder")
+    return f / "cache"  # nothing, not even root, can create a folder inside a file
+
+
+def test_an_artifact_saved_after_compiling_is_loaded_by_a_fresh_cache_and_compiles_nothing(tmp_path, lines):
+    from torch._dynamo.utils import counters
+
+    got, say = lines
+    a = torch.randn(4, 4)
+    with compile_cache(tmp_path / "first"):  # a matmul only: inductor calls the library, no C++ kernel to build
+        torch.compile(lambda x: x @ x.T)(a)
+        path = CA.save("cpu", tmp_path / "art", note={"rungs": ["tiny"]}, say=say)
+    assert path == CA.artifact_path("cpu", tmp_path / "art") and torch.__version__ in path.name
+    assert CA.check("cpu", tmp_path / "art")[0] == "ok" and not got
+    counters.clear()
+    with compile_cache(tmp_path / "second"):  # empty: what a fresh machine has
+        rec = CA.load("cpu", tmp_path / "art", say=say)
+        torch.compile(lambda x: x @ x.T)(a)
+    assert rec["entries"]["inductor"] >= 1 and rec["path"] == str(path)
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and not counters["inductor"]["fxgraph_cache_miss"]
+    assert got == [f"compile cache: loaded {sum(rec['entries'].values())} cached graphs and kernels from {path}"]
+
+
+def _rewrite(path, **header_changes):
+    blob = path.read_bytes()
+    header, payload = CA._unpack(blob)
+    path.write_bytes(CA.MAGIC + json.dumps({**header, **header_changes}).encode() + b"\n" + payload)
+
+
+@pytest.mark.parametrize("harm", ["flipped byte", "cut short", "not ours", "stale torch", "stale card", "folder"])
+def test_a_broken_or_stale_artifact_is_skipped_with_one_line(tmp_path, lines, fake_saved, monkeypatch, harm):
+    got, say = lines
+    path = CA.save("cpu", tmp_path, say=say)
+    called = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", called.append)
+    if harm == "flipped byte":
+        blob = bytearray(path.read_bytes())
+        blob[-3] ^= 1
+        path.write_bytes(bytes(blob))
+    elif harm == "cut short":
+        path.write_bytes(path.read_bytes()[:-5])
+    elif harm == "not ours":
+        path.write_bytes(b"\x80\x04garbage")
+    elif harm == "stale torch":
+        _rewrite(path, torch="2.0.0")
+    elif harm == "stale card":
+        _rewrite(path, card="NVIDIA H100 80GB HBM3 sm90")
+    else:  # a folder where the file should be: reading it fails even as root
+        path.unlink()
+        path.mkdir()
+    assert CA.load("cpu", tmp_path, say=say) is None and not called  # torch never saw the bytes
+    state = {"stale torch": "stale", "stale card": "stale", "folder": "unreadable"}.get(harm, "corrupt")
+    assert len(got) == 1 and got[0].startswith(f"compile cache {path} is {state} (")
+    assert got[0].endswith("): compiling from scratch")
+    if harm == "stale torch":
+        assert f"built for torch '2.0.0', not '{torch.__version__}'" in got[0]
+
+
+def test_no_artifact_is_silent_unless_one_exists_for_another_torch(tmp_path, lines, fake_saved):
+    got, say = lines
+    assert CA.load("cpu", tmp_path, say=say) is None and got == []
+    path = CA.save("cpu", tmp_path, say=say)
+    old = path.with_name(path.name.replace(CA._slug(torch.__version__), "2.0.0"))
+    path.rename(old)
+    assert CA.load("cpu", tmp_path, say=say) is None
+    assert got == [f"compile cache: none for {CA.card('cpu')}, torch {torch.__version__} in {tmp_path} "
+                   f"(only {old.name} (other torch versions)): compiling from scratch"]
+
+
+def test_torch_failing_to_load_or_an_unwritable_cache_folder_falls_back_to_compiling(tmp_path, lines, fake_saved,
+                                                                                    monkeypatch):
+    got, say = lines
+    path = CA.save("cpu", tmp_path, say=say)
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda blob: None)  # torch's own unpickling failed
+    assert CA.load("cpu", tmp_path, say=say) is None
+    assert got.pop() == f"compile cache {path} is corrupt (torch could not unpack it): compiling from scratch"
+
+    def no_space(blob):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", no_space)
+    assert CA.load("cpu", tmp_path, say=say) is None
+    assert got.pop().endswith("failed (No space left on device): compiling from scratch")
+
+    blocked = _other_file(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(blocked))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the replacement folder lands in tmp_path
+    assert CA.load("cpu", tmp_path, say=say) is None and len(got) == 1
+    assert got[0].startswith(f"compile cache: torch.compile's cache folder {blocked} cannot be written (")
+    assert got[0].endswith(f"compiling from scratch in {os.environ['TORCHINDUCTOR_CACHE_DIR']}")
+    assert unwritable(os.environ["TORCHINDUCTOR_CACHE_DIR"]) is None  # torch.compile can work there
+
+
+def test_saving_says_why_nothing_was_written(tmp_path, lines, fake_saved, monkeypatch):
+    got, say = lines
+    blocked = _other_file(tmp_path)
+    assert CA.save("cpu", blocked, say=say) is None
+    assert got.pop().startswith(f"compile cache: {blocked} cannot be written (")
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: None)
+    assert CA.save("cpu", tmp_path, say=say) is None
+    assert got == ["compile cache: nothing was compiled in this process, so there is nothing to save"]
+    assert list(tmp_path.iterdir()) == [tmp_path / "a-file"]  # no half-written artifact either
+
+
+def test_an_unwritable_compile_cache_folder_becomes_a_temporary_one(tmp_path, capsys, monkeypatch):
+    blocked = _other_file(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with compile_cache(blocked) as folder:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder != str(blocked) and os.path.isdir(folder)
+    assert not os.path.exists(folder) and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"compile cache folder {blocked} cannot be written (")
+
+
+def fake_info(blob):
+    from torch.compiler._cache import CacheInfo
+
+    info = CacheInfo()
+    info.artifacts["inductor"] += ["k1", "k2"]
+    return info
+
+
+def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, capsys, fake_saved, monkeypatch):
+    from labkit import train as T
+    from labkit.cli import main
+
+    monkeypatch.setenv("LABKIT_COMPILE_CACHE", str(tmp_path))
+    assert main(["compile-cache", "--device", "cpu"]) == 1
+    assert capsys.readouterr().out.strip() == f"{CA.artifact_path('cpu')}: absent"
+    path = CA.save("cpu")
+    assert main(["compile-cache", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok\n  0.0 MB, built ")
+
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", fake_info)
+    monkeypatch.setattr(T, "train", lambda cfg, dev: {"img_per_s": 1.0, "final_loss": 2.0, "accuracy": None})
+    out = tmp_path / "train.json"
+    assert main(["train", "--preset", "compile", "--device", "cpu", "--json", str(out)]) == 0
+    assert f"compile cache: loaded 2 cached graphs and kernels from {path}" in capsys.readouterr().err
+    assert json.loads(out.read_text())["compile_cache"]["entries"] == {"inductor": 2}
+    assert main(["train", "--preset", "compile", "--device", "cpu", "--no-compile-cache"]) == 0
+    assert main(["train", "--preset", "resident_data", "--device", "cpu"]) == 0  # eager: nothing to load
+    assert "compile cache" not in capsys.readouterr().err
+    ran = []
+    monkeypatch.setattr(T, "run_ladder", lambda *a, **k: ran.append(k["names"]))
+    assert main(["ladder", "--device", "cpu", "--rungs", "bf16,compile"]) == 0
+    assert "compile cache: loaded" in capsys.readouterr().err and ran == [["bf16", "compile"]]
+    assert CA.wants(None) and not CA.wants(["bf16", "no_such_rung"])
+
+
+def test_building_refuses_what_it_cannot_build_before_compiling(tmp_path):
+    with pytest.raises(LabkitError, match="'bf16' is not a compiled rung"):
+        CA.build("cpu", ["bf16"], folder=tmp_path)
+    with pytest.raises(LabkitError, match="cannot be written"):
+        CA.build("cpu", ["compile"], folder=_other_file(tmp_path))
+    with pytest.raises(LabkitError, match="no rung can run on this device"):
+        CA.build("cpu", ["cuda_graphs", "muon"], folder=tmp_path)
