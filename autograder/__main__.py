@@ -6,6 +6,7 @@ import argparse
 import sys
 from dataclasses import replace
 
+from autograder import commands
 from labkit.cli import run
 
 PRESET_NAMES = ("class", "quick")  # autograder.grade.PRESETS, named here so --help need not import the grader
@@ -48,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--show-hidden-tests", action="store_true",
                    help="leave hidden tests visible in the feedback (hidden by default)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    commands.add_grade_args(g)
     g.set_defaults(func=_cli_grade)
+    commands.add_commands(sub)
     return parser
 
 
@@ -63,7 +66,8 @@ def _cli_grade(args) -> int:
     cfg = replace(cfg, **{k: v for k, v in changes.items() if v is not None}, force=args.force,
                   only=tuple(args.only), keep_work=args.keep_work, trusted_submissions=args.trusted_submissions,
                   feedback=not args.no_feedback, hide_hidden_tests=not args.show_hidden_tests,
-                  progress=not args.no_progress, address_space_limit=args.address_space_limit)
+                  progress=not args.no_progress, address_space_limit=args.address_space_limit,
+                  **commands.grade_changes(args))
     if cfg.jobs is not None and cfg.jobs < 1:
         raise LabkitError("--jobs must be at least 1")
     rep = grade_class(args.assignment, args.submissions, cfg)

@@ -33,10 +33,11 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from autograder import classbook, gpu_policy, intake, jail, report, shard, trusted
 from autograder import course as courses
-from autograder import intake, jail, report, trusted
 from autograder.course import Course
 from autograder.jail import Jail
+from autograder.late import LatePolicy
 from autograder.sandbox import Limits, Outcome, kill_token, run_limited, write_log
 from labkit.bench import write_json
 from labkit.env import LabkitError
@@ -68,6 +69,9 @@ class GradeConfig:
     lms_regex: str = intake.LMS_REGEX  # student id (and file name) from an LMS download's file names
     progress: bool = True  # tqdm bar over students
     trusted_submissions: bool = False  # run students' code without the sandbox (only where bubblewrap is missing)
+    shard: str | None = None  # "K/N": grade only slice K of N of the class (autograder.shard); None: everyone
+    allow_ungradable: bool = False  # grade a lab whose checks need hardware this machine lacks (they score 0)
+    late: LatePolicy | None = None  # due date, grace and penalties applied to the total (autograder.late)
 
 
 PRESETS = {
@@ -513,6 +517,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
             courses.check_harness(cfg.harness_module)
         hardware = [dict(h) for h in courses.detect_hardware()]
         log.info("hardware: %s", "; ".join(f"{h['card']} ({h['class']})" for h in hardware))
+        gpu_policy.refuse_ungradable(assignment, [c.check for c in course.calls], hardware, cfg.allow_ungradable)
         found = intake.collect(submissions, assignment, scratch=work / "intake", lms_regex=cfg.lms_regex)
         for line in found.junk:
             log.warning("intake: %s", line)
@@ -520,6 +525,9 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
             raise LabkitError(f"no student hand-ins found in {submissions}: expected one folder per student "
                               f"(holding {assignment}.ipynb) or LMS-named .ipynb/.zip files"
                               + (f"; skipped: {found.junk[0]}" if found.junk else ""))
+        if cfg.shard:
+            found.submissions = shard.select(found.submissions, cfg.shard)
+            log.info("slice %s: %d hand-ins", cfg.shard, len(found.submissions))
         outputs = Outputs(out)
         results, todo, changed = _plan(found.submissions, course, cfg, outputs)
         graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
@@ -531,6 +539,8 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         junk = list(found.junk) + changed
         if restored:
             report.write_outputs(out, course, ordered, junk, hardware, outputs.write)
+        classbook.finish(out, classbook.info_from_course(course), ordered, hardware=hardware, junk=junk,
+                         shard=cfg.shard, policy=cfg.late, submissions=submissions, lms_regex=cfg.lms_regex)
         rep = ClassReport(ordered, out, junk, graded_now, time.monotonic() - t0, hardware, restored)
         log.info("done: %d students (%d graded now) in %.0f s", len(ordered), graded_now, rep.wall_s)
         return rep
@@ -590,7 +600,7 @@ def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outpu
 
 
 def _run_all(todo, course: Course, cfg: GradeConfig, outputs: Outputs, hardware, results, sealed: Path) -> int:
-    from tqdm.auto import tqdm
+    from autograder.progress import bar as tqdm  # one line per student when the log is not a terminal
 
     gpus = [h for h in hardware if h["index"] is not None]
     if gpus:

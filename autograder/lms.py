@@ -1,0 +1,306 @@
+"""LMS in and out: Canvas gradebook CSV, Gradescope results.json, per-student feedback bundles to upload.
+
+The exports read a grading output folder (a single run or a merge): the sealed done-markers (verified under
+the folder's key) and `final.json` (the total after extra credit and the late policy, autograder.classbook).
+
+Canvas: the gradebook import CSV takes the columns Student, ID, SIS User ID, SIS Login ID, Section and one
+column per assignment, named "<title>" or "<title> (<Canvas assignment id>)"; an optional second row
+"Points Possible" gives the assignment's points. A student is matched by ID (the Canvas user id, also the
+number after the name in Canvas download names `name_12345_678_file`), SIS User ID or SIS Login ID: pass the
+course's own gradebook export as --roster to fill them in.
+
+Gradescope: `results.json` of its autograder specification: top-level score, execution_time (s), output,
+tests[] with name, score, max_score, output (and visibility, extra_data). `run_gradescope` is what the
+`run_autograder` entry point (autograder/deploy/gradescope/) calls for labs 1-3, which need no GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import re
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+from autograder import classbook, grade, intake
+from labkit.bench import write_json
+from labkit.env import LabkitError
+
+CANVAS_ID_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+GRADESCOPE_TEST_KEYS = ("name", "score", "max_score", "output")
+# Canvas download names: <name>[_LATE]_<user id>_<submission id>_<file>
+CANVAS_NAME = re.compile(r"^(?P<name>[A-Za-z0-9.\-]+)_(?:LATE_)?(?P<user_id>\d+)_(?P<submission_id>\d+)_")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def load_class(out: str | Path) -> tuple[list, dict[str, dict], dict]:
+    """(StudentResults verified under the folder's key, final rows by student, final.json) of an output folder."""
+    out = Path(out)
+    try:
+        final = json.loads((out / classbook.FINAL).read_text())
+    except (OSError, ValueError) as e:
+        raise LabkitError(f"{out} has no readable {classbook.FINAL}: grade (or merge) into it first") from e
+    key = (out / ".grader-key").read_bytes() if (out / ".grader-key").exists() else None
+    if key is None:
+        raise LabkitError(f"{out} has no grader key: is it a grading output folder?")
+    rows = {r["student_id"]: r for r in final["students"]}
+    results = []
+    for sid in rows:
+        res = grade.load_result(out / "students" / sid / "result.json", key)
+        if res is None:
+            raise LabkitError(f"{sid}: done-marker in {out} missing or not the grader's own; regrade before exporting")
+        results.append(res)
+    return results, rows, final
+
+
+def lms_names(submissions: str | Path | None, lms_regex: str = intake.LMS_REGEX) -> dict[str, dict]:
+    """student id -> {"canvas_id", "prefix"} from Canvas-style download names in the submissions folder."""
+    out: dict[str, dict] = {}
+    if submissions is None or not Path(submissions).is_dir():
+        return out
+    rx = re.compile(lms_regex)
+    for p in sorted(Path(submissions).iterdir()):
+        m, c = rx.match(p.name), CANVAS_NAME.match(p.name)
+        if p.is_file() and m and c:
+            out.setdefault(intake.safe_id(m.group("student_id")), {"canvas_id": c.group("user_id"),
+                                                                  "prefix": c.group(0)})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ Canvas
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", s.lower())
+
+
+def _roster_match(roster: list[dict], sid: str, canvas_id: str | None) -> dict | None:
+    for r in roster:
+        if canvas_id and r.get("ID", "").strip() == canvas_id:
+            return r
+    for col in ("SIS Login ID", "SIS User ID", "ID"):
+        for r in roster:
+            if r.get(col, "").strip() and intake.safe_id(r[col]) == sid:
+                return r
+    for r in roster:  # Canvas download names use the name lower-cased without spaces: "Smith, Jo" -> smithjo
+        if _norm(r.get("Student", "")) == _norm(sid):
+            return r
+    return None
+
+
+def read_roster(path: str | Path) -> list[dict]:
+    """Rows of a Canvas gradebook export (the "Points Possible" and muted/test-student rows dropped)."""
+    with Path(path).open(newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"Student", "ID"} <= set(rows[0]):
+        raise LabkitError(f"{path} is not a Canvas gradebook export (columns Student, ID, SIS User ID, ...)")
+    return [r for r in rows if r["Student"].strip() and "Points Possible" not in r["Student"]
+            and r["Student"].strip() != "Student, Test"]
+
+
+def canvas_csv(results: list, rows: dict[str, dict], *, title: str, points: float,
+               roster: list[dict] | None = None, names: dict[str, dict] | None = None) -> tuple[str, list[str]]:
+    """The Canvas gradebook import CSV (text) and the students it could not identify for Canvas."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*CANVAS_ID_COLUMNS, title])
+    w.writerow(["    Points Possible", "", "", "", "", f"{points:g}"])
+    unmatched = []
+    for r in sorted(results, key=lambda x: x.student_id):
+        total = rows.get(r.student_id, {}).get("total", r.score)
+        cid = (names or {}).get(r.student_id, {}).get("canvas_id")
+        hit = _roster_match(roster, r.student_id, cid) if roster else None
+        if hit:
+            w.writerow([hit.get(c, "") for c in CANVAS_ID_COLUMNS] + [f"{total:g}"])
+            continue
+        if roster or not cid:
+            unmatched.append(r.student_id)
+        w.writerow([r.student_id, cid or "", "", r.student_id, "", f"{total:g}"])
+    return buf.getvalue(), unmatched
+
+
+# ------------------------------------------------------------------------------------------------ Gradescope
+
+
+def _check_output(c: dict) -> str:
+    m = {k: v for k, v in (c.get("measurements") or {}).items() if isinstance(v, (int, float, str, bool))}
+    nums = "; ".join(f"{k}: {v}" for k, v in list(m.items())[:12])
+    return (c.get("message") or "") + (f"\n{nums}" if nums else "")
+
+
+def gradescope_results(res, row: dict | None = None, calls: list[dict] | None = None) -> dict:
+    """results.json (Gradescope autograder spec) for one graded student: one test per grade cell, its output
+    the messages and measurements of the checks that cell calls (`calls`: class.json's cell/check pairs)."""
+    row = row or {}
+    by_check = {c["check"]: c for c in res.checks}
+    tests = []
+    for i, cell in enumerate(res.cells, 1):
+        names = [c["check"] for c in calls or [] if c["cell"] == cell["cell"]]
+        out = "\n".join(_check_output(by_check[n]) for n in names if n in by_check)
+        tests.append({"name": cell["cell"], "number": str(i), "score": float(cell["score"]),
+                      "max_score": float(cell["max_score"]), "output": out, "visibility": "visible"})
+    if row.get("extra_credit"):
+        tests.append({"name": "extra credit (bonus tier)", "score": float(row["extra_credit"]), "max_score": 0.0,
+                      "output": ", ".join(b["check"] for b in row.get("extra_credit_from", [])),
+                      "visibility": "visible"})
+    if row.get("late_penalty"):
+        tests.append({"name": "late penalty", "score": -float(row["late_penalty"]), "max_score": 0.0,
+                      "output": row.get("late_note", ""), "visibility": "visible"})
+    output = [res.message or f"{res.score:g} / {res.max_score:g} points"]
+    if res.status != "graded":
+        output.append(f"not graded: {res.cause}")
+    output += [n for n in res.notes] + ([row["late_note"]] if row.get("late_note") else [])
+    return {"score": float(row.get("total", res.score)), "execution_time": round(res.wall_s),
+            "output": "\n".join(output), "visibility": "visible", "stdout_visibility": "hidden",
+            "tests": tests, "extra_data": {"checks": res.checks, "hardware": res.hardware}}
+
+
+def _cell_points(source_nb: Path) -> dict[str, float]:
+    cells = json.loads(source_nb.read_text())["cells"]
+    return {c["metadata"]["nbgrader"]["grade_id"]: float(c["metadata"]["nbgrader"].get("points", 0))
+            for c in cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+
+
+GRADESCOPE_LABS = ("lab1", "lab2", "lab3")  # gradable without a GPU; lab 4's speed tiers need one
+
+
+def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *, course: str | Path | None = None,
+                   sandbox: str = "auto", run_checks=None) -> dict:
+    """Grade one Gradescope submission (a folder holding the lab's notebook or its student_*.py) with the
+    trusted harness and write results.json; returns it. One test per test cell, scaled to the cell's points."""
+    from autograder import harness, trusted
+
+    if lab not in GRADESCOPE_LABS:
+        raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; lab4's speed "
+                          "tiers need one: grade it with `python -m autograder grade` on a GPU machine)")
+    aid = harness.ASSIGNMENTS[lab]
+    source_nb = Path(course or harness.ROOT / "assignments") / "source" / aid / f"{aid}.ipynb"
+    calls = trusted.find_calls(source_nb)
+    points = _cell_points(source_nb)
+    sub = Path(submission)
+    with tempfile.TemporaryDirectory(prefix="labkit-gs-") as tmp:
+        student = _gradescope_student_file(sub, lab, aid, Path(tmp))
+        verdicts = {}
+        if student is not None:
+            run = run_checks or harness.run_checks
+            names = list(dict.fromkeys(c.check for c in calls))
+            verdicts = dict(zip(names, run(names, student, sandbox=sandbox, device="cpu"), strict=True))
+    tests, total = [], 0.0
+    for i, call in enumerate(calls, 1):
+        v = verdicts.get(call.check)
+        pts = points.get(call.cell, 0.0)
+        if v is None:
+            score, out = 0.0, f"no {harness.STUDENT_FILES[lab]} found in the submission (hand in {aid}.ipynb)"
+        else:
+            frac = float(v.get("score", 0)) / float(v["max_score"]) if v.get("ok") and v.get("max_score") else 0.0
+            score, out = round(pts * frac, 4), _check_output(v)
+        total += score
+        tests.append({"name": f"{call.cell} ({call.check})", "number": str(i), "score": score, "max_score": pts,
+                      "output": out, "visibility": "after_due_date" if "hidden" in call.cell else "visible"})
+    result = {"score": round(total, 4), "output": f"{aid}: {total:g} / {sum(t['max_score'] for t in tests):g} "
+                                                  "points from the grader's own run of the checks",
+              "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    write_json(results_path, result)
+    return result
+
+
+def _gradescope_student_file(sub: Path, lab: str, aid: str, tmp: Path) -> Path | None:
+    from autograder import harness
+
+    want = harness.STUDENT_FILES[lab]
+    nbs = sorted(sub.rglob("*.ipynb"))
+    nb = next((p for p in nbs if p.name == f"{aid}.ipynb"), nbs[0] if len(nbs) == 1 else None)
+    if nb is not None:
+        try:
+            return harness.student_file_from_notebook(nb, tmp)
+        except Exception:  # a notebook without the cell: fall back to a handed-in file below
+            pass
+    direct = next(iter(sorted(sub.rglob(want))), None)
+    if direct is not None:
+        return Path(shutil.copy(direct, tmp / want))
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ bundles
+
+
+def _bundle_box(res, row: dict) -> str:
+    e = html.escape
+    items = [f"<li>autograded score: {res.score:g} / {res.max_score:g}</li>"]
+    if row.get("extra_credit"):
+        items.append(f"<li>extra credit (bonus tier): +{row['extra_credit']:g}</li>")
+    if row.get("late_note"):
+        items.append(f"<li>{e(row['late_note'])}</li>")
+    if row.get("not_gradable_here"):
+        items.append(f"<li>not gradable on the grading machine: {e(', '.join(row['not_gradable_here']))} "
+                     "(to be regraded on a GPU)</li>")
+    return (f"<div id='labkit-final' style='border:2px solid #274;padding:10px;margin:10px;font-family:sans-serif'>"
+            f"<h2>{e(res.assignment)}: total {row.get('total', res.score):g} points</h2><ul>{''.join(items)}</ul></div>")
+
+
+def feedback_bundles(out: str | Path, dest: str | Path, *, submissions: str | Path | None = None,
+                     lms_regex: str = intake.LMS_REGEX) -> Path:
+    """Per student: `<dest>/<id>/<prefix>feedback.html` (the feedback page with the total, extra credit and late
+    note on top) and `<prefix>measurements.json`; plus `<dest>/feedback_bundles.zip` of all of them. `prefix`
+    is the student's Canvas download prefix (`name_12345_678_`) when known, so Canvas's "Re-Upload
+    Submissions" attaches each file to its student; else `<id>_<assignment>_`. Returns the zip's path."""
+    out, dest = Path(out), Path(dest)
+    results, rows, _ = load_class(out)
+    names = lms_names(submissions, lms_regex)
+    dest.mkdir(parents=True, exist_ok=True)
+    zpath = dest / "feedback_bundles.zip"
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as zf:
+        for res in results:
+            row = rows.get(res.student_id, {})
+            prefix = names.get(res.student_id, {}).get("prefix") or f"{res.student_id}_{res.assignment}_"
+            sdir = dest / res.student_id
+            sdir.mkdir(parents=True, exist_ok=True)
+            pages = sorted((out / "feedback" / res.student_id).rglob("*.html"))
+            body = "".join(p.read_text(encoding="utf-8", errors="replace") for p in pages[:1])
+            page = _bundle_box(res, row)
+            m = re.search(r"<body[^>]*>", body)
+            page = body[:m.end()] + page + body[m.end():] if m else \
+                f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{page}{body}</body></html>"
+            meas = {"student_id": res.student_id, "assignment": res.assignment, "status": res.status,
+                    "score": res.score, "max_score": res.max_score, "total": row.get("total", res.score),
+                    "extra_credit": row.get("extra_credit", 0), "late": {k: row.get(k) for k in (
+                        "submitted_at", "time_source", "days_late", "late_penalty", "late_note")},
+                    "hardware": res.hardware, "checks": res.checks, "notes": res.notes}
+            for name, data in ((f"{prefix}feedback.html", page.encode("utf-8")),
+                               (f"{prefix}measurements.json", (json.dumps(meas, indent=2, default=str) + "\n").encode())):
+                (sdir / name).write_bytes(data)
+                zf.writestr(name, data)
+    return zpath
+
+
+def export(out: str | Path, to: str, dest: str | Path, *, title: str | None = None, roster: str | None = None,
+           submissions: str | Path | None = None, lms_regex: str = intake.LMS_REGEX) -> list[str]:
+    """Write one export of a graded class into `dest`; returns lines for the instructor."""
+    results, rows, final = load_class(out)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if to == "canvas":
+        text, unmatched = canvas_csv(results, rows, title=title or final["assignment"], points=final["max_score"],
+                                     roster=read_roster(roster) if roster else None,
+                                     names=lms_names(submissions, lms_regex))
+        (dest / "canvas_grades.csv").write_text(text, encoding="utf-8")
+        lines = [f"wrote {dest / 'canvas_grades.csv'}: {len(results)} students (Canvas: Grades > Import)"]
+        if unmatched:
+            lines.append(f"not identified for Canvas (no roster row / Canvas id): {', '.join(unmatched)}")
+        return lines
+    if to == "gradescope":
+        calls = json.loads((Path(out) / classbook.MANIFEST).read_text()).get("calls", [])
+        for res in results:
+            write_json(dest / res.student_id / "results.json",
+                       gradescope_results(res, rows.get(res.student_id), calls))
+        return [f"wrote {len(results)} results.json files under {dest}/<student>/"]
+    if to == "feedback":
+        z = feedback_bundles(out, dest, submissions=submissions, lms_regex=lms_regex)
+        return [f"wrote feedback bundles for {len(results)} students under {dest}/<student>/ and {z}"]
+    raise LabkitError(f"unknown export {to!r}: canvas, gradescope or feedback")
