@@ -159,9 +159,8 @@ def _gpu_binds(index: int) -> list[str]:
                 f"/dev/nvidia{index}", *glob.glob("/dev/dri/*")]:
         if os.path.exists(dev):
             out += ["--dev-bind", dev, dev]
-    for extra in ("/usr/local/nvidia", "/usr/local/cuda", "/etc/nvidia", "/proc/driver/nvidia"):
-        if os.path.exists(extra) and not extra.startswith("/proc"):
-            out += ["--ro-bind", extra, extra]
+    # The driver's libraries live under /usr (already bound); CUDA reads the device topology from /sys.
+    out += ["--ro-bind", "/sys", "/sys", "--ro-bind-try", "/etc/nvidia", "/etc/nvidia"]
     return out
 
 
