@@ -56,6 +56,8 @@ def test_cli_prints_one_json_verdict(tmp_path):
 
 
 def test_data_pipeline_speedup_is_measured_and_fake_fast_gets_nothing(tmp_path, monkeypatch):
+    # The loader runs in the student's sandboxed process; the PIL baseline in a process of its own; the clock
+    # is the grader's, and every timed epoch is checked sample by sample.
     ref = reference("lab2", tmp_path)
     # Wrong but fast: every batch is the first one again (no per-sample work, wrong samples).
     fake = variant(ref, tmp_path / "student_fake.py", "            x = self.images[idx]",
@@ -69,18 +71,20 @@ def test_data_pipeline_speedup_is_measured_and_fake_fast_gets_nothing(tmp_path, 
     assert good["ok"] and good["gradable"] and good["score"] == good["max_score"] == 4
     m = good["measurements"]
     assert m["speedup"] >= 8 and m["packed_samples_per_s"] > m["baseline_samples_per_s"]
+    assert m["rounds"] == 5 and m["epochs_checked"] == 2 * (5 + 1)  # every timed epoch, warm-up included
     assert not bad["ok"] and bad["score"] == 0 and "exactly once" in bad["message"]
     assert meh["score"] < good["score"] and meh["measurements"]["speedup"] < m["speedup"]
 
 
-def test_submission_that_replaces_timers_gets_no_points(tmp_path):
+def test_submission_that_replaces_timers_gains_nothing(tmp_path):
+    # The grader's process times every request; a submission that slows its own clock 1000x would look 1000x
+    # faster if any of its clocks were read.
     ref = reference("lab2", tmp_path)
     cheat = variant(ref, tmp_path / "student_cheat.py", "import numpy as np",
                     "import numpy as np\nimport time\n_real = time.perf_counter\n"
                     "time.perf_counter = lambda: _real() / 1000")
     v = run_check("lab2.loader_speed", cheat, device="cpu")
-    assert not v["ok"] and v["score"] == 0 and "replaced timing functions" in v["message"]
-    assert "time.perf_counter" in v["measurements"]["tampered"]
+    assert v["ok"] and 1 < v["measurements"]["speedup"] < 200, v
 
 
 def test_a_hanging_check_times_out_and_the_others_still_run(tmp_path, monkeypatch):
