@@ -7,6 +7,7 @@ from pathlib import Path
 from labkit.outputs import save_figure
 from labkit.presets import preset as rung
 from labkit.presets import with_changes
+from labkit.progress import fmt_duration
 
 # What each column of `ladder_table` means; written under the table and into ladder.json.
 LADDER_COLUMNS = {
@@ -71,12 +72,16 @@ def ladder_markdown(result: dict) -> str:
     lines = [f"{env['device_name']}, torch {env['torch']}, commit {env['git_commit']}", ""]
     if result.get("mode"):
         lines += [f"Mode: {result['mode']}.", ""]
+    if result.get("wall_s"):
+        lines += [f"The whole run took {fmt_duration(result['wall_s'])}, data preparation included.", ""]
     lines += [ladder_table(result["rungs"]) if result["rungs"] else "(no rung finished)", ""]
     if not result.get("complete", True):
         done = {r["name"] for r in result["rungs"]}
         left = [n for n in result.get("planned", []) if n not in done]
-        lines += [f"Incomplete: stopped by {result.get('stopped') or 'an error'}; not run: {', '.join(left) or '-'}.",
-                  ""]
+        why = (f"stopped by {result['stopped']}" if result.get("stopped") else
+               "still running, or killed before it could say why")
+        lines += [f"Incomplete ({len(result['rungs'])} of {len(result.get('planned', []))} rungs): {why}; "
+                  f"not run: {', '.join(left) or '-'}.", ""]
     lines += [f"- {name}: {what}" for name, what in result.get("columns", LADDER_COLUMNS).items()
               if name in ("img/s (steady)", "vs previous", "speedup", "first step s")]
     for s in result.get("skipped", []):
@@ -92,7 +97,7 @@ def ladder_chart_note(result: dict) -> str | None:
     if result.get("skipped"):
         parts.append("skipped: " + ", ".join(s["rung"] for s in result["skipped"]) + " (see ladder.md for why)")
     if not result.get("complete", True):
-        parts.append(f"incomplete: {result.get('stopped') or 'stopped'}")
+        parts.append(f"incomplete: {result.get('stopped') or 'still running, or killed'}")
     return "; ".join(parts) or None
 
 

@@ -507,7 +507,9 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     there after every rung, so an interrupt or a crash keeps the rungs that finished; "complete" in the JSON says
     whether every planned rung ran, "stopped" why not. Progress: a bar per rung in a terminal, else a line per
     rung with the time spent and left (`labkit.progress`); `show_progress=False` prints only the results.
+    "wall_s" is the whole run's time in seconds, data preparation included.
     """
+    t0 = time.perf_counter()
     dev = pick_device(device)
     base = base or (quick_base() if quick else TrainConfig())
     base = with_changes(base, data=data, **({"epochs": epochs} if epochs else {}))
@@ -541,11 +543,12 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
             _save_ladder(out, result)
             log(f"stopped ({result['stopped']}): the {len(result['rungs'])} finished rung(s) are saved in {out}")
         raise
+    result["wall_s"] = time.perf_counter() - t0
     log("\n" + report.ladder_markdown(result))
     if out is not None:
         _save_ladder(out, result)
         log(f"wrote {out}/ladder.json, ladder.md, ladder.png")
-    log(f"ladder finished in {fmt_duration(stages.elapsed())}")
+    log(f"ladder finished in {fmt_duration(result['wall_s'])}")
     return result
 
 

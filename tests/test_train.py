@@ -188,7 +188,7 @@ def test_ladder_writes_its_files_after_every_rung_and_says_what_it_is(tmp_path, 
     assert "img/s (steady)" in saved["columns"] and "vs previous" in saved["columns"]
     md = (out / "ladder.md").read_text()
     assert "| rung |" in md and "Mode: quick" in md and "- skipped bf16: " in md
-    assert "- img/s (steady): " in md and "- vs previous: " in md
+    assert "- img/s (steady): " in md and "- vs previous: " in md and "The whole run took " in md
     assert (out / "ladder.png").stat().st_size > 1000
     assert any(line.startswith("ladder finished in ") for line in lines)
 
