@@ -1,9 +1,11 @@
 """labkit: tools for making deep learning training fast, and proving it.
 
-Modules, one per concept: env (machine and switches), bench (timing), floats (number formats),
-matmul (Tensor Cores), amp (mixed precision), data (datasets), loaders (input pipelines), loader_bench
-(measuring input pipelines, `labkit data`), bucketing (sequence batching), models (ResNet-18), train (the
-engine and the ladder), profiling (diagnosis), report (tables and plots), cli (the `labkit` command).
+Modules, one per concept, from the bottom up: errors (LabkitError), outputs (output paths and result files),
+progress (bars and progress lines), env (machine and switches), bench (timing), floats (number formats), matmul
+(Tensor Cores), amp (mixed precision), data (datasets), loaders (input pipelines), loader_bench (measuring input
+pipelines, `labkit data`), bucketing (sequence batching), models (ResNet-18), presets (TrainConfig and the
+ladder), report (tables and plots), train (the engine and the ladder runner), profiling (diagnosis), cli (the
+`labkit` command).
 """
 
 __version__ = "0.1.0"

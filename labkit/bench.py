@@ -17,12 +17,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from labkit.env import REPO_ROOT, LabkitError, environment
+from labkit.outputs import write_json  # noqa: F401  (re-exported: results are written through labkit.bench)
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
@@ -208,6 +209,18 @@ def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, device: t
 
 
 @contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Run a block with `n` intra-op CPU threads in this process (None: unchanged), then restore the count."""
+    saved = torch.get_num_threads()
+    try:
+        if n is not None:
+            torch.set_num_threads(n)
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@contextlib.contextmanager
 def compile_cache(path: str | os.PathLike | None = None):
     """Point torch.compile's on-disk caches at `path`; a fresh temporary folder (a cold start) when None.
 
@@ -267,34 +280,6 @@ def unwritable(folder: str | os.PathLike) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- results
-
-
-def write_json(path: str | os.PathLike, payload: dict) -> Path:
-    """Write JSON atomically (temp file then rename), so an interrupted run never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, default=_json_default)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _json_default(o):
-    if isinstance(o, (Timing, ABResult)):
-        return o.summary()
-    if hasattr(o, "__dataclass_fields__"):
-        return asdict(o)
-    if isinstance(o, (torch.device, torch.dtype, Path)):
-        return str(o)
-    if isinstance(o, torch.Tensor) and o.numel() == 1:
-        return o.item()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
 def save_result(name: str, data: dict, *, out_dir: str | os.PathLike | None = None, command=None,

@@ -356,8 +356,7 @@ def strategy_table(corpus: Corpus, device="cpu", batch_size: int | None = None, 
     suits a tiny model, whose small ops only stall when handed between threads); `speedup` is tokens/s over
     the 'max' strategy's (when it ran).
     """
-    from labkit.bench import time_fn
-    from labkit.loader_bench import torch_threads
+    from labkit.bench import time_fn, torch_threads
 
     dev = pick_device(device)
     batch_size = batch_size or (32 if quick else 64)

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import torch
 
+from labkit.errors import LabkitError
+from labkit.outputs import write_json
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # (distribution name, import name) of everything the course needs at run time.
@@ -37,10 +40,6 @@ REQUIRED_PACKAGES = [
 ]
 # Useful but not required: their absence only disables one part.
 OPTIONAL_PACKAGES = [("lightning", "lightning"), ("py-spy", None)]
-
-
-class LabkitError(Exception):
-    """A user-facing error: the CLI prints its message on one line and exits with status 2."""
 
 
 def replace_fields(cfg, **changes):
@@ -301,8 +300,6 @@ def add_cli(sub) -> None:
 def _cli_doctor(args) -> int:
     code = doctor(device=args.device)
     if args.json:
-        from labkit.bench import write_json
-
         write_json(args.json, {"kind": "doctor", "env": environment(device=args.device),
                                "capabilities": capabilities(args.device),
                                "packages": check_packages(), "exit_code": code})

@@ -8,7 +8,7 @@ module times them and reports the numbers.
   skipped rows, see `skip_reason`); `stores(data)` writes each store a sweep needs once; `format_table`
   compares every storage x image format x CPU decoder (bytes on disk, samples/s); `decoder_table` times
   decoding alone; `model_rates` measures how fast ResNet-18 consumes images, so a plot can show which side is
-  the bottleneck; `torch_threads` pins the main process's intra-op threads for a block.
+  the bottleneck; `torch_threads` (from `labkit.bench`) pins the main process's intra-op threads for a block.
 - Tables and plots: `rows_table`, `format_markdown` (Markdown), `plot_workers` (samples/s against num_workers
   with the model's rates as lines).
 - CLI: `labkit data` (`add_cli`) runs the sweeps named in `CLI_SWEEPS` through `run_sweeps`.
@@ -16,7 +16,6 @@ module times them and reports the numbers.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import os
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from labkit import data as D
+from labkit.bench import torch_threads  # noqa: F401  (re-exported: the week's measuring API is here)
 from labkit.env import LabkitError, pick_device
 from labkit.loaders import (
     AUGMENTS,
@@ -41,6 +41,8 @@ from labkit.loaders import (
     with_changes,
     write_store,
 )
+from labkit.outputs import check_writable, save_figure, write_json
+from labkit.progress import Stages, fmt_duration
 
 SWEEPABLE = ("workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "augment",
              "storage", "decoder")
@@ -54,18 +56,6 @@ def _drain(loader) -> int:
     for _x, y in loader:
         n += len(y)
     return n
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None):
-    """Run a block with `n` intra-op CPU threads in this process (None: unchanged), then restore the count."""
-    saved = torch.get_num_threads()
-    try:
-        if n is not None:
-            torch.set_num_threads(n)
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def measure(cfg: LoaderConfig, store: Store, device: torch.device | str | None = "cpu", warmup: int = 1,
@@ -144,6 +134,12 @@ def stores(data: D.ImageData, root=None, progress: bool = False):
     return store_for
 
 
+def format_combos(image_formats=("png", "jpg"), decoders=("pil", "torchvision")) -> list[tuple[str, str, str]]:
+    """The (storage, image format, decoder) rows of `format_table`: packed uint8 once, then every combination."""
+    return [("packed", "png", "-")] + [(s, f, d) for s in ("folder", "tar", "records") for f in image_formats
+                                       for d in decoders]
+
+
 def format_table(data: D.ImageData, device="cpu", image_formats=("png", "jpg"), decoders=("pil", "torchvision"),
                  root=None, warmup: int = 1, repeats: int = 2, batch_size: int = 256, progress=None) -> list[dict]:
     """Every storage x image format x CPU decoder on the same images: bytes on disk and read+decode samples/s.
@@ -153,9 +149,7 @@ def format_table(data: D.ImageData, device="cpu", image_formats=("png", "jpg"), 
     dev = pick_device(device)
     store_for = stores(data, root)
     rows = []
-    combos = [("packed", "png", "-")] + [(s, f, d) for s in ("folder", "tar", "records") for f in image_formats
-                                         for d in decoders]
-    for storage, fmt, dec in combos:
+    for storage, fmt, dec in format_combos(image_formats, decoders):
         cfg = LoaderConfig(f"{storage}/{fmt}/{dec}" if storage != "packed" else "packed uint8", storage=storage,
                            image_format=fmt, decoder="pil" if dec == "-" else dec, augment="none",
                            batch_size=batch_size)
@@ -294,87 +288,114 @@ CLI_SWEEPS = ("formats", "decoders", "workers", "pin_memory", "persistent_worker
 
 def run_sweeps(which, device="auto", quick: bool = True, n: int | None = None, workers=None,
                out: str | os.PathLike | None = None, model: bool = True, log=print) -> dict:
-    """Run the named sweeps (see CLI_SWEEPS) on `device` and return {sweep: rows}; with `out`, save JSON + plot.
+    """Run the named sweeps (see CLI_SWEEPS) on `device` and return {sweep: rows}.
 
-    With `model` and the workers sweep, also ResNet-18's consumption rates (`model_rates`), drawn into the plot.
+    With `out` (a folder, checked writable before any work), data.json is rewritten after every sweep, so an
+    interrupt keeps the sweeps that finished, and workers.png is drawn once the workers sweep is in. With `model`
+    and the workers sweep, also ResNet-18's consumption rates (`model_rates`), drawn into the plot.
     """
-    from tqdm.auto import tqdm
-
-    from labkit.bench import write_json
     from labkit.env import environment
 
     bad = [w for w in which if w not in CLI_SWEEPS]
     if bad:
         raise LabkitError(f"unknown sweep(s) {bad}: choose from {', '.join(CLI_SWEEPS)}")
     dev = pick_device(device)
-    n = n or (1024 if quick else 16384)
+    if n is None:
+        n = 1024 if quick else 16384
     if n < 1:
-        raise LabkitError("--n must be >= 1")
+        raise LabkitError(f"--n must be >= 1 (training images per epoch), not {n}")
     workers = workers or ([0, 1, 2] if quick else [0, 1, 2, 4, 8, 12, 16])
-    cores = os.cpu_count() or 1
-    log(f"labkit data on {environment(device=dev)['device_name']}: {n} images, {cores} CPU cores"
+    out = None if out is None else check_writable(out, "dir", "--out")
+    env = environment(device=dev)
+    log(f"labkit data on {env['device_name']}: {n} images, {os.cpu_count() or 1} CPU cores"
         + (" (quick mode)" if quick else ""))
     if dev.type != "cuda":
         log("  no CUDA: GPU decoding and pinned-memory copies are skipped; 'on-device' augmentation runs on the CPU")
-    result: dict = {"device": str(dev), "images": n, "quick": quick}
-    needs_images = [w for w in which if w != "padding"]
-    if needs_images:
-        data = D.load("synthetic", n_train=n, n_test=16).subset(n)
-        store_for = stores(data, progress=True)
-        reps = dict(warmup=1, repeats=2)
-    naive, packed = preset("naive"), preset("packed")
+    result: dict = {"device": str(dev), "images": n, "quick": quick, "complete": False}
+    data = D.load("synthetic", n_train=n, n_test=16).subset(n) if any(w != "padding" for w in which) else None
+    store_for = stores(data, progress=True) if data is not None else None
+    stages = Stages(len(which), "data", log=log)
     for w in which:
-        if w == "formats":
-            rows = format_table(data, dev, **reps)
-            log(format_markdown(rows))
-        elif w == "decoders":
-            rows = decoder_table(data, dev)
-            for r in rows:
-                log(f"  {r['image_format']} {r['decoder']:<12} " + (f"skipped: {r['skipped']}" if "skipped" in r
-                                                                     else f"{r['img_per_s']:>10,.0f} img/s"))
-        elif w == "padding":
-            from labkit import bucketing as B
-
-            rows = B.strategy_table(B.synthetic_corpus(**B.corpus_size(quick)), device=dev, quick=quick)
-            log(B.strategy_markdown(rows))
-        else:
-            steady = dict(persistent_workers=True)  # timed epochs after the warm-up: the steady rate
-            plan = {"workers": [(with_changes(naive, **steady), workers), (with_changes(packed, **steady), workers)],
-                    "pin_memory": [(with_changes(naive, workers=max(workers)), [False, True])],
-                    "persistent_workers": [(with_changes(naive, workers=max(workers)), [False, True])],
-                    "prefetch_factor": [(with_changes(naive, workers=max(max(workers), 1)), [1, 2, 4])],
-                    "batch_size": [(packed, [64, 256, 1024])],
-                    "augment": [(packed, list(AUGMENTS))]}[w]
-            rows = []
-            for base, values in plan:
-                with tqdm(total=len(values), desc=f"{w} ({base.name})", leave=False) as bar:
-                    part = sweep(base, w, values, store_for, dev, progress=bar, **reps)
-                for r in part:
-                    r["loader"] = base.name
-                rows += part
-                log(f"{w}, loader {base.name}:\n" + rows_table(part, w))
+        with stages.stage(w, _sweep_steps(w, dev, workers, model)) as bar:
+            result[w] = _run_sweep(w, data, dev, quick, workers, store_for, bar, log)
             if w == "workers" and model:
-                result["model_rates"] = model_rates(dev, quick)
+                result["model_rates"] = model_rates(dev, quick, progress=bar)
                 for k, v in result["model_rates"].items():
                     log(f"{k}: {v['img_per_s']:,.0f} img/s (ResNet-18 width {v['width']}, data resident)")
-        result[w] = rows
+        if out is not None:
+            _save_sweeps(out, result, env)
+    result["complete"] = True
     if out is not None:
-        out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise LabkitError(f"--out {out} exists and is not a folder")
-        write_json(out / "data.json", {"kind": "data", "env": environment(device=dev), **result})
-        if "workers" in result:
-            import matplotlib
-
-            matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
-
-            series = {name: [r for r in result["workers"] if r["loader"] == name] for name in ("naive", "packed")}
-            ax = plot_workers(series, result.get("model_rates"))
-            ax.figure.savefig(out / "workers.png", dpi=120, bbox_inches="tight")
-            plt.close(ax.figure)
+        _save_sweeps(out, result, env)
         log(f"wrote {out}/data.json" + (" and workers.png" if "workers" in result else ""))
+    log(f"labkit data finished in {fmt_duration(stages.elapsed())}")
     return result
+
+
+def _sweep_plan(w: str, workers: list[int]) -> list[tuple[LoaderConfig, list]]:
+    """(base config, values) pairs that the loader sweep `w` times."""
+    naive, packed = preset("naive"), preset("packed")
+    steady = dict(persistent_workers=True)  # timed epochs after the warm-up: the steady rate
+    return {"workers": [(with_changes(naive, **steady), workers), (with_changes(packed, **steady), workers)],
+            "pin_memory": [(with_changes(naive, workers=max(workers)), [False, True])],
+            "persistent_workers": [(with_changes(naive, workers=max(workers)), [False, True])],
+            "prefetch_factor": [(with_changes(naive, workers=max(max(workers), 1)), [1, 2, 4])],
+            "batch_size": [(packed, [64, 256, 1024])],
+            "augment": [(packed, list(AUGMENTS))]}[w]
+
+
+def _sweep_steps(w: str, dev: torch.device, workers: list[int], model: bool) -> int:
+    """How many progress steps sweep `w` reports (configurations timed, model rates measured)."""
+    if w in ("decoders", "padding"):
+        return 1
+    if w == "formats":
+        return len(format_combos())
+    models = (2 if dev.type == "cuda" else 1) if w == "workers" and model else 0  # see model_rates
+    return sum(len(values) for _, values in _sweep_plan(w, workers)) + models
+
+
+def _run_sweep(w: str, data, dev, quick: bool, workers: list[int], store_for, bar, log) -> list[dict]:
+    """The rows of one sweep of `labkit data`, logged as a table."""
+    reps = dict(warmup=1, repeats=2)
+    if w == "formats":
+        rows = format_table(data, dev, progress=bar, **reps)
+        log(format_markdown(rows))
+    elif w == "decoders":
+        rows = decoder_table(data, dev)
+        bar.update(1)
+        for r in rows:
+            log(f"  {r['image_format']} {r['decoder']:<12} " + (f"skipped: {r['skipped']}" if "skipped" in r
+                                                                 else f"{r['img_per_s']:>10,.0f} img/s"))
+    elif w == "padding":
+        from labkit import bucketing as B
+
+        rows = B.strategy_table(B.synthetic_corpus(**B.corpus_size(quick)), device=dev, quick=quick)
+        bar.update(1)
+        log(B.strategy_markdown(rows))
+    else:
+        rows = []
+        for base, values in _sweep_plan(w, workers):
+            part = sweep(base, w, values, store_for, dev, progress=bar, **reps)
+            for r in part:
+                r["loader"] = base.name
+            rows += part
+            log(f"{w}, loader {base.name}:\n" + rows_table(part, w))
+    return rows
+
+
+def _save_sweeps(out: Path, result: dict, env: dict) -> None:
+    """(Re)write data.json in `out` from the sweeps finished so far, and workers.png once that sweep is in."""
+    write_json(out / "data.json", {"kind": "data", "env": env, **result})
+    if "workers" in result:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        series = {name: [r for r in result["workers"] if r["loader"] == name] for name in ("naive", "packed")}
+        ax = plot_workers(series, result.get("model_rates"))
+        save_figure(ax.figure, out / "workers.png", dpi=120, bbox_inches="tight")
+        plt.close(ax.figure)
 
 
 def add_cli(sub) -> None:

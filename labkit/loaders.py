@@ -22,8 +22,8 @@ In this file:
   `to_uint8` (undoes the normalization).
 
 Measuring and reporting loaders is `labkit.loader_bench`: `measure`, `sweep`, `stores`, `format_table`,
-`decoder_table`, `model_rates`, `torch_threads`, the Markdown tables and plots, and the `labkit data` command.
-Those names (all but `add_cli`) still resolve from this module, imported on first use.
+`decoder_table`, `model_rates`, the Markdown tables and plots, and the `labkit data` command. It imports this
+module, never the other way round.
 """
 
 from __future__ import annotations
@@ -474,26 +474,3 @@ def to_uint8(x: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(D.CIFAR_MEAN, device=x.device).view(1, 3, 1, 1)
     std = torch.tensor(D.CIFAR_STD, device=x.device).view(1, 3, 1, 1)
     return ((x.float() * std + mean) * 255).round().clamp(0, 255).to(torch.uint8)
-
-
-# ------------------------------------------------------------------------------------------------ re-exports
-
-# Measuring and reporting live in labkit.loader_bench, which imports this module, so they are re-exported lazily
-# (PEP 562): `loaders.sweep` and the like keep working without an import cycle. `add_cli` is left out, so the
-# `data` subcommand is registered once, by labkit.loader_bench.
-_BENCH_NAMES = frozenset({
-    "SWEEPABLE", "torch_threads", "measure", "skip_reason", "sweep", "stores", "format_table", "decoder_table",
-    "model_rates", "rows_table", "format_markdown", "plot_workers", "CLI_SWEEPS", "run_sweeps",
-})
-
-
-def __getattr__(name: str):
-    if name in _BENCH_NAMES:
-        from labkit import loader_bench
-
-        return getattr(loader_bench, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | _BENCH_NAMES)

@@ -20,6 +20,7 @@ import torch
 from labkit import bench
 from labkit.env import LabkitError, capabilities, environment, pick_device, quick_mode, torch_switches
 from labkit.floats import round_to, text_table
+from labkit.outputs import save_figure, write_json
 
 KINDS = {
     "fp32": "strict fp32: TF32 off, CUDA cores",
@@ -461,6 +462,8 @@ def add_cli(sub) -> None:
     p.add_argument("--size", type=int, action="append", metavar="N",
                    help="time N x N x N products (repeatable); default 4096, 8192 and 8191 on a GPU, "
                         "256 and 255 on CPU or in quick mode")
+    p.add_argument("--quick", action="store_true", help="quick mode: small sizes (the default without a GPU)")
+    p.add_argument("--full", action="store_true", help="full sizes even on a CPU or with LABKIT_QUICK=1 (slow on CPU)")
     p.add_argument("--repeats", type=int, default=10, help="timed samples per case (median reported)")
     p.add_argument("--kernels", action="store_true", help="list the kernels each kind ran, flagging tensor cores")
     p.add_argument("--roofline", action="store_true", help="also measure copy bandwidth and a bf16 roofline")
@@ -474,7 +477,9 @@ def _cli_matmul(args) -> int:
     kinds = [_check_kind(k.strip()) for k in args.kinds.split(",") if k.strip()]
     if args.repeats < 1:
         raise LabkitError("--repeats must be at least 1")
-    small = dev.type != "cuda" or quick_mode()
+    if args.quick and args.full:
+        raise LabkitError("--quick and --full contradict each other: pick one")
+    small = args.quick or (not args.full and (dev.type != "cuda" or quick_mode()))
     sizes = args.size or ([256, 255] if small else [4096, 8192, 8191])
     if dev.type != "cuda":
         print("no CUDA GPU: CPU timings only (no tensor cores, TF32 is plain fp32 here); the H100 numbers are "
@@ -507,7 +512,7 @@ def _cli_matmul(args) -> int:
                            "TFLOP/s": p["tflops"],
                            "roof": roofline(p["intensity"], peak * 1e12, bw["bytes_per_s"]) / 1e12} for p in pts]))
     if args.json:
-        path = bench.write_json(args.json, {"kind": "matmul", "env": environment(device=dev), **result})
+        path = write_json(args.json, {"kind": "matmul", "env": environment(device=dev), **result})
         print(f"\nresults written to {path}")
     if args.plot:
         import matplotlib.pyplot as plt
@@ -519,7 +524,8 @@ def _cli_matmul(args) -> int:
             r = result["roofline"]
             plot_roofline(r["points"], r["peak_tflops"], r["bandwidth"]["bytes_per_s"], ax=axes[0][1])
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        save_figure(fig, args.plot, dpi=120)
+        plt.close(fig)
         print(f"plot saved to {args.plot}")
     return 0
 

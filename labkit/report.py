@@ -4,6 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from labkit.outputs import save_figure
+from labkit.presets import preset as rung
+from labkit.presets import with_changes
+from labkit.progress import fmt_duration
+
+# What each column of `ladder_table` means; written under the table and into ladder.json.
+LADDER_COLUMNS = {
+    "img/s (steady)": "training images per second over the epochs after the first (the first pays for worker "
+                      "start, compilation and autotuning), data loading and augmentation included",
+    "img/s (all epochs)": "the same over every epoch, the first included",
+    "speedup": "steady img/s over the first rung's",
+    "vs previous": "steady img/s over the row above: what this rung's one change gained (after a skipped rung, "
+                   "over the last rung that ran)",
+    "peak mem GiB": "peak GPU memory allocated (CUDA only)",
+    "MFU": "model FLOP/s over the bf16 matmul peak measured in the same run (GPU only)",
+    "first step s": "seconds of the first step alone: compilation, CUDA-graph capture, autotuning",
+    "final loss": "mean training loss over the last steps",
+    "test acc": "top-1 accuracy on the test split after training",
+}
+
 
 def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
@@ -45,8 +65,48 @@ def ladder_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 optimization ladder") -> Path:
-    """Bar chart of steady img/s per rung with the speedup over the baseline written on each bar (PNG)."""
+def ladder_markdown(result: dict) -> str:
+    """A ladder result (`labkit.train.run_ladder`) as Markdown: where it ran, its mode, the table, what the columns
+    mean, which rungs were skipped and why, and whether the run stopped early."""
+    env = result["env"]
+    lines = [f"{env['device_name']}, torch {env['torch']}, commit {env['git_commit']}", ""]
+    if result.get("mode"):
+        lines += [f"Mode: {result['mode']}.", ""]
+    if result.get("wall_s"):
+        lines += [f"The whole run took {fmt_duration(result['wall_s'])}, data preparation included.", ""]
+    lines += [ladder_table(result["rungs"]) if result["rungs"] else "(no rung finished)", ""]
+    if not result.get("complete", True):
+        done = {r["name"] for r in result["rungs"]}
+        left = [n for n in result.get("planned", []) if n not in done]
+        why = (f"stopped by {result['stopped']}" if result.get("stopped") else
+               "still running, or killed before it could say why")
+        lines += [f"Incomplete ({len(result['rungs'])} of {len(result.get('planned', []))} rungs): {why}; "
+                  f"not run: {', '.join(left) or '-'}.", ""]
+    lines += [f"- {name}: {what}" for name, what in result.get("columns", LADDER_COLUMNS).items()
+              if name in ("img/s (steady)", "vs previous", "speedup", "first step s")]
+    for s in result.get("skipped", []):
+        lines.append(f"- skipped {s['rung']}: {s['why']}")
+    return "\n".join(lines)
+
+
+def ladder_chart_note(result: dict) -> str | None:
+    """The line under a ladder chart: quick mode and skipped rungs, or None for a full run that skipped none."""
+    parts = []
+    if result.get("quick"):
+        parts.append("quick mode (CPU demo size)")
+    if result.get("skipped"):
+        parts.append("skipped: " + ", ".join(s["rung"] for s in result["skipped"]) + " (see ladder.md for why)")
+    if not result.get("complete", True):
+        parts.append(f"incomplete: {result.get('stopped') or 'still running, or killed'}")
+    return "; ".join(parts) or None
+
+
+def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 optimization ladder",
+                 note: str | None = None) -> Path:
+    """Bar chart of steady img/s per rung with the speedup over the baseline written on each bar (PNG).
+
+    `note` (e.g. "quick mode; skipped: ...") is written under the chart.
+    """
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -60,7 +120,7 @@ def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 
     for b, r in zip(bars, rows[::-1], strict=True):
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {r['img_per_s']:,.0f} ({r['speedup']:.1f}x)",
                 va="center", fontsize=8)
-    ax.set_xlabel("training images / s (steady state, data loading included)")
+    ax.set_xlabel("training images / s (steady: epochs after the first; data loading included)")
     ax.set_xlim(0, max(vals) * 1.35)
     ax.set_title(title)
     for r in records:
@@ -69,11 +129,12 @@ def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 
     ax2.set_ylabel("training loss")
     ax2.set_title("loss curves")
     ax2.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="#555555")
+    fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
-    return path
+    return Path(path)
 
 
 def steps_and_accuracy(results: list[dict], n_train: int = 50_000, preset: str = "cuda_graphs") -> list[dict]:
@@ -83,12 +144,10 @@ def steps_and_accuracy(results: list[dict], n_train: int = 50_000, preset: str =
     (n_train // batch) x epochs. Accuracy is the median over seeds where several ran. Variants that failed
     or diverged (accuracy under 50%) get `diverged=True`, so a plot can leave them out and say so.
     """
-    from labkit import train as T
-
     points = []
     for res in results:
         for label, v in res.get("variants", {}).items():
-            cfg = T.with_changes(T.preset(preset), **{"epochs": res.get("epochs", 5), **v.get("changes", {})})
+            cfg = with_changes(rung(preset), **{"epochs": res.get("epochs", 5), **v.get("changes", {})})
             acc = v.get("accuracy_median", v.get("accuracy"))
             points.append({"label": label, "batch": cfg.batch_size, "epochs": cfg.epochs,
                            "steps": (n_train // cfg.batch_size) * cfg.epochs, "optimizer": cfg.optimizer,

@@ -1,7 +1,8 @@
 """One ResNet-18 training engine; every optimization is a switch in `TrainConfig`.
 
-The ladder (`LADDER`) is a list of presets, each rung adding exactly one change to the rung before it, all run
-by the same `train()`. `labkit ladder` runs them and writes a table, JSON and a chart; `labkit train` runs one.
+The ladder (`LADDER`, in `labkit.presets` with `TrainConfig`, and re-exported here) is a list of presets, each
+rung adding exactly one change to the rung before it, all run by the same `train()`. `labkit ladder` runs them
+and writes a table, JSON and a chart, rung by rung; `labkit train` runs one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,109 +22,27 @@ from torch.profiler import record_function
 
 from labkit import compile_artifacts as CA
 from labkit import data as D
+from labkit import report
 from labkit.bench import synchronize
-from labkit.env import LabkitError, environment, pick_device, replace_fields, torch_switches
+from labkit.env import LabkitError, environment, pick_device, torch_switches
 from labkit.models import resnet18, train_flops_per_image
+from labkit.outputs import check_writable, write_json, write_text
+from labkit.presets import (  # noqa: F401  (re-exported: labkit.train is where users find the configs)
+    COMPILE_MODES,
+    GRAPH_MODES,
+    LADDER,
+    LOADERS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RUNG_NAMES,
+    TrainConfig,
+    preset,
+    quick_base,
+    with_changes,
+)
+from labkit.progress import Stages, fmt_duration
 
-PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
-LOADERS = ("pil", "tensor", "resident")
-OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused", "adamw-fused", "muon")
-COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
-GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that replay CUDA graphs
-
-
-@dataclass
-class TrainConfig:
-    name: str = "custom"                 # label in tables and result files
-    data: str = "synthetic"              # dataset: synthetic | digits | cifar10
-    n_train: int | None = None           # training images (None: the dataset's full train split)
-    n_test: int | None = None            # test images (None: full test split)
-    width: int = 64                      # ResNet-18 base width; 64 is the real model, smaller only for CPU demos
-    epochs: int = 5                      # passes over the training set
-    batch_size: int = 128                # images per optimizer step
-    lr: float = 0.1                      # peak learning rate at batch 128; scaled to the batch by lr_scaling
-    lr_scaling: str = "sqrt"             # peak lr = lr x sqrt(batch/128) | linear: lr x batch/128 (the large-batch rule of Goyal et al.)
-    momentum: float = 0.9                # SGD Nesterov momentum (AdamW: beta1; Muon: its momentum and AdamW's beta1)
-    weight_decay: float = 5e-4           # L2 on the weights (AdamW: decoupled), on BatchNorm and biases too while bn_weight_decay
-    bn_weight_decay: bool = True         # False: no weight decay on BatchNorm scales/shifts and biases, only on conv/linear weights
-    zero_init_residual: bool = False     # each residual block starts as the identity (its last BatchNorm scale at 0)
-    label_smoothing: float = 0.1         # cross-entropy label smoothing
-    warmup_frac: float = 0.2             # share of steps with linearly rising LR, then linear decay to 0
-    precision: str = "default"           # fp32 (strict, TF32 off) | default (torch defaults: cuDNN TF32 on) | tf32 | fp16 (autocast + GradScaler) | bf16 (autocast)
-    channels_last: bool = False          # NHWC memory format: tensor-core convolutions without transposes
-    optimizer: str = "sgd"               # sgd (per-parameter loop) | sgd-foreach | sgd-fused (one kernel) | adamw-fused | muon (conv filters; AdamW for the rest)
-    loader: str = "pil"                  # pil: PNG files + PIL transforms in a DataLoader | tensor: packed uint8 in host memory, batched aug on CPU | resident: uint8 on the training device, batched aug there
-    workers: int = 2                     # DataLoader worker processes (pil loader); -1: one per CPU core, at most 16
-    pin_memory: bool = False             # page-locked host batches for asynchronous copies to the GPU
-    persistent_workers: bool = False     # keep workers alive between epochs (no restart cost)
-    prefetch_factor: int | None = None   # batches each worker prepares ahead (None: torch default of 2)
-    augment: bool = True                 # random crop (pad 4) + horizontal flip
-    sync_every_step: bool = True         # read loss.item() every step like a naive script (forces a host sync)
-    cudnn_benchmark: bool = False        # let cuDNN time its algorithms for each shape and keep the fastest
-    compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead | max-autotune (the last two replay CUDA graphs)
-    accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
-    checkpointing: bool = False          # recompute each stage's activations in backward to save memory
-    compile_tuning: bool = False         # inductor coordinate-descent tuning of its Triton kernels: compiles several times slower, runs a few % faster
-    ddp_bucket_mb: int = 25              # DDP gradient bucket (MiB): small buckets overlap all-reduce with backward, large ones mean fewer calls and (compiled) fewer graph splits
-    ddp_split_graphs: bool = False       # under DDP, split torch.compile's graph at the buckets so all-reduce overlaps backward (more graphs, more host work); False: one graph, all-reduce after it
-    ddp_bf16_grads: bool = False         # DDP all-reduces gradients in bf16 (a comm hook): half the bytes, each gradient rounded to bf16 before the mean
-    ddp_static_graph: bool = True        # DDP static_graph + gradient_as_bucket_view: the same graph every step, so no per-step bookkeeping and no copy into buckets
-    seed: int = 0                        # model init, data order and augmentation
-    max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
-    evaluate: bool = True                # compute test accuracy after training
-    data_dir: str | None = None          # an existing image folder (<class>/<file>) for the pil loader; None: written from `data` into the cache
-
-
-def with_changes(cfg: TrainConfig, **changes) -> TrainConfig:
-    """A copy of `cfg` with fields replaced; unknown field names raise a clear error."""
-    return replace_fields(cfg, **changes)
-
-
-# ------------------------------------------------------------------------------------------------ ladder
-
-# Each rung: (name, what it changes, the fields it changes). Rungs are cumulative.
-LADDER = [
-    ("baseline", "naive script: torch defaults (cuDNN TF32), PNG files + PIL transforms, batch 128, 2 workers, "
-                 ".item() every step", {}),
-    ("no_sync", "keep losses on the device: no .item() host sync inside the step", dict(sync_every_step=False)),
-    ("loader", "tuned DataLoader: a worker per core, pinned memory, persistent workers, prefetch 4",
-     dict(workers=-1, pin_memory=True, persistent_workers=True, prefetch_factor=4)),
-    ("resident_data", "uint8 data resident on the GPU; crop, flip and normalize there in one batched gather",
-     dict(loader="resident")),
-    ("bf16", "mixed precision: bf16 autocast", dict(precision="bf16")),
-    ("channels_last", "channels_last (NHWC) memory format for model and inputs", dict(channels_last=True)),
-    ("batch_fused", "batch 512 (learning rate 0.14) with a fused SGD kernel",
-     dict(batch_size=512, lr=0.07, optimizer="sgd-fused")),
-    ("cudnn_benchmark", "cudnn.benchmark: cuDNN picks the fastest algorithm per shape", dict(cudnn_benchmark=True)),
-    ("compile", "torch.compile: fused elementwise work (BN, ReLU, adds) and fewer kernels", dict(compile="default")),
-    ("cuda_graphs", "CUDA graphs (torch.compile mode='reduce-overhead'): no per-kernel launch cost",
-     dict(compile="reduce-overhead")),
-    # SGD and AdamW at batch 2048+ lose 3-13 points in 5 epochs (too few steps); Muon's steps each count for more
-    ("muon", "batch 4096 with Muon on the conv filters (AdamW for the rest): an eighth of the steps, each worth more",
-     dict(batch_size=4096, optimizer="muon", lr=4e-3, weight_decay=0.05, zero_init_residual=True,
-          bn_weight_decay=False)),
-]
-RUNG_NAMES = [r[0] for r in LADDER]
-
-
-def preset(name: str, base: TrainConfig | None = None) -> TrainConfig:
-    """The config of ladder rung `name` (all changes up to and including it), on top of `base`."""
-    if name not in RUNG_NAMES:
-        raise LabkitError(f"unknown preset {name!r}: choose one of {', '.join(RUNG_NAMES)}")
-    cfg = base or TrainConfig()
-    for rung, _, changes in LADDER:
-        cfg = with_changes(cfg, **changes)
-        if rung == name:
-            return with_changes(cfg, name=name)
-    raise AssertionError("unreachable")
-
-
-def quick_base() -> TrainConfig:
-    """CPU demo size: width-16 ResNet-18, 4,096 training images, 2 epochs, batch 64 (batch rung: 256).
-
-    128 steps is about the least that reliably lifts test accuracy far above chance (~50% vs 10%).
-    """
-    return TrainConfig(width=16, n_train=4096, n_test=512, epochs=2, batch_size=64)
+# ------------------------------------------------------------------------------------------------ checks
 
 
 def check_config(cfg: TrainConfig, device: torch.device) -> None:
@@ -142,6 +62,7 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
          f"batch_size {cfg.batch_size} must be a multiple of accumulation {cfg.accumulation}")
     need(cfg.lr > 0, "lr must be positive")
+    need(cfg.max_steps is None or cfg.max_steps >= 1, f"max_steps must be >= 1 (or None), not {cfg.max_steps}")
     need(0 <= cfg.momentum < 1, f"momentum (AdamW: beta1) must be in [0, 1), not {cfg.momentum}")
     need(cfg.weight_decay >= 0, f"weight_decay must be >= 0, not {cfg.weight_decay}")
     rank, n = world()
@@ -345,35 +266,62 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if dataset is None:
         dataset = D.load(cfg.data, cfg.n_train, cfg.n_test, seed=0)
     ds = dataset.subset(cfg.n_train, cfg.n_test)
-
     torch.manual_seed(cfg.seed)
-    model = resnet18(num_classes=ds.num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual).to(dev)
-    flops = train_flops_per_image(model)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    rank, n_proc = world()
-    net = model
-    if n_proc > 1:  # gradients all-reduced in buckets during backward
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                      bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph,
-                                      gradient_as_bucket_view=cfg.ddp_static_graph)
-        if cfg.ddp_bf16_grads:
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            net.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    model, net, flops = _build_model(cfg, ds.num_classes, dev)
     batches = _Batches(cfg, ds, dev)
     steps_total = batches.steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
         steps_total = min(steps_total, cfg.max_steps)
     lr = peak_lr(cfg)
+    step = _make_step(cfg, model, net, lr, steps_total, dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    with _switches(cfg):
+        model.train()
+        run = _run_epochs(cfg, step, batches, dev, steps_total, progress, on_step)
+        if not all(math.isfinite(v) for v in run.losses):
+            raise LabkitError(f"{cfg.name}: the loss became NaN/inf (lr {lr:.3g}, precision {cfg.precision}): "
+                              f"lower lr or use bf16 / fp16 with GradScaler")
+        acc = evaluate(model, ds, cfg, dev) if cfg.evaluate else None
+    if cfg.loader == "pil" and cfg.workers != 0:
+        del batches.loader  # stop persistent workers now, not at interpreter exit
+    return _record(cfg, dev, run, batches.steps_per_epoch * cfg.batch_size, flops, peak_tflops, acc)
+
+
+def _build_model(cfg: TrainConfig, num_classes: int, dev: torch.device):
+    """(model, net, FLOPs per training image): the ResNet-18 on `dev` in the configured memory format, and what
+    the step calls (the model, or its DistributedDataParallel wrapper)."""
+    model = resnet18(num_classes=num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual).to(dev)
+    flops = train_flops_per_image(model)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if world()[1] == 1:
+        return model, model, flops
+    from torch.nn.parallel import DistributedDataParallel  # gradients all-reduced in buckets during backward
+
+    net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                  bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph,
+                                  gradient_as_bucket_view=cfg.ddp_static_graph)
+    if cfg.ddp_bf16_grads:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        net.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return model, net, flops
+
+
+def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, lr: float, steps_total: int,
+               dev: torch.device):
+    """The optimizer step as a function step(x, y) -> the first micro-batch's loss (on the device).
+
+    Holds the optimizer, the warm-up-then-linear-decay schedule, the fp16 GradScaler, checkpointing and
+    torch.compile. Its phases carry record_function labels, which cost next to nothing without a profiler and let
+    labkit.profiling split the step.
+    """
     opt = _make_optimizer(cfg, model, lr)
     warm = max(1, int(cfg.warmup_frac * steps_total))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))
     scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
-
     fwd = net
     if cfg.checkpointing:
         def fwd(x):
@@ -381,9 +329,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if cfg.compile:
         # static shapes: the batch never changes (partial batches are dropped), so no dynamic-shape kernels
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile, dynamic=False)
-    micro = cfg.batch_size // n_proc // cfg.accumulation
+    micro = cfg.batch_size // world()[1] // cfg.accumulation
 
-    # record_function labels cost next to nothing without a profiler and let labkit.profiling split the step.
     def step(x, y):
         if cfg.compile in GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs of the last may be reused
@@ -402,84 +349,96 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
             sched.step()
         return first
 
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    losses: list[float] = []
-    epoch_s: list[float] = []
-    first_step_s = None
-    done = 0
+    return step
+
+
+@dataclass
+class _Run:
+    """What the training loop measured."""
+
+    losses: list[float] = field(default_factory=list)   # one per optimizer step (the global batch's, under DDP)
+    epoch_s: list[float] = field(default_factory=list)  # seconds per epoch, device synchronized at both ends
+    first_step_s: float | None = None                   # seconds of the first step alone (compile, autotune)
+    steps: int = 0                                      # optimizer steps taken
+    total_s: float = 0.0                                # seconds of the whole loop
+
+
+def _run_epochs(cfg: TrainConfig, step, batches: _Batches, dev: torch.device, steps_total: int, progress,
+                on_step) -> _Run:
+    """Run `step` over the epochs' batches until `steps_total` steps; times each epoch and the first step."""
+    run = _Run()
     t_start = time.perf_counter()
-    with _switches(cfg):
-        model.train()
-        for e in range(cfg.epochs):
-            synchronize(dev)
-            t0 = time.perf_counter()
-            dev_losses = []
-            it = iter(batches.epoch(e))
-            while True:
-                with record_function("data"):
-                    batch = next(it, None)
-                if batch is None:
-                    break
-                loss = step(*batch)
-                dev_losses.append(loss)
-                if cfg.sync_every_step:
-                    loss.item()  # the naive script's per-step logging: a host sync
-                done += 1
-                if first_step_s is None:
-                    synchronize(dev)
-                    first_step_s = time.perf_counter() - t0
-                if progress is not None:
-                    progress.update(1)
-                if on_step is not None:
-                    on_step(done)
-                if done >= steps_total:
-                    break
-            synchronize(dev)
-            epoch_s.append(time.perf_counter() - t0)
-            if dev_losses:
-                epoch_losses = torch.stack(dev_losses).float()
-                if n_proc > 1:  # log the global batch's loss: the mean over ranks (once per epoch, not per step)
-                    import torch.distributed as dist
-
-                    dist.all_reduce(epoch_losses)
-                    epoch_losses /= n_proc
-                losses += epoch_losses.cpu().tolist()
-            if done >= steps_total:
+    for e in range(cfg.epochs):
+        synchronize(dev)
+        t0 = time.perf_counter()
+        dev_losses = []
+        it = iter(batches.epoch(e))
+        while run.steps < steps_total:
+            with record_function("data"):
+                batch = next(it, None)
+            if batch is None:
                 break
-        total_s = time.perf_counter() - t_start
-        if not all(math.isfinite(v) for v in losses):
-            raise LabkitError(f"{cfg.name}: the loss became NaN/inf (lr {lr:.3g}, precision {cfg.precision}): "
-                              f"lower lr or use bf16 / fp16 with GradScaler")
-        acc = evaluate(model, ds, cfg, dev) if cfg.evaluate else None
+            loss = step(*batch)
+            dev_losses.append(loss)
+            if cfg.sync_every_step:
+                loss.item()  # the naive script's per-step logging: a host sync
+            run.steps += 1
+            if run.first_step_s is None:
+                synchronize(dev)
+                run.first_step_s = time.perf_counter() - t0
+            if progress is not None:
+                progress.update(1)
+            if on_step is not None:
+                on_step(run.steps)
+        synchronize(dev)
+        run.epoch_s.append(time.perf_counter() - t0)
+        run.losses += _epoch_losses(dev_losses)
+        if run.steps >= steps_total:
+            break
+    run.total_s = time.perf_counter() - t_start
+    return run
 
-    imgs_per_epoch = batches.steps_per_epoch * cfg.batch_size
-    images_done = done * cfg.batch_size
-    steady = epoch_s[1:] if len(epoch_s) > 1 else epoch_s
-    steady_imgs = imgs_per_epoch * len(steady) if len(epoch_s) > 1 else images_done
+
+def _epoch_losses(dev_losses: list[torch.Tensor]) -> list[float]:
+    """An epoch's per-step losses as floats, read from the device once; under DDP the mean over ranks."""
+    if not dev_losses:
+        return []
+    losses = torch.stack(dev_losses).float()
+    n_proc = world()[1]
+    if n_proc > 1:  # log the global batch's loss: the mean over ranks (once per epoch, not per step)
+        import torch.distributed as dist
+
+        dist.all_reduce(losses)
+        losses /= n_proc
+    return losses.cpu().tolist()
+
+
+def _record(cfg: TrainConfig, dev: torch.device, run: _Run, imgs_per_epoch: int, flops: float,
+            peak_tflops: float | None, acc: float | None) -> dict:
+    """The result record of a run (see `train`): rates in img/s, times in seconds, memory in bytes."""
+    images_done = run.steps * cfg.batch_size
+    steady = run.epoch_s[1:] if len(run.epoch_s) > 1 else run.epoch_s
+    steady_imgs = imgs_per_epoch * len(steady) if len(run.epoch_s) > 1 else images_done
     img_per_s = steady_imgs / sum(steady)
-    rec = {
+    return {
         "name": cfg.name,
         "img_per_s": img_per_s,
-        "img_per_s_all": images_done / total_s,
-        "epoch_s": epoch_s,
-        "first_step_s": first_step_s,
-        "steps": done,
+        "img_per_s_all": images_done / run.total_s,
+        "epoch_s": run.epoch_s,
+        "first_step_s": run.first_step_s,
+        "steps": run.steps,
         "images": images_done,
         "peak_mem_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
         "flops_per_image": flops,
         "achieved_tflops": flops * img_per_s / 1e12,
         "mfu": flops * img_per_s / (peak_tflops * 1e12) if peak_tflops else None,
-        "losses": losses,
-        "final_loss": float(np.mean(losses[-max(1, min(10, len(losses) // 5)):])),
+        "losses": run.losses,
+        "final_loss": float(np.mean(run.losses[-max(1, min(10, len(run.losses) // 5)):])),
         "accuracy": acc,
         "device": str(dev),
-        "processes": n_proc,
+        "processes": world()[1],
         "config": dataclasses.asdict(cfg),
     }
-    if cfg.loader == "pil" and cfg.workers != 0:
-        del batches.loader  # stop persistent workers now, not at interpreter exit
-    return rec
 
 
 def peak_matmul_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
@@ -545,23 +504,20 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
                show_progress: bool = True, log=print) -> dict:
     """Run the ladder's rungs in order on one device; returns {"rungs": [...], "skipped": [...], ...}.
 
-    With `out`, writes ladder.json, ladder.md and ladder.png there; files appear only when every rung finished.
+    With `out` (a folder, checked writable before any work), ladder.json, ladder.md and ladder.png are written
+    there after every rung, so an interrupt or a crash keeps the rungs that finished; "complete" in the JSON says
+    whether every planned rung ran, "stopped" why not. Progress: a bar per rung in a terminal, else a line per
+    rung with the time spent and left (`labkit.progress`); `show_progress=False` prints only the results.
+    "wall_s" is the whole run's time in seconds, data preparation included.
     """
-    from tqdm.auto import tqdm
-
-    from labkit import report
-    from labkit.bench import write_json
-
+    t0 = time.perf_counter()
     dev = pick_device(device)
     base = base or (quick_base() if quick else TrainConfig())
     base = with_changes(base, data=data, **({"epochs": epochs} if epochs else {}))
     plan = plan_ladder(dev, quick, names, base)
     for cfg in plan.rungs:
         check_config(cfg, dev)
-    if out is not None:
-        out = os.fspath(out)
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise LabkitError(f"--out {out} exists and is not a folder")
+    out = None if out is None else check_writable(out, "dir", "--out")
     env = environment(device=dev)
     log(f"ladder on {env['device_name']}: {len(plan.rungs)} rungs, {base.epochs} epochs each, "
         f"ResNet-18 width {base.width}, {data} data" + (" (quick mode)" if quick else ""))
@@ -571,36 +527,58 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     peak = peak_matmul_tflops(dev) if dev.type == "cuda" else None
     if peak:
         log(f"  measured bf16 matmul peak: {peak:.0f} TFLOP/s (MFU denominator)")
-    records = []
-    for cfg in plan.rungs:
-        n_steps = (min(len(ds.y_train), cfg.n_train or len(ds.y_train)) // cfg.batch_size) * cfg.epochs
-        with tqdm(total=n_steps, desc=f"{cfg.name:<16}", leave=False, disable=None if show_progress else True) as bar:
-            rec = train(cfg, dev, dataset=ds, peak_tflops=peak, progress=bar)
-        records.append(rec)
-        acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
-        log(f"  {cfg.name:<16} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
     result = {"kind": "ladder", "env": env, "peak_bf16_tflops": peak, "quick": quick,
-              "skipped": [{"rung": n, "why": w} for n, w in plan.skipped], "rungs": records}
-    table = report.ladder_table(records)
-    log("\n" + table)
+              "mode": _mode_note(base, quick), "planned": [c.name for c in plan.rungs],
+              "skipped": [{"rung": n, "why": w} for n, w in plan.skipped], "columns": report.LADDER_COLUMNS,
+              "complete": False, "stopped": None, "rungs": []}
+    stages = Stages(len(plan.rungs), "ladder", log=log, mode="auto" if show_progress else "off")
+    try:
+        for cfg in plan.rungs:
+            result["rungs"].append(_ladder_rung(cfg, dev, ds, peak, stages, log))
+            if out is not None:
+                _save_ladder(out, result)
+        result["complete"] = True
+    except BaseException as e:
+        result["stopped"] = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+        if out is not None and result["rungs"]:
+            _save_ladder(out, result)
+            log(f"stopped ({result['stopped']}): the {len(result['rungs'])} finished rung(s) are saved in {out}")
+        raise
+    result["wall_s"] = time.perf_counter() - t0
+    log("\n" + report.ladder_markdown(result))
     if out is not None:
-        os.makedirs(out, exist_ok=True)
-        tmp = os.path.join(out, f".partial-{os.getpid()}")
-        os.makedirs(tmp, exist_ok=True)
-        try:
-            write_json(os.path.join(tmp, "ladder.json"), result)
-            with open(os.path.join(tmp, "ladder.md"), "w") as f:
-                f.write(f"{env['device_name']}, torch {env['torch']}, commit {env['git_commit']}\n\n{table}\n")
-            report.ladder_chart(records, os.path.join(tmp, "ladder.png"),
-                                title=f"ResNet-18 ladder on {env['device_name']}")
-            for fname in ("ladder.json", "ladder.md", "ladder.png"):
-                os.replace(os.path.join(tmp, fname), os.path.join(out, fname))
-        finally:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+        _save_ladder(out, result)
         log(f"wrote {out}/ladder.json, ladder.md, ladder.png")
+    log(f"ladder finished in {fmt_duration(result['wall_s'])}")
     return result
+
+
+def _mode_note(base: TrainConfig, quick: bool) -> str:
+    size = (f"ResNet-18 width {base.width}, {base.n_train or 'all'} training images, {base.epochs} epochs per rung, "
+            f"{base.data} data")
+    if not quick:
+        return f"full: {size}"
+    return (f"quick (CPU demo size): {size}, batch at most 256; it shows the method on a CPU, not GPU speeds "
+            "(the recorded H100 ladder: docs/results.md)")
+
+
+def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peak: float | None, stages: Stages,
+                 log) -> dict:
+    """Train one rung under a progress stage and log its result line; the result record."""
+    n_steps = (min(len(ds.y_train), cfg.n_train or len(ds.y_train)) // cfg.batch_size) * cfg.epochs
+    with stages.stage(cfg.name, n_steps) as bar:
+        rec = train(cfg, dev, dataset=ds, peak_tflops=peak, progress=bar)
+    acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
+    log(f"  {cfg.name:<16} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
+    return rec
+
+
+def _save_ladder(out: Path, result: dict) -> None:
+    """(Re)write ladder.json, ladder.md and ladder.png in `out` from the rungs finished so far."""
+    write_json(out / "ladder.json", result)
+    write_text(out / "ladder.md", report.ladder_markdown(result) + "\n")
+    title = f"ResNet-18 ladder on {result['env']['device_name']}" + (" (quick mode)" if result["quick"] else "")
+    report.ladder_chart(result["rungs"], out / "ladder.png", title=title, note=report.ladder_chart_note(result))
 
 
 def parse_sets(pairs: list[str]) -> dict:
@@ -653,7 +631,8 @@ def add_cli(sub) -> None:
     p.add_argument("--rungs", help="comma-separated rung names to run (default: all that fit the device)")
     p.add_argument("--epochs", type=int, help="epochs per rung (default 5; quick: 2)")
     p.add_argument("--data", default="synthetic", choices=["synthetic", "digits", "cifar10"], help="dataset")
-    p.add_argument("--out", default="runs/ladder", help="folder for ladder.json, ladder.md, ladder.png")
+    p.add_argument("--out", default="runs/ladder",
+                   help="folder for ladder.json, ladder.md, ladder.png, rewritten after each rung (default runs/ladder)")
     p.add_argument("--list", action="store_true", help="list the rungs and what each changes, then exit")
     CA.add_flag(p)
     p.set_defaults(func=_cli_ladder)
@@ -684,8 +663,6 @@ def _cli_ladder(args) -> int:
 
 
 def _cli_train(args) -> int:
-    from labkit.bench import write_json
-
     dev = pick_device(args.device)
     base = quick_base() if args.quick else TrainConfig()
     cfg = with_changes(preset(args.preset, base), **parse_sets(args.set))

@@ -30,7 +30,7 @@ def test_badge_check_catches_wrong_path(tmp_path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes_on_cpu(path):
+def test_notebook_executes_on_cpu(path, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
@@ -39,7 +39,7 @@ def test_notebook_executes_on_cpu(path):
     os.environ.update(LABKIT_QUICK="1", MPLBACKEND="Agg", TQDM_DISABLE="1")
     try:
         NotebookClient(nb, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()  # what it writes lands there
     finally:
         os.environ.clear()
         os.environ.update(env_backup)

@@ -1,4 +1,5 @@
-"""The project's promises about itself: dependency lists agree, CI runs the README's test command."""
+"""The project's promises about itself: dependency lists agree, CI runs the README's test command, and every GPU
+number in the README and on the results page (docs/results.md) is the one in its result file."""
 
 import re
 import tomllib
@@ -9,6 +10,12 @@ import pytest
 from labkit.env import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PAGE = ROOT / "docs" / "results.md"
+
+
+def results_page() -> str:
+    """docs/results.md with its line breaks folded into spaces, so a sentence matches across lines."""
+    return " ".join(RESULTS_PAGE.read_text().split())
 
 
 def _names(reqs):
@@ -57,48 +64,52 @@ def test_readme_gpu_numbers_come_from_the_committed_ladder():
 
     ladder = json.loads((ROOT / "benchmarks" / "results" / "ladder.json").read_text())
     readme = (ROOT / "README.md").read_text()
-    assert report.ladder_table(ladder["rungs"]) in readme
-    assert ladder["env"]["device_name"] in readme and "benchmarks/results/ladder.png" in readme
+    for text in (readme, RESULTS_PAGE.read_text()):
+        assert report.ladder_table(ladder["rungs"]) in text
+        assert ladder["env"]["device_name"] in text and "benchmarks/results/ladder.png" in text
+    rungs = ladder["rungs"]
+    assert f"gets {rungs[-1]['img_per_s'] / rungs[0]['img_per_s']:.0f}x faster on an H100" in " ".join(readme.split())
+    assert "docs/results.md" in readme and "assignments/README.md" in readme
 
 
-def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
+def test_results_page_grading_ddp_and_top_rung_numbers_match_their_results():
     import json
 
     res = ROOT / "benchmarks" / "results"
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    page = results_page()
     grade = json.loads((res / "grade_reference_gpu.json").read_text())
     speed = next(v for v in grade["labs"]["lab4"]["verdicts"] if v["check"] == "lab4.speed")["measurements"]
     assert grade["all_gradable_full_marks"]
     assert f"runs {speed['speedup']:.2f}x the naive step ({speed['student_img_per_s']:,} vs {speed['naive_img_per_s']:,}" \
-        in readme
+        in page
     rel = json.loads((res / "grade_reliability.json").read_text())["summary"]
     assert rel["runs"] == 10 and f"{rel['false_failures']} false failures, ratio {rel['ratio_min']:.2f}–" \
-        f"{rel['ratio_max']:.2f}x" in readme
+        f"{rel['ratio_max']:.2f}x" in page
     sc = json.loads((res / "ddp_scaling.json").read_text())
     ips = sc["img_per_s"]
-    assert sc["env"]["device_name"] in readme
-    assert f"{ips['1']:,.0f} img/s on one GPU and {ips['2 weak']:,.0f} img/s on two" in readme
-    assert f"{100 * sc['weak_efficiency']:.1f}% weak-scaling" in readme and f"{100 * sc['strong_efficiency']:.1f}%" in readme
+    assert sc["env"]["device_name"] in page
+    assert f"{ips['1']:,.0f} img/s on one GPU and {ips['2 weak']:,.0f} img/s on two" in page
+    assert f"{100 * sc['weak_efficiency']:.1f}% weak-scaling" in page and f"{100 * sc['strong_efficiency']:.1f}%" in page
     v1, v2 = (json.loads((res / f).read_text()) for f in ("ddp_scaling_variants.json", "ddp_scaling_variants2.json"))
     pct = lambda r: f"{100 * r['weak_efficiency']:.1f}%"  # noqa: E731
-    assert f"({pct(v1['variants']['one-graph'])} against {pct(v1)}," in readme
-    assert f"({pct(v2['variants']['static'])} against {pct(v2)}," in readme
-    assert f"({pct(v1['variants']['bf16-grads'])} and {pct(v2['variants']['bf16-grads'])})" in readme
-    assert f"({pct(sc['variants']['bucket100'])})" in readme
+    assert f"({pct(v1['variants']['one-graph'])} against {pct(v1)}," in page
+    assert f"({pct(v2['variants']['static'])} against {pct(v2)}," in page
+    assert f"({pct(v1['variants']['bf16-grads'])} and {pct(v2['variants']['bf16-grads'])})" in page
+    assert f"({pct(sc['variants']['bucket100'])})" in page
     simple = json.loads((res / "ddp_scaling_nccl_simple.json").read_text())
-    assert "NCCL_PROTO=Simple" in simple["annotation"] and f"Simple protocol ({pct(simple)}," in readme
+    assert "NCCL_PROTO=Simple" in simple["annotation"] and f"Simple protocol ({pct(simple)}," in page
     top = json.loads((res / "top_rung.json").read_text())["variants"]
     big = json.loads((res / "top_rung_batch2048.json").read_text())["variants"]
-    assert f"{big['batch 2048, lr 0.05']['img_per_s']:,.0f} img/s, and" in readme
+    assert f"{big['batch 2048, lr 0.05']['img_per_s']:,.0f} img/s, and" in page
     assert f"{100 * big['batch 2048, lr 0.05, 10 epochs']['accuracy']:.1f}% after 10, where the rung reaches " \
-        f"{100 * big['rung, 10 epochs']['accuracy']:.1f}%" in readme
+        f"{100 * big['rung, 10 epochs']['accuracy']:.1f}%" in page
     ma = json.loads((res / "top_rung_max_autotune.json").read_text())["model_step"]
     assert f"ran it at {ma['512-max-autotune']['img_per_s']:,.0f} img/s, against " \
-        f"{ma['512-reduce-overhead']['img_per_s']:,.0f}" in readme
-    assert f"{max(v['img_per_s'] for v in top.values()):,.0f} img/s" in readme
+        f"{ma['512-reduce-overhead']['img_per_s']:,.0f}" in page
+    assert f"{max(v['img_per_s'] for v in top.values()):,.0f} img/s" in page
     sgd = json.loads((res / "top_rung_large_batch_sgd.json").read_text())["variants"]
     best = max((v for k, v in sgd.items() if k.startswith("2048 recipe")), key=lambda v: v["accuracy_median"])
-    assert f"reaches at best {100 * best['accuracy_median']:.1f}% (peak learning rate 0.4;" in readme
+    assert f"reaches at best {100 * best['accuracy_median']:.1f}% (peak learning rate 0.4;" in page
     assert best["changes"]["lr"] * 2048 / 128 == pytest.approx(0.4)
     collapsed = [v for k, v in sgd.items() if k.startswith("2048 recipe peak") and k.split()[3] in ("0.8", "1.6")
                  and "augmentation" not in k]  # "from 0.8 up, training collapses": the runs that kept augmentation
@@ -108,50 +119,50 @@ def test_readme_grading_ddp_and_top_rung_numbers_match_their_results():
     assert adamw["seeds"] == 2 and adamw["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
     a4, tuned = av["2048 adamw 4e-3"], av["2048 adamw 4e-3 + tuning"]
     assert f"{100 * a4['accuracy_median']:.1f}% at peak learning rate 0.004 and {a4['img_per_s_median']:,.0f} img/s" \
-        f" ({tuned['img_per_s_median']:,.0f} with coordinate-descent tuning)" in readme
+        f" ({tuned['img_per_s_median']:,.0f} with coordinate-descent tuning)" in page
     knobs = [v["accuracy_median"] for k, v in av.items() if k.startswith("2048 adamw 4e-3") and "zero-init" not in k]
-    assert f"stays at {100 * min(knobs):.1f}–{100 * max(knobs):.1f}% whatever" in readme
-    assert f"against {100 * av['rung (batch 512)']['accuracy_median']:.1f}% for the rung" in readme
+    assert f"stays at {100 * min(knobs):.1f}–{100 * max(knobs):.1f}% whatever" in page
+    assert f"against {100 * av['rung (batch 512)']['accuracy_median']:.1f}% for the rung" in page
     ep = json.loads((res / "top_rung_epochs.json").read_text())["variants"]
     rung, a8, a10 = ep["rung (batch 512)"], ep["batch 2048, AdamW, 8 epochs"], ep["batch 2048, AdamW, 10 epochs"]
     assert a8["accuracy_median"] < rung["accuracy_median"] < a10["accuracy_median"]
     assert f"reach the rung's {100 * rung['accuracy_median']:.1f}% ({100 * a8['accuracy_median']:.1f}% after 8, " \
-        f"{100 * a10['accuracy_median']:.1f}% after 10)" in readme
+        f"{100 * a10['accuracy_median']:.1f}% after 10)" in page
     secs = lambda v, epochs: epochs * 50_000 / v["img_per_s_median"]  # noqa: E731 - seconds of steady training
     assert f"8 epochs at {a8['img_per_s_median']:,.0f} img/s are {secs(a8, 8):.2f} s of training against " \
-        f"{secs(rung, 5):.2f} s for the rung's 5 epochs at {rung['img_per_s_median']:,.0f} img/s" in readme
+        f"{secs(rung, 5):.2f} s for the rung's 5 epochs at {rung['img_per_s_median']:,.0f} img/s" in page
     again = json.loads((res / "ddp_scaling_repeat.json").read_text())
-    assert f"gave {pct(again)} (`ddp_scaling_repeat.json`)" in readme
-    assert f"same {again['img_per_s']['2 weak']:,.0f} img/s, one GPU faster at {again['img_per_s']['1']:,.0f}" in readme
+    assert f"gave {pct(again)} (`ddp_scaling_repeat.json`)" in page
+    assert f"same {again['img_per_s']['2 weak']:,.0f} img/s, one GPU faster at {again['img_per_s']['1']:,.0f}" in page
 
 
-def test_readme_explains_the_compile_rung_with_the_recorded_profile():
+def test_results_page_explains_the_compile_rung_with_the_recorded_profile():
     import json
 
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    page = results_page()
     prof = json.loads((ROOT / "benchmarks" / "results" / "week5_profiling.json").read_text())
     assert prof["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
     eager, comp, graphs = (prof["rungs"][k]["evidence"] for k in ("cudnn_benchmark", "compile", "cuda_graphs"))
     assert comp["kernel_ms_per_step"] < eager["kernel_ms_per_step"] and comp["gpu_idle_share"] > eager["gpu_idle_share"]
-    assert f"kernel time from {eager['kernel_ms_per_step']:.2f} to {comp['kernel_ms_per_step']:.2f} ms per step" in readme
+    assert f"kernel time from {eager['kernel_ms_per_step']:.2f} to {comp['kernel_ms_per_step']:.2f} ms per step" in page
     assert f"idle for {100 * comp['gpu_idle_share']:.0f}% of a compiled step against " \
-        f"{100 * eager['gpu_idle_share']:.0f}% of an eager one" in readme
-    assert f"with {graphs['launches_per_step']:.0f} launches instead of {comp['launches_per_step']:.0f}" in readme
-    assert f"busy {100 * graphs['gpu_busy_share']:.0f}% of the step" in readme
+        f"{100 * eager['gpu_idle_share']:.0f}% of an eager one" in page
+    assert f"with {graphs['launches_per_step']:.0f} launches instead of {comp['launches_per_step']:.0f}" in page
+    assert f"busy {100 * graphs['gpu_busy_share']:.0f}% of the step" in page
 
 
-def test_readme_cold_compile_times_and_executed_notebooks_match_their_records():
+def test_results_page_cold_compile_times_and_executed_notebooks_match_their_records():
     import json
 
     res = ROOT / "benchmarks" / "results"
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    page = results_page()
     ct = json.loads((res / "compile_time.json").read_text())
     assert ct["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and set(ct["rungs"]) == {"compile", "cuda_graphs", "muon"}
     r = {k: (v["cold"]["first_step_s"], v["warm"]["first_step_s"]) for k, v in ct["rungs"].items()}
     assert all(cold > 2 * warm for cold, warm in r.values())  # what the paragraph says: the cache saves most of it
     assert (f"the first step takes {r['compile'][0]:.1f} s cold and {r['compile'][1]:.1f} s warm for `compile`, "
             f"{r['cuda_graphs'][0]:.1f} s and {r['cuda_graphs'][1]:.1f} s for `cuda_graphs`, {r['muon'][0]:.1f} s and "
-            f"{r['muon'][1]:.1f} s for `muon`") in readme
+            f"{r['muon'][1]:.1f} s for `muon`") in page
     runs = json.loads((res / "notebooks" / "notebook_runs.json").read_text())["notebooks"]
     notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert sorted(n["path"] for n in runs) == notebooks  # every notebook has an executed copy, and all ran clean
@@ -159,15 +170,15 @@ def test_readme_cold_compile_times_and_executed_notebooks_match_their_records():
                for n in runs)
     week6 = (res / "notebooks" / "06_resnet_ladder.md").read_text()
     row = re.search(r"^\| muon \| ([\d,]+) \| [\d,]+ \| ([\d.]+)x \|", week6, re.M)
-    assert row and f"gives the `muon` rung {row[1]} img/s, {row[2]}x its baseline" in readme
+    assert row and f"gives the `muon` rung {row[1]} img/s, {row[2]}x its baseline" in page
 
 
-def test_readme_top_rung_peers_and_muon_numbers_match_their_results():
+def test_results_page_top_rung_peers_and_muon_numbers_match_their_results():
     """The top rung's claims: >= 85k img/s, the accuracy band, the peers ratios, and the Muon records behind them."""
     import json
 
     res = ROOT / "benchmarks" / "results"
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    page = results_page()
     load = lambda name: json.loads((res / f"{name}.json").read_text())  # noqa: E731
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     ladder, peers = load("ladder"), load("peers")
@@ -175,36 +186,36 @@ def test_readme_top_rung_peers_and_muon_numbers_match_their_results():
     assert top["name"] == "muon" and top["config"]["batch_size"] == 4096 and top["config"]["optimizer"] == "muon"
     assert top["img_per_s"] >= 85_000 and top["img_per_s"] / ladder["rungs"][0]["img_per_s"] >= 12
     accs = [r["accuracy"] for r in ladder["rungs"]]
-    assert f"same accuracy band ({pct(min(accs))}–{pct(max(accs))};" in readme and min(accs) == top["accuracy"]
+    assert f"same accuracy band ({pct(min(accs))}–{pct(max(accs))};" in page and min(accs) == top["accuracy"]
     rd = ladder["real_data"]
     assert rd["passed"] and rd["top_numerics"]["config"]["optimizer"] == "muon"
     assert f"gives {pct(rd['baseline']['accuracy'])} for the baseline recipe and {pct(rd['top_numerics']['accuracy'])}" \
-        in readme
+        in page
     assert peers["top"]["config"]["name"] == "muon" and peers["ratios"]["top_vs_lightning"] >= 4
     assert f"our top rung {peers['top']['img_per_s']:,.0f} img/s — {peers['ratios']['top_vs_baseline']:.1f}x the " \
-        f"baseline and {peers['ratios']['top_vs_lightning']:.2f}x the peer" in readme
+        f"baseline and {peers['ratios']['top_vs_lightning']:.2f}x the peer" in page
     m, pad = load("top_rung_muon"), load("top_rung_muon_padded")
     for r in (m, pad):
         assert r["seeds"] == 3 and r["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
     mv, pv, mo, po = m["variants"], pad["variants"], m["optimizer_step_ms"], pad["optimizer_step_ms"]
     assert f"at batch 2048 Muon reaches {pct(mv['batch 2048, Muon']['accuracy_median'])} in 5 epochs where AdamW " \
         f"reaches {pct(mv['batch 2048, AdamW']['accuracy_median'])} and the rung " \
-        f"{pct(mv['rung (batch 512)']['accuracy_median'])}" in readme
-    assert f"{mo['muon (eager)']['ms']:.2f} ms eager, {mo['muon (CUDA graph)']['ms']:.2f} ms replayed" in readme
-    assert po["muon (CUDA graph)"]["captured"] and f"brought it to {po['muon (CUDA graph)']['ms']:.2f} ms" in readme
+        f"{pct(mv['rung (batch 512)']['accuracy_median'])}" in page
+    assert f"{mo['muon (eager)']['ms']:.2f} ms eager, {mo['muon (CUDA graph)']['ms']:.2f} ms replayed" in page
+    assert po["muon (CUDA graph)"]["captured"] and f"brought it to {po['muon (CUDA graph)']['ms']:.2f} ms" in page
     b4 = pv["batch 4096, Muon"]
     assert all(top["config"][k] == v for k, v in b4["changes"].items())  # the variant measured is the rung
-    assert f"batch 4096 to {b4['img_per_s_median']:,.0f} img/s at {pct(b4['accuracy_median'])}" in readme
+    assert f"batch 4096 to {b4['img_per_s_median']:,.0f} img/s at {pct(b4['accuracy_median'])}" in page
     # "inside the spread the rung shows across the recorded seeds and runs"
     rung_runs = [r["accuracy"] for f in res.glob("top_rung_*.json") for k, v in json.loads(f.read_text())
                  .get("variants", {}).items() if k == "rung (batch 512)" for r in v.get("runs", [])]
-    assert len(rung_runs) >= 10 and f"runs ({100 * min(rung_runs):.1f}–{100 * max(rung_runs):.1f}%)" in readme
+    assert len(rung_runs) >= 10 and f"runs ({100 * min(rung_runs):.1f}–{100 * max(rung_runs):.1f}%)" in page
     assert min(rung_runs) <= b4["accuracy_median"] <= max(rung_runs)
     dm = load("ddp_muon_h200x2")
     assert dm["processes"] == 2 and dm["config"]["name"] == "muon" and "H200" in dm["env"]["device_name"]
     assert f"trained at {dm['img_per_s']:,.0f} img/s (global batch {dm['config']['batch_size']}, " \
         f"{dm['config']['batch_size'] // 2} per GPU) to {pct(dm['accuracy'])} after {dm['config']['epochs']} epochs" \
-        in readme
+        in page
 
 
 def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys):

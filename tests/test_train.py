@@ -161,32 +161,74 @@ def test_cli_bad_input_one_line_and_nothing_written(tmp_path):
     assert not out.exists()
 
 
-def test_ladder_writes_outputs_only_when_complete(tmp_path, ds, monkeypatch):
+def _fake_train(calls, stop_at, exc):
+    """A stand-in for T.train: a real-looking record at once, and `exc` raised on call number `stop_at`."""
+    def train(cfg, *a, progress=None, **k):
+        calls.append(cfg.name)
+        if len(calls) == stop_at:
+            raise exc
+        for _ in range(3):
+            progress.update(1)
+        return {"name": cfg.name, "img_per_s": 100.0 * len(calls), "img_per_s_all": 90.0, "first_step_s": 0.1,
+                "peak_mem_bytes": None, "mfu": None, "final_loss": 1.0, "accuracy": 0.5, "losses": [2.0, 1.0]}
+    return train
+
+
+def test_ladder_writes_its_files_after_every_rung_and_says_what_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "train", _fake_train([], 0, None))  # the engine is tested above; this is the runner
     base = T.with_changes(TINY, epochs=1)
     out = tmp_path / "ladder"
-    res = T.run_ladder("cpu", quick=True, names=["no_sync", "resident_data"], out=out, base=base,
-                       show_progress=False, log=lambda *a: None)
+    lines = []
+    res = T.run_ladder("cpu", quick=True, names=["no_sync", "resident_data", "bf16"], out=out, base=base,
+                       show_progress=False, log=lines.append)
     assert [r["name"] for r in res["rungs"]] == ["no_sync", "resident_data"]
     saved = json.loads((out / "ladder.json").read_text())
-    assert saved["env"]["torch"] and len(saved["rungs"]) == 2
-    assert (out / "ladder.png").stat().st_size > 1000 and "| rung |" in (out / "ladder.md").read_text()
+    assert saved["env"]["torch"] and len(saved["rungs"]) == 2 and saved["complete"] and saved["stopped"] is None
+    assert saved["mode"].startswith("quick") and saved["skipped"][0]["rung"] == "bf16"
+    assert "img/s (steady)" in saved["columns"] and "vs previous" in saved["columns"]
+    md = (out / "ladder.md").read_text()
+    assert "| rung |" in md and "Mode: quick" in md and "- skipped bf16: " in md
+    assert "- img/s (steady): " in md and "- vs previous: " in md and "The whole run took " in md
+    assert (out / "ladder.png").stat().st_size > 1000
+    assert any(line.startswith("ladder finished in ") for line in lines)
 
-    # A failure mid-run leaves nothing new (and no partial files) in a fresh output folder.
-    calls = {"n": 0}
-    real = T.train
 
-    def flaky(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise LabkitError("boom")
-        return real(*a, **k)
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), LabkitError("boom")], ids=["ctrl-c", "crash"])
+def test_an_interrupt_or_a_crash_keeps_the_finished_rungs(tmp_path, monkeypatch, exc):
+    calls = []
+    monkeypatch.setattr(T, "train", _fake_train(calls, 2, exc))
+    out = tmp_path / "ladder"
+    lines = []
+    with pytest.raises(type(exc)):
+        T.run_ladder("cpu", quick=True, names=["baseline", "no_sync", "resident_data"], out=out,
+                     base=T.with_changes(TINY, epochs=1), show_progress=False, log=lines.append)
+    assert calls == ["baseline", "no_sync"]
+    saved = json.loads((out / "ladder.json").read_text())
+    assert [r["name"] for r in saved["rungs"]] == ["baseline"] and saved["complete"] is False
+    assert saved["stopped"] == ("interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else "LabkitError: boom")
+    md = (out / "ladder.md").read_text()
+    assert "| baseline |" in md and "not run: no_sync, resident_data" in md
+    assert (out / "ladder.png").stat().st_size > 1000
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left behind
+    assert any("the 1 finished rung(s) are saved in" in line for line in lines)
 
-    monkeypatch.setattr(T, "train", flaky)
-    out2 = tmp_path / "ladder2"
-    with pytest.raises(LabkitError):
-        T.run_ladder("cpu", quick=True, names=["no_sync", "resident_data"], out=out2, base=base,
-                     show_progress=False, log=lambda *a: None)
-    assert not out2.exists() or list(out2.iterdir()) == []
+
+def test_ladder_progress_is_a_line_per_rung_off_a_terminal(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "train", _fake_train([], 0, None))
+    monkeypatch.setattr("labkit.progress._bars_work", lambda: False)  # output piped, as under make demo > log
+    lines = []
+    T.run_ladder("cpu", quick=True, names=["baseline", "no_sync"], base=T.with_changes(TINY, epochs=1), log=lines.append)
+    starts = [x for x in lines if "steps, started at" in x]
+    ends = [x for x in lines if ": done in " in x]
+    assert len(starts) == 2 and starts[0].strip().startswith("[1/2] baseline")
+    assert len(ends) == 2 and "about" in ends[0] and "left" in ends[0] and "left" not in ends[1]
+
+
+def test_unwritable_ladder_output_fails_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "train", lambda *a, **k: pytest.fail("trained before checking the output"))
+    (tmp_path / "f").write_text("")
+    with pytest.raises(LabkitError, match="cannot write there"):
+        T.run_ladder("cpu", quick=True, names=["baseline"], out=tmp_path / "f" / "ladder", base=TINY)
 
 
 def test_ddp_graph_split_switch_covers_the_loop_and_is_restored():

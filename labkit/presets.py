@@ -1,0 +1,112 @@
+"""What a training run is: `TrainConfig`, and the ladder of presets built from it.
+
+Every optimization the course teaches is a field of `TrainConfig`. `LADDER` lists the rungs, each adding exactly
+one change to the rung before it; `preset(name)` is the config of a rung, `quick_base()` the CPU demo size.
+`labkit.train` runs them; `labkit.report` reads result records against them. Nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.env import LabkitError, replace_fields
+
+PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
+LOADERS = ("pil", "tensor", "resident")
+OPTIMIZERS = ("sgd", "sgd-foreach", "sgd-fused", "adamw-fused", "muon")
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that replay CUDA graphs
+
+
+@dataclass
+class TrainConfig:
+    name: str = "custom"                 # label in tables and result files
+    data: str = "synthetic"              # dataset: synthetic | digits | cifar10
+    n_train: int | None = None           # training images (None: the dataset's full train split)
+    n_test: int | None = None            # test images (None: full test split)
+    width: int = 64                      # ResNet-18 base width; 64 is the real model, smaller only for CPU demos
+    epochs: int = 5                      # passes over the training set
+    batch_size: int = 128                # images per optimizer step
+    lr: float = 0.1                      # peak learning rate at batch 128; scaled to the batch by lr_scaling
+    lr_scaling: str = "sqrt"             # peak lr = lr x sqrt(batch/128) | linear: lr x batch/128 (the large-batch rule of Goyal et al.)
+    momentum: float = 0.9                # SGD Nesterov momentum (AdamW: beta1; Muon: its momentum and AdamW's beta1)
+    weight_decay: float = 5e-4           # L2 on the weights (AdamW: decoupled), on BatchNorm and biases too while bn_weight_decay
+    bn_weight_decay: bool = True         # False: no weight decay on BatchNorm scales/shifts and biases, only on conv/linear weights
+    zero_init_residual: bool = False     # each residual block starts as the identity (its last BatchNorm scale at 0)
+    label_smoothing: float = 0.1         # cross-entropy label smoothing
+    warmup_frac: float = 0.2             # share of steps with linearly rising LR, then linear decay to 0
+    precision: str = "default"           # fp32 (strict, TF32 off) | default (torch defaults: cuDNN TF32 on) | tf32 | fp16 (autocast + GradScaler) | bf16 (autocast)
+    channels_last: bool = False          # NHWC memory format: tensor-core convolutions without transposes
+    optimizer: str = "sgd"               # sgd (per-parameter loop) | sgd-foreach | sgd-fused (one kernel) | adamw-fused | muon (conv filters; AdamW for the rest)
+    loader: str = "pil"                  # pil: PNG files + PIL transforms in a DataLoader | tensor: packed uint8 in host memory, batched aug on CPU | resident: uint8 on the training device, batched aug there
+    workers: int = 2                     # DataLoader worker processes (pil loader); -1: one per CPU core, at most 16
+    pin_memory: bool = False             # page-locked host batches for asynchronous copies to the GPU
+    persistent_workers: bool = False     # keep workers alive between epochs (no restart cost)
+    prefetch_factor: int | None = None   # batches each worker prepares ahead (None: torch default of 2)
+    augment: bool = True                 # random crop (pad 4) + horizontal flip
+    sync_every_step: bool = True         # read loss.item() every step like a naive script (forces a host sync)
+    cudnn_benchmark: bool = False        # let cuDNN time its algorithms for each shape and keep the fastest
+    compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead | max-autotune (the last two replay CUDA graphs)
+    accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
+    checkpointing: bool = False          # recompute each stage's activations in backward to save memory
+    compile_tuning: bool = False         # inductor coordinate-descent tuning of its Triton kernels: compiles several times slower, runs a few % faster
+    ddp_bucket_mb: int = 25              # DDP gradient bucket (MiB): small buckets overlap all-reduce with backward, large ones mean fewer calls and (compiled) fewer graph splits
+    ddp_split_graphs: bool = False       # under DDP, split torch.compile's graph at the buckets so all-reduce overlaps backward (more graphs, more host work); False: one graph, all-reduce after it
+    ddp_bf16_grads: bool = False         # DDP all-reduces gradients in bf16 (a comm hook): half the bytes, each gradient rounded to bf16 before the mean
+    ddp_static_graph: bool = True        # DDP static_graph + gradient_as_bucket_view: the same graph every step, so no per-step bookkeeping and no copy into buckets
+    seed: int = 0                        # model init, data order and augmentation
+    max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
+    evaluate: bool = True                # compute test accuracy after training
+    data_dir: str | None = None          # an existing image folder (<class>/<file>) for the pil loader; None: written from `data` into the cache
+
+
+def with_changes(cfg: TrainConfig, **changes) -> TrainConfig:
+    """A copy of `cfg` with fields replaced; unknown field names raise a clear error."""
+    return replace_fields(cfg, **changes)
+
+
+# ------------------------------------------------------------------------------------------------ ladder
+
+# Each rung: (name, what it changes, the fields it changes). Rungs are cumulative.
+LADDER = [
+    ("baseline", "naive script: torch defaults (cuDNN TF32), PNG files + PIL transforms, batch 128, 2 workers, "
+                 ".item() every step", {}),
+    ("no_sync", "keep losses on the device: no .item() host sync inside the step", dict(sync_every_step=False)),
+    ("loader", "tuned DataLoader: a worker per core, pinned memory, persistent workers, prefetch 4",
+     dict(workers=-1, pin_memory=True, persistent_workers=True, prefetch_factor=4)),
+    ("resident_data", "uint8 data resident on the GPU; crop, flip and normalize there in one batched gather",
+     dict(loader="resident")),
+    ("bf16", "mixed precision: bf16 autocast", dict(precision="bf16")),
+    ("channels_last", "channels_last (NHWC) memory format for model and inputs", dict(channels_last=True)),
+    ("batch_fused", "batch 512 (learning rate 0.14) with a fused SGD kernel",
+     dict(batch_size=512, lr=0.07, optimizer="sgd-fused")),
+    ("cudnn_benchmark", "cudnn.benchmark: cuDNN picks the fastest algorithm per shape", dict(cudnn_benchmark=True)),
+    ("compile", "torch.compile: fused elementwise work (BN, ReLU, adds) and fewer kernels", dict(compile="default")),
+    ("cuda_graphs", "CUDA graphs (torch.compile mode='reduce-overhead'): no per-kernel launch cost",
+     dict(compile="reduce-overhead")),
+    # SGD and AdamW at batch 2048+ lose 3-13 points in 5 epochs (too few steps); Muon's steps each count for more
+    ("muon", "batch 4096 with Muon on the conv filters (AdamW for the rest): an eighth of the steps, each worth more",
+     dict(batch_size=4096, optimizer="muon", lr=4e-3, weight_decay=0.05, zero_init_residual=True,
+          bn_weight_decay=False)),
+]
+RUNG_NAMES = [r[0] for r in LADDER]
+
+
+def preset(name: str, base: TrainConfig | None = None) -> TrainConfig:
+    """The config of ladder rung `name` (all changes up to and including it), on top of `base`."""
+    if name not in RUNG_NAMES:
+        raise LabkitError(f"unknown preset {name!r}: choose one of {', '.join(RUNG_NAMES)}")
+    cfg = base or TrainConfig()
+    for rung, _, changes in LADDER:
+        cfg = with_changes(cfg, **changes)
+        if rung == name:
+            return with_changes(cfg, name=name)
+    raise AssertionError("unreachable")
+
+
+def quick_base() -> TrainConfig:
+    """CPU demo size: width-16 ResNet-18, 4,096 training images, 2 epochs, batch 64 (batch rung: 256).
+
+    128 steps is about the least that reliably lifts test accuracy far above chance (~50% vs 10%).
+    """
+    return TrainConfig(width=16, n_train=4096, n_test=512, epochs=2, batch_size=64)

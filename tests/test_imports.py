@@ -1,0 +1,66 @@
+"""The package reads bottom-up: no module imports, even inside a function, a module that imports it back."""
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "labkit"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the labkit modules it imports anywhere in its source}, from the source alone (nothing runs)."""
+    names = {p.stem for p in PKG.glob("*.py")} - {"__init__", "__main__"}
+    graph = {}
+    for name in names:
+        deps = set()
+        for node in ast.walk(ast.parse((PKG / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("labkit.")}
+            elif isinstance(node, ast.ImportFrom) and node.module == "labkit":  # from labkit import train as T
+                deps |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit."):
+                deps.add(node.module.split(".")[1])
+        graph[name] = deps - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None (depth-first search)."""
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = "open"
+        stack.append(n)
+        for d in sorted(graph.get(n, ())):
+            if state.get(d) == "open":
+                return stack[stack.index(d):] + [d]
+            if d not in state and (c := visit(d)):
+                return c
+        stack.pop()
+        state[n] = "done"
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_labkit_import_graph_is_acyclic():
+    graph = import_graph()
+    assert {"env", "bench", "train", "report", "loaders", "loader_bench", "bucketing"} <= set(graph)
+    assert "env" in graph["bench"] and "loaders" in graph["loader_bench"]  # the parser sees real imports
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_errors_and_outputs_import_no_torch():
+    """The command line catches LabkitError and checks output paths before torch is loaded."""
+    for name in ("errors", "outputs", "progress", "cli"):
+        tree = ast.parse((PKG / f"{name}.py").read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "matplotlib")}, name
