@@ -623,6 +623,11 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return label.strip(), pairs
 
 
+def _compiles(names: list[str] | None) -> bool:
+    """Whether any of these ladder rungs (all when None) compiles, so an artifact is worth loading."""
+    return any(preset(n).compile for n in (names or RUNG_NAMES) if n in RUNG_NAMES)
+
+
 def add_cli(sub) -> None:
     p = sub.add_parser("ladder", help="run the ResNet-18 optimization ladder and write a table, JSON and chart")
     p.add_argument("--quick", action="store_true", help="small run (width-16 model, 4k images); the default on CPU")
@@ -657,7 +662,7 @@ def _cli_ladder(args) -> int:
     if args.epochs is not None and args.epochs < 1:
         raise LabkitError("--epochs must be >= 1")
     names = [n.strip() for n in args.rungs.split(",") if n.strip()] if args.rungs else None
-    CA.load_for_cli(args, dev, needed=CA.wants(names))
+    CA.load_for_cli(args, dev, needed=_compiles(names))
     run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out)
     return 0
 

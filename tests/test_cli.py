@@ -54,7 +54,7 @@ def test_unwritable_output_fails_in_one_line_before_any_work(name, why, where, t
     (tmp_path / "file.txt").write_text("not a folder")
     base = {"doctor": [], "ladder": ["--device", "cpu"], "train": ["--quick", "--device", "cpu"],
             "ddp": ["--cpu", "--quick"], "formats": [], "matmul": ["--device", "cpu"], "amp": [],
-            "data": ["--device", "cpu"], "profile": ["--device", "cpu"]}[name]
+            "data": ["--device", "cpu"], "profile": ["--device", "cpu"], "compile-cache": []}[name]
     importlib.import_module(cli.COMMANDS[name].module)  # importing torch is not the work being timed
     for dest in cli.COMMANDS[name].writes:
         target = where(tmp_path)

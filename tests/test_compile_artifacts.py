@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from labkit import compile_artifacts as CA
+from labkit import train as T
+from labkit import warmstart
 from labkit.bench import compile_cache, unwritable
 from labkit.env import LabkitError
 
@@ -154,7 +156,6 @@ def fake_info(blob):
 
 
 def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, capsys, fake_saved, monkeypatch):
-    from labkit import train as T
     from labkit.cli import main
 
     monkeypatch.setenv("LABKIT_COMPILE_CACHE", str(tmp_path))
@@ -177,13 +178,13 @@ def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, 
     monkeypatch.setattr(T, "run_ladder", lambda *a, **k: ran.append(k["names"]))
     assert main(["ladder", "--device", "cpu", "--rungs", "bf16,compile"]) == 0
     assert "compile cache: loaded" in capsys.readouterr().err and ran == [["bf16", "compile"]]
-    assert CA.wants(None) and not CA.wants(["bf16", "no_such_rung"])
+    assert T._compiles(None) and not T._compiles(["bf16", "no_such_rung"])
 
 
 def test_building_refuses_what_it_cannot_build_before_compiling(tmp_path):
     with pytest.raises(LabkitError, match="'bf16' is not a compiled rung"):
-        CA.build("cpu", ["bf16"], folder=tmp_path)
+        warmstart.build("cpu", ["bf16"], folder=tmp_path)
     with pytest.raises(LabkitError, match="cannot be written"):
-        CA.build("cpu", ["compile"], folder=_other_file(tmp_path))
+        warmstart.build("cpu", ["compile"], folder=_other_file(tmp_path))
     with pytest.raises(LabkitError, match="no rung can run on this device"):
-        CA.build("cpu", ["cuda_graphs", "muon"], folder=tmp_path)
+        warmstart.build("cpu", ["cuda_graphs", "muon"], folder=tmp_path)

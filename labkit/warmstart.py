@@ -1,0 +1,85 @@
+"""Warm starts: compile the ladder's compiled rungs once and save that work as this card's artifact.
+
+`labkit compile-cache --build` runs the first steps of each compiled rung from an empty cache folder, so every
+graph and kernel is compiled and recorded, and saves them with `labkit.compile_artifacts` (the file format,
+loading and its fallbacks live there); `labkit ladder` and `labkit train` load the artifact before training.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from labkit import compile_artifacts as CA
+from labkit.bench import compile_cache, unwritable
+from labkit.env import LabkitError, pick_device
+
+
+def build(device=None, names: list[str] | None = None, *, quick: bool = False, steps: int = 3,
+          folder: str | os.PathLike | None = None, sets: list[str] | None = None, log=print) -> Path | None:
+    """Compile the first `steps` steps of each compiled ladder rung that runs on `device`, from an empty cache
+    folder (so every graph and kernel is compiled and recorded), and save them as this card's artifact.
+
+    The rungs are sized as `labkit ladder` (and `labkit train --preset`) sizes them, `quick` as with --quick:
+    a compiled graph is only found again for the same model, batch and settings, so `sets` (FIELD=VALUE) must
+    be the changes the training command will make. Returns the artifact's path.
+    """
+    from labkit import data as D
+    from labkit import train as T
+
+    dev = pick_device(device)
+    compiled = [n for n in T.RUNG_NAMES if T.preset(n).compile]
+    for n in names or []:
+        if n not in compiled:
+            raise LabkitError(f"{n!r} is not a compiled rung: choose from {', '.join(compiled)}")
+    if steps < 1:
+        raise LabkitError("--steps must be >= 1")
+    changes = T.parse_sets(sets or [])
+    plan = T.plan_ladder(dev, quick, names or compiled)
+    path = CA.artifact_path(dev, folder)
+    bad = unwritable(path.parent)
+    if bad:  # minutes of compiling would be lost
+        raise LabkitError(f"{path.parent} cannot be written ({bad}): choose another folder with --dir")
+    for name, why in plan.skipped:
+        log(f"compile cache: skipped {name}: {why}")
+    ds = D.load(changes.get("data", plan.base.data))  # train() takes its subset
+    with compile_cache():
+        for cfg in plan.rungs:
+            t0 = time.perf_counter()
+            T.train(T.with_changes(cfg, **{**changes, "epochs": 1, "max_steps": steps, "evaluate": False}), dev,
+                    dataset=ds)
+            log(f"compile cache: compiled {cfg.name} ({steps} steps) in {time.perf_counter() - t0:.1f} s")
+        note = {"rungs": [c.name for c in plan.rungs], "quick": quick, "steps": steps, "sets": sets or []}
+        saved = CA.save(dev, folder, note=note, say=log)
+    if saved:
+        log(f"compile cache: wrote {saved} ({saved.stat().st_size / 1e6:.1f} MB)")
+    return saved
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("compile-cache", help="save torch.compile's work once per card and torch version, "
+                                             "or show whether this machine has it")
+    p.add_argument("--build", action="store_true", help="compile the compiled rungs' first steps and save them")
+    p.add_argument("--rungs", help="comma-separated compiled rungs to build (default: all that run here)")
+    p.add_argument("--quick", action="store_true", help="build for --quick runs (the CPU-sized model)")
+    p.add_argument("--steps", type=int, default=3, help="steps compiled per rung (default 3)")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="TrainConfig changes the training command will make (batch, width...)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dir", help="artifact folder (default: $LABKIT_COMPILE_CACHE, else ~/.cache/labkit/compile-cache)")
+    p.set_defaults(func=_cli)
+
+
+def _cli(a) -> int:
+    dev = pick_device(a.device)
+    if a.build:
+        names = [n.strip() for n in a.rungs.split(",") if n.strip()] if a.rungs else None
+        return 0 if build(dev, names, quick=a.quick, steps=a.steps, folder=a.dir, sets=a.set) else 1
+    state, why, header = CA.check(dev, a.dir)
+    print(f"{CA.artifact_path(dev, a.dir)}: {state}" + (f" ({why})" if why else ""))
+    if header and state == "ok":
+        rungs = ", ".join(header.get("note", {}).get("rungs", [])) or "?"
+        print(f"  {header['bytes'] / 1e6:.1f} MB, built {header.get('built')} at commit "
+              f"{str(header.get('git_commit'))[:12]} for rungs {rungs}")
+    return 0 if state == "ok" else 1
