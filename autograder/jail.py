@@ -59,6 +59,12 @@ class Jail:
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
     trusted: bool = False  # no sandbox at all (the instructor vouched for the submissions)
 
+    def host_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The environment to start the sandbox with: bubblewrap's own process stays visible inside (as the PID
+        namespace's first process, whose /proc/1/environ a student can read), so it gets nothing of the
+        grader's environment; the student's processes get theirs through --setenv."""
+        return dict(env) if self.trusted else {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
     def python_path(self) -> str:
         """PYTHONPATH inside: the grader's public half and labkit, nothing else of the repository."""
         return VIEW if not self.trusted else str(GRADER_ROOT)
@@ -85,7 +91,7 @@ class Jail:
             args += ["--bind", str(p), str(p)]
         if self.gpu is not None:
             args += _gpu_binds(self.gpu)
-        env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+        env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}  # the sandbox's, not bwrap's own
         env.update(HOME="/tmp/home", TMPDIR="/tmp", PYTHONPATH=VIEW, PYTHONNOUSERSITE="1", MPLCONFIGDIR="/tmp/mpl",
                    JUPYTER_RUNTIME_DIR="/tmp/jupyter-runtime", IPYTHONDIR="/tmp/ipython",
                    TORCHINDUCTOR_CACHE_DIR="/tmp/inductor", TRITON_CACHE_DIR="/tmp/triton")

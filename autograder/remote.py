@@ -57,7 +57,8 @@ class Remote:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JPY_"))}
         env.update(PYTHONPATH=str(GRADER_ROOT) if jail.trusted else jail.python_path(), PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
-        self.proc = subprocess.Popen(jail.command(cmd), cwd=str(work_dir), env=env, pass_fds=[child.fileno()],
+        self.proc = subprocess.Popen(jail.command(cmd), cwd=str(work_dir), env=jail.host_env(env),
+                                     pass_fds=[child.fileno()],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         child.close()

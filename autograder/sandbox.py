@@ -185,6 +185,7 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
             cmd = jail.command(cmd)
         except RuntimeError as e:
             return Outcome(None, 0.0, error=str(e))
+        env = jail.host_env(env)
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -11,6 +11,7 @@ import pytest
 
 from labkit import cli
 
+ROOT = Path(__file__).resolve().parents[1]
 HELP_LIMIT_S = 2.0  # `labkit --help` must answer without loading torch (which alone takes seconds on a cold disk)
 
 
@@ -26,6 +27,20 @@ def test_help_is_fast_in_a_fresh_process_and_loads_no_torch():
     assert r.returncode == 0 and all(name in r.stdout for name in cli.COMMANDS)
     print(f"python -m labkit --help: {wall:.2f} s wall in a fresh process")
     assert wall < HELP_LIMIT_S, f"labkit --help took {wall:.2f} s"
+
+
+def test_the_graders_help_is_fast_and_loads_neither_torch_nor_nbgrader():
+    code = ("import sys, time\nt = time.perf_counter()\nfrom autograder.__main__ import main\ntry:\n"
+            "    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules or 'nbgrader' in sys.modules, file=sys.stderr)")
+    check = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert check.returncode == 0 and "grade" in check.stdout and check.stderr.split()[0] == "False", check.stderr
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "autograder", "--help"], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    wall = time.perf_counter() - t0
+    assert r.returncode == 0 and "grade" in r.stdout, r.stderr
+    assert wall < HELP_LIMIT_S, f"python -m autograder --help took {wall:.2f} s"
 
 
 def test_the_command_list_matches_what_the_modules_define():
