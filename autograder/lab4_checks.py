@@ -41,7 +41,6 @@ SPEED_WARMUP_STEPS = 10  # compile, cuDNN autotune, CUDA-graph capture: all befo
 # Rounds verified in full (see _Verifier): the first warm-up round, then 3 of the timed rounds drawn at random
 # (4 of 14 at the settings above); the rest carry losses and a commitment only.
 SPEED_SPOT = {"warmup": 1, "timed": 3}
-VERIFY_EVERY_ROUND = False  # tests only: verify every round, so a test's verdict does not depend on the draw
 TENSOR_CORE_KERNEL = re.compile(r"xmma|hmma|wgmma|gmma|tensorop|16816|1688|884|bf16|f16|tf32|nvjet|cutlass", re.I)
 
 
@@ -216,7 +215,7 @@ class _Verifier:
     def _pick(self) -> bool:
         """Whether to verify the round that just replied: drawn now, a uniform subset of each group's rounds."""
         group = "warmup" if self.seen < self.warmup else "timed"
-        if self.seen == 0 or VERIFY_EVERY_ROUND:
+        if self.seen == 0:
             return True
         left = self.warmup - self.seen if group == "warmup" else self.warmup + self.rounds - self.seen
         return secrets.randbelow(max(left, 1)) < self.quota[group] - self.done[group]
