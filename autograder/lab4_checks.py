@@ -9,7 +9,7 @@ steps, same update rule. The batch size is the harness's, not the student's.
 The student's step runs only in the sandbox (probes in autograder.student.lab4), which reports losses and the
 flattened parameters after each step; the naive fp32 step and its bf16 twin run here, in the trusted process,
 on the same scenario, and every decision is taken here. The speed check times the naive step in the baseline's
-process against the student's, interleaved, and verifies every timed round (see `_Verifier`).
+process against the student's, interleaved, and spot-checks the rounds, chained (see `_Verifier`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ SPEED_TIERS = {
 }
 SPEED_ROUNDS = {"rounds": 9, "warmup": 3, "inner": 5}  # interleaved rounds, each `inner` steps per request
 SPEED_WARMUP_STEPS = 10  # compile, cuDNN autotune, CUDA-graph capture: all before the clock starts
+# Rounds verified in full (see _Verifier): the first warm-up round, then 3 of the timed rounds drawn at random
+# (4 of 14 at the settings above); the rest carry losses and a commitment only.
+SPEED_SPOT = {"warmup": 1, "timed": 3}
 TENSOR_CORE_KERNEL = re.compile(r"xmma|hmma|wgmma|gmma|tensorop|16816|1688|884|bf16|f16|tf32|nvjet|cutlass", re.I)
 
 
@@ -168,31 +171,54 @@ def check_no_host_sync(ctx) -> dict:
 
 
 class _Verifier:
-    """Checks every timed round of the student's step against the naive step, here, outside the clock.
+    """Spot-checks the student's timed rounds against the naive step, here, outside the clock.
 
     A round (seed s, n steps) ran in the sandbox on batches drawn from s; its reply holds the n losses and a
-    commitment to the parameters after the last step (their dot product with a random vector drawn from s). This
-    fetches the parameters after each step (untimed), checks the commitment (nothing may move the weights after
-    the clock stopped), then checks every step j from the weights w_j it started from (the chain starts at the
-    end of the correctness trajectory, so every step the student's model ever took is checked):
-    - the parameters changed (one optimizer step per call);
-    - the loss is the naive loss at w_j on batch j, within 0.02 + 4x the bf16 twin's distance from it;
-    - SGD's update u_j = m u_{j-1} - lr (g_j + wd w_j), so u_j - m u_{j-1} must point along the naive fp32
-      gradient term (cosine at least min(0.8, the twin's - 0.1)) with its size (0.85x to 1.15x).
-    A step that is right when checked but skips, repeats or fakes work when timed fails one of these.
+    commitment to the parameters after the last step (their dot product with a random vector drawn from s). After
+    each reply, and only then (the student's process cannot know it in advance), `secrets` decides whether to
+    verify that round in full: the first warm-up round always (its start is checked against the end of the
+    correctness trajectory, which also gives it its previous update), then SPEED_SPOT["timed"] of the R timed
+    rounds, a uniformly random subset drawn round by round (verify with probability need / rounds left). A
+    verified round fetches its n + 2 parameter rows (untimed; see autograder.student.lab4._Rows) and checks:
+    - the commitment against the last row (nothing may move the weights after the clock stopped);
+    - the chain: the row it started from against the previous round's commitment, with that round's vector (the
+      weights may change only inside the step, so work cannot slip between rounds either);
+    - every step j from the weights w_j it started from: the parameters changed (one optimizer step per call);
+      the loss is the naive loss at w_j on batch j, within 0.02 + 4x the bf16 twin's distance from it; SGD's
+      update u_j = m u_{j-1} - lr (g_j + wd w_j), so u_j - m u_{j-1} must point along the naive fp32 gradient
+      term (cosine at least min(0.8, the twin's - 0.1)) with its size (0.85x to 1.15x).
+    An unverified round fetches and recomputes nothing: its commitment is kept for the next round's chain check.
+    Why this suffices: a cheat that skips, repeats, fakes or defers work in k of the R timed rounds escapes only
+    if none of the v verified ones is among those k: probability C(R - k, v) / C(R, v), so it is caught with
+    1 - C(R - k, v) / C(R, v) (work deferred past the clock of round t is also caught when round t + 1 is verified,
+    by the chain). The speed-up is the median of the R per-round ratios, so moving it needs a faster step in
+    more than half the rounds: with R = 9 and v = 3 that is k >= 5, caught with probability at least 1 - 4/84
+    (95%), and k >= 7 always; a cheat in fewer rounds leaves the median to the honest rounds.
     """
 
-    def __init__(self, ctx, hyper: dict, sz: dict, start: dict):
+    def __init__(self, ctx, hyper: dict, sz: dict, start: dict, warmup: int, rounds: int):
         self.ctx, self.hyper, self.sz = ctx, hyper, sz
         self.model = scen.fresh_model(sz["width"], ctx.device)
         self.params = list(self.model.parameters())
         self.n_params = sum(p.numel() for p in self.params)
-        self.w, self.u = start["w"].to(ctx.device), start["u"].to(ctx.device)
+        self.start = {"w": start["w"].to(ctx.device), "u": start["u"].to(ctx.device)}
         self.mean = torch.tensor(MEAN, device=ctx.device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=ctx.device).view(1, 3, 1, 1)
         self.amp = _twin_dtype(ctx.device)
-        self.rounds = self.steps = 0
+        self.warmup, self.rounds = warmup, rounds  # warm-up rounds (untimed or discarded), then timed rounds
+        self.quota = {"warmup": min(SPEED_SPOT["warmup"], warmup), "timed": min(SPEED_SPOT["timed"], rounds)}
+        self.done = {"warmup": 0, "timed": 0}  # rounds verified so far
+        self.seen = self.steps = 0
+        self.prev = None  # the previous round's params and commitment, for the chain check
         self.worst = {"loss_gap_share": 0.0, "update_cosine_margin": 1.0}
+
+    def _pick(self) -> bool:
+        """Whether to verify the round that just replied: drawn now, a uniform subset of each group's rounds."""
+        group = "warmup" if self.seen < self.warmup else "timed"
+        if self.seen == 0:
+            return True
+        left = self.warmup - self.seen if group == "warmup" else self.warmup + self.rounds - self.seen
+        return secrets.randbelow(max(left, 1)) < self.quota[group] - self.done[group]
 
     def _loss_and_grad(self, w, x, y, amp):
         """The naive loss at weights `w` on (x, y), and its gradient (flat), fp32 or under `amp` autocast."""
@@ -205,24 +231,20 @@ class _Verifier:
             loss.backward()
         return float(loss.detach()), torch.cat([p.grad.reshape(-1) for p in self.params])
 
-    def _rows(self, n: int, commit: float, r) -> list:
+    def _rows(self, n: int) -> list:
+        """The round's n + 2 parameter rows from the sandbox, in logical order (float32 on the device)."""
         got = self.ctx.call("lab4.snapshots", {})
         raw, strides = got["rows"], got["strides"]
         require(isinstance(raw, torch.Tensor) and raw.dtype == torch.float32
-                and tuple(raw.shape) == (n, self.n_params), "the submission's process sent no parameter snapshots "
-                f"of shape ({n}, {self.n_params}) (a malformed answer)")
+                and tuple(raw.shape) == (n + 2, self.n_params), "the submission's process sent no parameter "
+                f"snapshots of shape ({n + 2}, {self.n_params}) (a malformed answer)")
         require(isinstance(strides, list) and len(strides) == len(self.params) and all(
             isinstance(st, list) and len(st) == p.dim() and all(type(v) is int for v in st)
             and scen.dense_layout(p.shape, st) for st, p in zip(strides, self.params, strict=False)),
             "the submission's process sent malformed parameter layouts")
         raw = raw.to(self.ctx.device)
-        last = raw[n - 1].double()
-        mine = float(last @ r)
-        require(isinstance(commit, float) and abs(commit - mine) <= 1e-9 * float(last.norm() * r.norm()) + 1e-9,
-                f"timed round {self.rounds}: the parameters fetched after the round are not the ones the step left "
-                "when the clock stopped: work must happen inside the step; no speed points")
         rows = []
-        for j in range(n):
+        for j in range(n + 2):
             off, parts = 0, []
             for p, st in zip(self.params, strides, strict=True):
                 parts.append(raw[j, off:off + p.numel()].as_strided(p.shape, st).reshape(-1))
@@ -230,40 +252,71 @@ class _Verifier:
             rows.append(torch.cat(parts))
         return rows
 
+    def _committed(self, row, r, commit: float) -> bool:
+        """Whether `row` (logical order) is the one committed to with vector r (float64 rounding aside)."""
+        row = row.double()
+        return abs(commit - float(row @ r)) <= 1e-9 * float(row.norm() * r.norm()) + 1e-9
+
+    def _chain(self, where: str, rows: list) -> torch.Tensor:
+        """Checks the round's start against the previous round's end; returns the update before the round."""
+        if self.prev is None:  # the first round: its start is the correctness trajectory's end, held here
+            w = self.start["w"]
+            ok = float((rows[1] - w).abs().max()) <= 1e-6 * float(w.abs().max())
+        else:
+            p = self.prev
+            _, r = scen.round_draws(p["n"], p["batch"], self.n_params, self.ctx.device, p["seed"])
+            ok = self._committed(rows[1], r, p["commit"])
+        require(ok, f"{where}: the weights the round started from are not the ones the previous round left when "
+                "its clock stopped: the weights may change only inside the step; no speed points")
+        return self.start["u"] if self.prev is None else rows[1] - rows[0]
+
     def __call__(self, result, params) -> None:
         n = int(params["n"])
-        where = f"timed round {self.rounds}" if self.rounds else "the warm-up before timing"
+        timed = self.seen >= self.warmup
+        where = f"timed round {self.seen - self.warmup + 1}" if timed else f"warm-up round {self.seen + 1}"
         require(isinstance(result, dict) and isinstance(result.get("losses"), torch.Tensor)
                 and result["losses"].numel() == n and isinstance(result.get("commit"), float),
                 f"{where}: the submission's process sent no {n} losses (a malformed answer)")
+        if self._pick():
+            self._verify(where, n, params, result)
+            self.done["timed" if timed else "warmup"] += 1
+        self.prev = {"n": n, "batch": int(params["batch"]), "seed": int(params["seed"]), "commit": result["commit"]}
+        self.seen += 1
+
+    def _verify(self, where: str, n: int, params: dict, result: dict) -> None:
         losses = [float(v) for v in result["losses"].double().reshape(-1)]
         batches, r = scen.round_draws(n, int(params["batch"]), self.n_params, self.ctx.device, int(params["seed"]))
-        rows = self._rows(n, result["commit"], r)
-        lr, mom, wd = self.hyper["lr"], self.hyper["momentum"], self.hyper["weight_decay"]
-        for j, ((x, y), w_next) in enumerate(zip(batches, rows, strict=True)):
-            at = f"{where}, step {j}"
-            u = w_next - self.w
-            require(bool(u.any()), f"{at}: the parameters did not change; every call must make one optimizer step, "
-                    "timed or not: no speed points")
-            l32, g32 = self._loss_and_grad(self.w, x, y, None)
-            l16, g16 = self._loss_and_grad(self.w, x, y, self.amp)
-            tol = 0.02 + 4 * abs(l16 - l32)
-            require(math.isfinite(losses[j]) and abs(losses[j] - l32) <= tol, f"{at}: the step returned loss "
-                    f"{losses[j]:.4f}, the naive step's loss on these weights and this batch is {l32:.4f} (AMP "
-                    f"tolerance {tol:.3f}): the step must compute this batch's loss every call, timed or not; "
-                    "no speed points")
-            want, twin = -lr * (g32 + wd * self.w), -lr * (g16 + wd * self.w)
-            d = u - mom * self.u
-            cos, need, size = _cos(d, want), min(0.8, _cos(twin, want) - 0.1), _norm_ratio(d, want)
-            require(cos >= need and 0.85 <= size <= 1.15, f"{at}: the update is not the SGD step of this batch's "
-                    f"gradient (cosine {cos:.3f}, need {need:.3f}; size {size:.2f}x the naive step's, need 0.85-1.15x)"
-                    ": every call, timed or not, must take one SGD step (momentum, weight decay) on the gradient of "
-                    "the batch it is given; no speed points")
-            self.worst["loss_gap_share"] = max(self.worst["loss_gap_share"], abs(losses[j] - l32) / tol)
-            self.worst["update_cosine_margin"] = min(self.worst["update_cosine_margin"], cos - need)
-            self.w, self.u = w_next, u
+        rows = self._rows(n)
+        require(self._committed(rows[n + 1], r, result["commit"]), f"{where}: the parameters fetched after the "
+                "round are not the ones the step left when the clock stopped: work must happen inside the step; "
+                "no speed points")
+        w, u_prev = rows[1], self._chain(where, rows)
+        for j, (x, y) in enumerate(batches):
+            u = rows[j + 2] - w
+            self._step(f"{where}, step {j}", w, u, u_prev, x, y, losses[j])
+            w, u_prev = rows[j + 2], u
             self.steps += 1
-        self.rounds += 1
+
+    def _step(self, at: str, w, u, u_prev, x, y, loss: float) -> None:
+        """One step from weights w (update u, previous update u_prev) against the naive step on (x, y)."""
+        lr, mom, wd = self.hyper["lr"], self.hyper["momentum"], self.hyper["weight_decay"]
+        require(bool(u.any()), f"{at}: the parameters did not change; every call must make one optimizer step, "
+                "timed or not: no speed points")
+        l32, g32 = self._loss_and_grad(w, x, y, None)
+        l16, g16 = self._loss_and_grad(w, x, y, self.amp)
+        tol = 0.02 + 4 * abs(l16 - l32)
+        require(math.isfinite(loss) and abs(loss - l32) <= tol, f"{at}: the step returned loss {loss:.4f}, the naive "
+                f"step's loss on these weights and this batch is {l32:.4f} (AMP tolerance {tol:.3f}): the step must "
+                "compute this batch's loss every call, timed or not; no speed points")
+        want, twin = -lr * (g32 + wd * w), -lr * (g16 + wd * w)
+        d = u - mom * u_prev
+        cos, need, size = _cos(d, want), min(0.8, _cos(twin, want) - 0.1), _norm_ratio(d, want)
+        require(cos >= need and 0.85 <= size <= 1.15, f"{at}: the update is not the SGD step of this batch's "
+                f"gradient (cosine {cos:.3f}, need {need:.3f}; size {size:.2f}x the naive step's, need 0.85-1.15x)"
+                ": every call, timed or not, must take one SGD step (momentum, weight decay) on the gradient of "
+                "the batch it is given; no speed points")
+        self.worst["loss_gap_share"] = max(self.worst["loss_gap_share"], abs(loss - l32) / tol)
+        self.worst["update_cosine_margin"] = min(self.worst["update_cosine_margin"], cos - need)
 
 
 def _check_base(result, params) -> None:
@@ -282,18 +335,18 @@ def check_speed(ctx) -> dict:
 
 
 def _speed(ctx, tiers: Tiers) -> dict:
-    """Correctness first, then the student's step against the naive step, each round on fresh batches, every
-    timed round verified (`_Verifier`); the tiers decide the share of the points."""
+    """Correctness first, then the student's step against the naive step, each round on fresh batches, timed
+    rounds spot-checked (`_Verifier`); the tiers decide the share of the points."""
     m, start = _correctness(ctx, HYPER, seed=SEEDS["speed"], keep=True)  # correctness gates speed
     sz = sizes(ctx)
-    verify = _Verifier(ctx, HYPER, sz, start)
     inner = SPEED_ROUNDS["inner"]
+    untimed = SPEED_WARMUP_STEPS // inner
+    verify = _Verifier(ctx, HYPER, sz, start, warmup=untimed + SPEED_ROUNDS["warmup"], rounds=SPEED_ROUNDS["rounds"])
     ctx.baseline_call("lab4.naive_setup", {"width": sz["width"], "hyper": dict(HYPER), "seed": 0})
-    for _ in range(SPEED_WARMUP_STEPS // inner):  # untimed; verified like the timed rounds
+    for _ in range(untimed):  # untimed; spot-checked like the timed rounds
         params = {"n": inner, "batch": sz["batch"], "seed": secrets.randbelow(2**31)}
         verify(ctx.call("lab4.timed_student", params), params)
         _check_base(ctx.baseline_call("lab4.timed_naive", params), params)
-    verify.rounds = 1
     seeds = [secrets.randbelow(2**31) for _ in range(SPEED_ROUNDS["warmup"] + SPEED_ROUNDS["rounds"])]
     ab, notes = ctx.compare(lambda r: ("lab4.timed_naive", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
                             lambda r: ("lab4.timed_student", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
@@ -304,7 +357,8 @@ def _speed(ctx, tiers: Tiers) -> dict:
          "naive_img_per_s": round(sz["batch"] / ab.a.median), "student_img_per_s": round(sz["batch"] / ab.b.median),
          "tiers": tiers.describe(), "bonus": bool(tiers.bonus and ab.ratio >= tiers.bonus),
          "extra_credit": 1 if tiers.bonus and ab.ratio >= tiers.bonus else 0, **notes,
-         "timed_steps_verified": verify.steps,
+         "timed_steps_verified": verify.steps, "timed_rounds_verified": verify.done["timed"],
+         "warmup_rounds_verified": verify.done["warmup"],
          "worst_timed_loss_gap_share": round(verify.worst["loss_gap_share"], 3),
          "worst_timed_update_cosine_margin": round(verify.worst["update_cosine_margin"], 4)}
     m.update(_tensor_core_evidence(ctx, sz))

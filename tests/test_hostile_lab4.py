@@ -1,8 +1,10 @@
 """Lab 4 against hostile submissions: right when checked, cheating when timed; reaching for the trusted module.
 
 The speed check grades only on a CUDA GPU, so these tests drive its CPU-sized body (`_speed`, with a CPU tier
-and fewer rounds) directly from a trusted Context: the same probes, sandbox, interleaved timing and per-round
-verification a GPU grading runs.
+and fewer rounds) directly from a trusted Context: the same probes, sandbox, interleaved timing and spot checks
+a GPU grading runs. A speed cheat must cheat in most timed rounds to move the median ratio, so the cheats below
+cheat in every timed round; the verdicts then do not depend on which rounds the draw verifies (at least one
+timed round always is), and the test of the chain fixes the draw.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ ANY_SPEED = Tiers(((0.01, 1.0),))  # every measured ratio earns the points: only
 SANDBOX = "bwrap" if jail.probe() is None else "none"
 
 # Wraps the reference's step: honest for the correctness probes and the warm-up (9 calls with the rounds below),
-# then, while timed, returns the last loss and does no work at all.
+# then, in every timed round, returns the last loss and does no work at all.
 STALE = '''
 _honest = build_train_step
 
@@ -40,7 +42,7 @@ def build_train_step(model, **kw):
     return cheat
 '''
 
-# Computes the right loss when timed, but skips the backward pass and steps on the last gradient again.
+# Computes the right loss in every timed round, but skips the backward pass and steps on the last gradient again.
 OLD_GRADIENT = '''
 import torch
 import torch.nn.functional as F
@@ -139,14 +141,82 @@ P.timed_steps, P.probe_snapshots = lazy_timed, lazy_snapshots
 '''
 
 
+# Rewrites the public probe in its own process: from the first timed round on, the last step of each round only
+# runs its forward pass; its backward pass and update run when the next request arrives, before the probe copies
+# the weights the round starts from (as work done while no clock runs would be).
+BETWEEN = '''
+import torch
+import torch.nn.functional as F
+
+import autograder.student.lab4 as P
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+DEFER, PENDING, ROUNDS = [False], [], [0]
+
+
+def build_train_step(model, *, lr, momentum, weight_decay, device):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+
+    def finish():
+        while PENDING:
+            loss = PENDING.pop()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def step(x, y):
+        loss = F.cross_entropy(model((x.float() / 255 - mean) / std), y)
+        PENDING.append(loss)
+        if not DEFER[0]:
+            finish()
+        return loss.detach()
+
+    FINISH[:] = [finish]
+    return step
+
+
+FINISH = []
+_timed = P.timed_steps
+
+
+def lazy_timed(step, model, device, params, state):
+    ROUNDS[0] += 1
+    FINISH[0]()  # the last round's deferred backward and update, before the round's start is copied
+    calls = [0]
+
+    def last_one_lazy(x, y):
+        calls[0] += 1
+        DEFER[0] = ROUNDS[0] > 2 and calls[0] == int(params["n"])
+        try:
+            return step(x, y)
+        finally:
+            DEFER[0] = False
+
+    return _timed(last_one_lazy, model, device, params, state)
+
+
+P.timed_steps = lazy_timed
+'''
+
+
+class _SkipFirstTimedRound:
+    """A fixed draw: declines every round it may decline (the first timed round of four), then verifies."""
+
+    @staticmethod
+    def randbelow(k: int) -> int:
+        return k - 1
+
+
 def reference(dest: Path) -> Path:
     nb = ROOT / "assignments" / "source" / "lab4_speedrun" / "lab4_speedrun.ipynb"
     return student_file_from_notebook(nb, dest)
 
 
-def speed(tmp_path: Path, monkeypatch, text: str) -> dict:
-    """The speed check's body on a CPU for a submission with source `text` (3 steps a round, 1 + 2 rounds)."""
-    monkeypatch.setattr(L, "SPEED_ROUNDS", {"rounds": 2, "warmup": 1, "inner": 3})
+def speed(tmp_path: Path, monkeypatch, text: str, rounds: int = 2) -> dict:
+    """The speed check's body on a CPU for a submission with source `text` (3 steps a round, 1 + 1 + `rounds`
+    rounds; the first warm-up round and up to 3 timed rounds verified)."""
+    monkeypatch.setattr(L, "SPEED_ROUNDS", {"rounds": rounds, "warmup": 1, "inner": 3})
     monkeypatch.setattr(L, "SPEED_WARMUP_STEPS", 3)
     box, work = tmp_path / "box", tmp_path / "work"
     box.mkdir()
@@ -164,9 +234,10 @@ def speed(tmp_path: Path, monkeypatch, text: str) -> dict:
 
 def test_the_reference_passes_every_verified_timed_round(tmp_path, monkeypatch):
     ref = reference(tmp_path).read_text()
-    out = speed(tmp_path, monkeypatch, ref)
+    out = speed(tmp_path, monkeypatch, ref, rounds=4)  # 3 of the 4 timed rounds drawn
     m = out["measurements"]
-    assert out["fraction"] == 1.0 and m["timed_steps_verified"] == 3 + 3 * 3, m
+    assert out["fraction"] == 1.0 and m["timed_rounds_verified"] == 3 and m["warmup_rounds_verified"] == 1, m
+    assert m["timed_steps_verified"] == 3 * (1 + 3), m
     assert m["worst_timed_loss_gap_share"] < 1 and m["worst_timed_update_cosine_margin"] > 0, m
 
 
@@ -180,6 +251,32 @@ def test_right_when_checked_cheating_when_timed_gets_no_speed_points(tmp_path, m
     with pytest.raises(CheckFailed, match="no speed points") as e:
         speed(tmp_path, monkeypatch, text)
     assert says in str(e.value)
+
+
+def test_work_slipped_between_rounds_breaks_the_chain(tmp_path, monkeypatch):
+    """The round that deferred its last update is not verified; the next one is, and starts off its commitment."""
+    monkeypatch.setattr(L, "secrets", _SkipFirstTimedRound)
+    with pytest.raises(CheckFailed, match="no speed points") as e:
+        speed(tmp_path, monkeypatch, BETWEEN, rounds=4)
+    assert "timed round 2: the weights the round started from are not the ones the previous round left" in \
+        str(e.value), e.value
+
+
+def test_spot_checks_draw_a_uniform_subset_round_by_round():
+    """The first warm-up round always, then exactly 3 of the 9 timed rounds, each about as often (3/9)."""
+    v = object.__new__(L._Verifier)
+    counts = [0] * 14
+    for _ in range(900):
+        v.warmup, v.rounds, v.seen = 5, 9, 0
+        v.quota, v.done = {"warmup": 1, "timed": 3}, {"warmup": 0, "timed": 0}
+        for i in range(14):
+            if v._pick():
+                counts[i] += 1
+                v.done["warmup" if i < 5 else "timed"] += 1
+            v.seen += 1
+        assert v.done == {"warmup": 1, "timed": 3}
+    assert counts[:5] == [900, 0, 0, 0, 0] and sum(counts[5:]) == 2700
+    assert all(200 <= c <= 400 for c in counts[5:]), counts
 
 
 @pytest.mark.skipif(SANDBOX != "bwrap", reason="needs the bubblewrap sandbox (the trusted module is visible without)")

@@ -6,11 +6,11 @@ start from it). Each scenario takes a builder (model, hyper-parameters) -> step 
 side runs the very same scenario with the naive step and compares; a probe only reports observations: losses
 and the flattened parameters after each step. Hyper-parameters and seeds arrive as request params.
 
-Timed rounds (`timed_steps`) draw fresh batches on the device from the round's seed, keep a device copy of the
-parameters after every step (fetched afterwards, untimed, by `probe_snapshots`) and commit to the last one with
-a random projection drawn from the same seed, so the trusted side can check every timed step against the naive
-step's gradient at the very weights the step started from, and that nothing moved the weights after the clock
-stopped.
+Timed rounds (`timed_steps`) draw fresh batches on the device from the round's seed, keep device copies of the
+parameters before the round and after every step (fetched afterwards, untimed, by `probe_snapshots`, for the
+rounds the trusted side picks to check) and commit to the last one with a random projection drawn from the same
+seed, so the trusted side can check a round's steps against the naive step's gradient at the very weights each
+step started from, that nothing moved the weights after the clock stopped, and that rounds chain.
 """
 
 from __future__ import annotations
@@ -176,21 +176,36 @@ def dense_layout(shape, stride) -> bool:
 
 
 class _Rows:
-    """n device buffers of all parameters, each parameter laid out as the model lays it out (one copy kernel)."""
+    """n device buffers of all parameters, each parameter laid out as the model lays it out (one copy kernel).
+
+    A timed round of n steps uses n + 2: row 0 holds the weights before the step that preceded the round (so the
+    round's first update can be checked for momentum on its own), row 1 the weights before the round's first
+    step, row j + 2 the weights after step j. The commitment's random vector is drawn in logical order and laid
+    out like the rows (`proj`), so a commitment means the same whatever layout the parameters have.
+    """
 
     def __init__(self, params, n: int, device):
-        sizes_ = [p.numel() for p in params]
+        self.sizes = [p.numel() for p in params]
+        self.shapes = [p.shape for p in params]
         self.strides = [list(p.stride()) if dense_layout(p.shape, p.stride()) else
                         list(torch.empty(p.shape).stride()) for p in params]
-        self.flat = torch.empty(n, sum(sizes_), device=device)
-        self.views = []
-        for j in range(n):
-            off, row = 0, []
-            for p, size, st in zip(params, sizes_, self.strides, strict=True):
-                row.append(self.flat[j, off:off + size].as_strided(p.shape, st))
-                off += size
-            self.views.append(row)
+        self.flat = torch.empty(n, sum(self.sizes), device=device)
+        self.views = [self._lay(self.flat[j]) for j in range(n)]
+        self.proj = torch.empty(sum(self.sizes), device=device, dtype=torch.float64)
+        self.proj_views = self._lay(self.proj)
         self.key = self.signature(params, n)
+
+    def _lay(self, buf) -> list:
+        out, off = [], 0
+        for shape, size, st in zip(self.shapes, self.sizes, self.strides, strict=True):
+            out.append(buf[off:off + size].as_strided(shape, st))
+            off += size
+        return out
+
+    def commit(self, j: int, r) -> torch.Tensor:
+        """Row j's dot product with the logical-order vector r (float64, 0-d, on the device)."""
+        _copy_all(self.proj_views, [c.view(s) for c, s in zip(r.split(self.sizes), self.shapes, strict=True)])
+        return torch.dot(self.flat[j].double(), self.proj)
 
     @staticmethod
     def signature(params, n: int):
@@ -209,23 +224,31 @@ def _copy_all(dst: list, src: list) -> None:
 def timed_steps(step, model, device, params: dict, state: dict) -> dict:
     """`n` steps on fresh batches drawn from `seed`; the losses and a commitment to the parameters at the end.
 
-    After each step the parameters are copied to device buffers (fetched later by `probe_snapshots`, outside the
-    clock); the commitment is their dot product with a random vector from the same seed (float64). The device is
-    synchronized before returning, so the request's wall time covers the work.
+    The parameters are copied to n + 2 device buffers (see _Rows; fetched later by `probe_snapshots`, outside the
+    clock): row 0 takes the previous round's weights before its last step (on the first round, the current
+    weights: the trusted side takes that update from the correctness trajectory), row 1 the current weights, row
+    j + 2 the weights after step j. The commitment is the last row's dot product (logical order) with a random
+    vector from the same seed (float64). The device is synchronized before returning, so the request's wall time covers the work.
     """
     n, batch, seed = int(params["n"]), int(params["batch"]), int(params["seed"])
     named = list(model.named_parameters())
     require([k for k, _ in named] == state["keys"], "the model's parameters changed names or number during training")
     src = [p for _, p in named]
-    rows = state.get("rows")
-    if rows is None or rows.key != _Rows.signature(src, n):
-        rows = state["rows"] = _Rows(src, n, device)
+    rows = old = state.get("rows")
+    if rows is None or rows.key != _Rows.signature(src, n + 2):  # first round, or the layout changed
+        rows = state["rows"] = _Rows(src, n + 2, device)
+        same = old is not None and len(old.views) == n + 2 and old.shapes == rows.shapes
+        _copy_all(rows.views[0], old.views[n] if same else src)
+    else:
+        with torch.no_grad():
+            rows.flat[0].copy_(rows.flat[n])
+    _copy_all(rows.views[1], src)
     batches, r = round_draws(n, batch, rows.flat.shape[1], device, seed)
     out = torch.empty(n + 1, device=device, dtype=torch.float64)  # the losses, then the commitment
     for j, (x, y) in enumerate(batches):
         out[j] = as_loss(step(x, y))  # copied at once: a CUDA-graph output is overwritten by the next replay
-        _copy_all(rows.views[j], src)
-    out[n] = torch.dot(rows.flat[n - 1].double(), r)
+        _copy_all(rows.views[j + 2], src)
+    out[n] = rows.commit(n + 1, r)
     out = out.cpu()  # one transfer, which waits for the work
     synchronize(device)
     return {"losses": out[:n], "commit": float(out[n])}
@@ -263,7 +286,7 @@ def probe_timed_student(p, params: dict) -> dict:
 
 
 def probe_snapshots(p, params: dict) -> dict:
-    """The parameters after each step of the last timed round: raw rows (n, n_params) and each tensor's strides."""
+    """The last timed round's parameter rows (see _Rows): raw (n + 2, n_params) float32 and each tensor's strides."""
     kept = _kept(p)
     rows = kept.get("rows")
     require(rows is not None, "no timed round ran in this process yet")
