@@ -525,13 +525,14 @@ WHY_MISSED = {
         "bound with or without the reads ({kernels_per_step:.0f} kernels per step averaging {mean_kernel_us:.1f} us, "
         "GPU busy {gpu_busy_share:.0%}). The {host_reads_per_step:.0f} device reads per step hold the host "
         "{read_share:.0%} of the step and wait in syncs {sync_wait_share:.0%} (the GPU has long run dry when each "
-        "norm is read); the whole read loop (first to last read) spans {read_span_share:.0%} of the step, so even "
-        "charging all of it to sync leaves launch/Python first: forward, backward and the optimizer, which read "
-        "nothing, leave the GPU idle most of the step."),
+        "norm is read); the whole read loop (first to last read) spans {read_span_share:.0%} of the step, and charging every "
+        "idle gap inside it to sync gives sync {sync_upper:.0%} against launch/Python {overhead_then:.0%}: forward, "
+        "backward and the optimizer, which read nothing, leave the GPU idle most of the step."),
     "mixed_loader_and_item": (
         "Data is right; the second cause is not sync on an H100: the 128 per-sample .item() reads per step read "
         "values that are already computed (syncs wait {sync_wait_share:.0%} of the step) and the whole read loop spans "
-        "{read_span_share:.0%} of the step ({read_share:.0%} inside the reads), while ResNet-18 at batch 64 leaves the "
+        "{read_span_share:.0%} of the step ({read_share:.0%} inside the reads; charging every idle gap inside it to "
+        "sync gives at most {sync_upper:.0%}), while ResNet-18 at batch 64 leaves the "
         "GPU idle {idle_overhead:.0%} of the step with the host launching ({kernels_per_step:.0f} kernels, "
         "{mean_kernel_us:.1f} us on average) and busy {gpu_busy_share:.0%}: launch/Python and compute both outweigh "
         "sync {idle_sync:.0%}."),
@@ -544,27 +545,38 @@ WHY_MISSED = {
 }
 
 
-def _read_span_share(path: Path) -> float:
-    """Share of the step from the first to the last device read of each step (0 without reads): at most what
-    taking a read loop out of the step could buy."""
+def _read_loop(path: Path) -> dict:
+    """The read loop of each step (first to last device read): its share of the step, and the sync share if
+    every GPU idle gap inside it were charged to sync as well (an upper bound on what taking it out buys)."""
     from labkit import diagnosis as D
 
     win = D._find_window(D._timed_events(D.load_trace(path)), [])
-    reads = D._host_signals(win)["reads"]
-    total = 0.0
+    sig = D._host_signals(win)
+    loops = []
     for s in win.steps:
-        mine = [e for e in reads if s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
+        mine = [e for e in sig["reads"] if s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
         if mine:
-            total += max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)
-    return total / win.span
+            loops.append((min(e["ts"] for e in mine), max(e["ts"] + e["dur"] for e in mine)))
+    loops = D._union(loops)
+    data_iv, _ = D._data_waits(win, [])
+    busy = D._union(D._clip(D._spans(win.gpu), win.w0, win.w1))
+    cause, _ = D._idle_causes(D._gaps(busy, win.w0, win.w1), data_iv, D._union(D._spans(sig["syncs"])), [])
+    extra = 0.0
+    for x0, x1 in D._gaps(busy, win.w0, win.w1):
+        near_sync = D._overlap_all(D._union(D._spans(sig["syncs"])), x0 - D.SYNC_TOLERANCE_US,
+                                   x0 + D.SYNC_TOLERANCE_US) > 0
+        if not near_sync:
+            extra += max(0.0, D._overlap_all(loops, x0, x1) - D._overlap_all(data_iv, x0, x1))
+    return {"read_span_share": D._length(loops) / win.span, "sync_upper": (cause["sync"] + extra) / win.span,
+            "overhead_then": (cause["overhead"] - extra) / win.span}
 
 
 def _why_missed(name: str, path: Path, diagnosed: dict) -> str:
     ev = diagnosed["evidence"]
     if name not in WHY_MISSED:
         return "not yet explained: read the trace"
-    return WHY_MISSED[name].format(**ev, read_span_share=_read_span_share(path),
-                                   idle_overhead=ev["idle_by_cause"]["overhead"], idle_sync=ev["idle_by_cause"]["sync"])
+    return WHY_MISSED[name].format(**ev, **_read_loop(path), idle_overhead=ev["idle_by_cause"]["overhead"],
+                                   idle_sync=ev["idle_by_cause"]["sync"])
 
 
 def _git_commit() -> str:
