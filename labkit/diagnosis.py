@@ -16,16 +16,22 @@ sharpen the picture but are never required:
   otherwise); labkit's `data` label counts the same way.
 - sync: host calls that block until the GPU catches up (cudaStreamSynchronize, cudaDeviceSynchronize,
   cudaEventSynchronize, blocking cudaMemcpy), the host reads behind them (`aten::item` /
-  `aten::_local_scalar_dense`: .item(), float(t), `if t:`) and device-to-host copies.
-- launch/Python: kernel count, launch-call time and mean kernel length, and host time in no torch operator.
+  `aten::_local_scalar_dense`: .item(), float(t), `if t:`; on a GPU only reads of device values, those with a
+  copy or sync inside) and device-to-host copies.
+- launch/Python: kernel count, launch-call time and mean kernel length, and host time in no torch operator
+  (neither on the stepping thread nor, during backward, on autograd's thread).
 - compute: the share of the step the GPU runs kernels or copies, and how much kernel time is on tensor cores.
 
 How the shares are made. On a GPU the step's wall time is split along the GPU timeline: busy time is compute;
 each idle gap is charged to what the host was doing meanwhile: waiting for data (the overlap with data
 waits), coming back from a sync (the host was inside a sync call when the GPU ran dry, so nothing was queued),
-or else launching and running Python. The four shares add up to 1. A wait of DATA_IDLE_LIMIT or more on a
-background loader (worker processes, or labkit's `data` label) ranks first whatever the others: that loader is
-the slowest stage of a pipeline, so speeding up anything else only lengthens the wait. With num_workers=0 the
+or else launching and running Python. The four shares add up to 1. The sync share is meant as the honest
+counterfactual "what would taking the reads out buy": at least the host's time inside the reads (`read_share`),
+at most every gap between them. A gap that opens while the host sits in a sync had nothing queued behind it
+because of the sync; a gap that opens while the host is launching would open without the sync too, when the
+host is slower than the GPU everywhere (then the run is launch bound, syncs or not, and ranks so). A wait of
+DATA_IDLE_LIMIT or more on a background loader (worker processes, or labkit's `data` label) ranks first whatever
+the others: that loader is the slowest stage of a pipeline, so speeding up anything else only lengthens the wait. With num_workers=0 the
 loading is serial work like the rest and ranks by its share. On a CPU there is no queue: the step splits into
 data, time in operators of SMALL_OP_US or more (compute) and the rest (Python, dispatch, tiny operators;
 a best effort: microsecond timings on a busy machine are noisy).
@@ -61,6 +67,7 @@ DATALOADER_PREFIX = "enumerate(DataLoader)#"  # torch.utils.data's own profiler 
 SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                         "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"})
 HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::item")  # .item(), int(t), float(t), bool(t), if t: ...
+AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"  # backward's operators, on autograd's device thread
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
 GPU_IDLE_LIMIT = 0.30      # GPU idle share below which "faster loading will not help" notes apply
@@ -336,17 +343,29 @@ def _host_signals(win: _Window) -> dict:
     ops = [e for e in win.events if e.get("cat") == "cpu_op" and win.in_window(e)]
     runtime = [e for e in win.events if e.get("cat") in ("cuda_runtime", "cuda_driver") and win.in_window(e)]
     main_ops = [e for e in ops if win.on_main(e)]
+    reads = ([e for e in main_ops if e.get("name") == HOST_READ_OPS[0]]
+             or [e for e in main_ops if e.get("name") == HOST_READ_OPS[1]])
+    if win.on_gpu:
+        # Reading a CPU scalar (a non-fused optimizer's step count, a counter kept in a tensor) costs nothing;
+        # reading a device value copies it back and waits for the stream, inside the read's own call.
+        waits = _union(_spans(e for e in runtime if win.on_main(e) and (e.get("name") in SYNC_CALLS
+                                                                          or e.get("name") == "cudaMemcpyAsync")))
+        reads = [e for e in reads if _overlap_all(waits, e["ts"], e["ts"] + e["dur"]) > 0]
+    # backward() runs on autograd's own thread while the stepping thread waits in it: that thread is in torch too.
+    autograd = {(e.get("pid"), e.get("tid")) for e in ops if str(e.get("name", "")).startswith(AUTOGRAD_PREFIX)
+                and (win.main is None or e.get("pid") == win.main[0])}
     return {
         "ops": ops,
         # Syncs and reads that stall training are the stepping thread's (a pin-memory thread has its own).
         "syncs": [e for e in runtime if e.get("name") in SYNC_CALLS and win.on_main(e)],
         "launches": [e for e in runtime if "Launch" in str(e.get("name", ""))],
-        "reads": ([e for e in main_ops if e.get("name") == HOST_READ_OPS[0]]
-                  or [e for e in main_ops if e.get("name") == HOST_READ_OPS[1]]),
+        "reads": reads,
         "dtoh": [e for e in win.gpu if e.get("cat") == "gpu_memcpy" and "dtoh" in str(e.get("name", "")).lower()
                  and win.in_window(e)],
-        # Where the stepping thread is inside torch (an operator or a runtime call): elsewhere it runs Python.
-        "in_torch": _union(_spans(e for e in ops + runtime if win.on_main(e))),
+        # Where the step is inside torch (an operator or a runtime call of the stepping thread, or of autograd's
+        # thread during backward): elsewhere the stepping thread runs Python.
+        "in_torch": _union(_spans(e for e in ops + runtime
+                                  if win.on_main(e) or (e.get("pid"), e.get("tid")) in autograd)),
     }
 
 
@@ -464,6 +483,9 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
         "data_share": phase_share["data"],
         "data_wait": data_info,
         "host_reads_per_step": len(sig["reads"]) / n,
+        # What taking the reads out of the step buys at the least (more where they drain a queue that would
+        # otherwise stay ahead of the GPU): the host's time inside them.
+        "read_share": win.share(_union(_spans(sig["reads"]))),
         "syncs_per_step": len(sig["syncs"]) / n,
         "sync_wait_share": _length(_clip(_union(_spans(sig["syncs"])), win.w0, win.w1)) / win.span,
         "dtoh_copies_per_step": len(sig["dtoh"]) / n,
@@ -615,7 +637,8 @@ def _gpu_evidence(st: dict) -> dict[str, str]:
         "data": (f"the loop waited for its next batch {_pct(st['data_share'])} of the step ({_data_source(st)}), "
                  f"{_pct(c['data'])} of it with the GPU idle"),
         "sync": (f"{st['syncs_per_step']:.0f} host syncs, {st['dtoh_copies_per_step']:.0f} device-to-host copies "
-                 f"and {st['host_reads_per_step']:.0f} .item()-style reads per step; the host waited in syncs "
+                 f"and {st['host_reads_per_step']:.0f} .item()-style reads of device values per step (the host "
+                 f"spent {_pct(st['read_share'])} of the step in them); the host waited in syncs "
                  f"{_pct(st['sync_wait_share'])} of the step and the GPU sat idle after them {_pct(c['sync'])}"),
         "overhead": (f"{st['kernels_per_step']:.0f} kernels per step averaging {st['mean_kernel_us']:.1f} us; launch "
                      f"calls {st['launch_ms_per_step']:.2f} ms vs kernel time {st['kernel_ms_per_step']:.2f} ms per "
