@@ -280,3 +280,19 @@ def test_top_rung_train_variants_repeat_seeds_and_survive_a_diverging_run(capsys
     with pytest.raises(SystemExit):
         top.main(["--variant", "no colon here"])
     assert "write LABEL:FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_results_page_sandboxed_grading_numbers_match_their_record():
+    import json
+
+    d = json.loads((ROOT / "benchmarks" / "results" / "grade_reliability_sandbox.json").read_text())
+    s, page = d["summary"], results_page()
+    runs = d["calls"]["all_steps"]["runs"] + d["calls"]["spot_checked"]["runs"]
+    assert len(runs) == s["sandboxed_runs"] and all(r["sandbox"] == "bwrap" for r in runs)
+    before = d["calls"]["before_sandbox"]["runs"]
+    assert (f"{s['sandboxed_runs']} runs, {s['false_failures']} false failures, ratio {s['ratio_min']:.2f}–"
+            f"{s['ratio_max']:.2f}x, against {min(r['ratio'] for r in before):.2f}–"
+            f"{max(r['ratio'] for r in before):.2f}x") in page
+    assert (f"median {s['seconds_median_sandboxed']:.1f} s, against {min(s['seconds_before_sandbox']):.1f}–"
+            f"{max(s['seconds_before_sandbox']):.1f} s before") in page
+    assert d["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
