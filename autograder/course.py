@@ -54,6 +54,8 @@ def py_env(extra: dict | None = None) -> dict[str, str]:
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
+    # GPU indices in PCI order, the order of the /dev/nvidiaN nodes the sandbox passes through one of
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.update(extra or {})
     return env
 

@@ -227,11 +227,9 @@ class Context:
     _baseline: object = None
 
     def _jail(self, folder: Path, trusted: bool):
-        from autograder.jail import Jail
+        from autograder.jail import Jail, visible_gpu
 
-        gpu = None
-        if getattr(self.device, "type", "cpu") == "cuda":
-            gpu = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
+        gpu = visible_gpu() if getattr(self.device, "type", "cpu") == "cuda" else None
         return Jail(writable=[folder], gpu=gpu, trusted=trusted or self.sandbox == "none")
 
     def student(self):
@@ -415,12 +413,10 @@ def _student_box(student_file: Path, work: Path) -> Path:
 
 def _early_student(path: Path, device: str, sandbox: str, memory_gb: float | None):
     """The student's runner, started before this process imports torch (None if it cannot start here)."""
-    from autograder.jail import Jail
+    from autograder.jail import Jail, visible_gpu
     from autograder.remote import Remote
 
-    gpu = None
-    if device != "cpu" and os.environ.get("CUDA_VISIBLE_DEVICES", "0") not in ("", "-1"):
-        gpu = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
+    gpu = visible_gpu() if device != "cpu" else None
     try:
         return Remote(work_dir=path.parent, device=device, student_file=path,
                       jail=Jail(writable=[path.parent], gpu=gpu, trusted=sandbox == "none"),

@@ -33,7 +33,8 @@ VIEW = "/opt/labkit-grader"  # where the public grader and labkit appear inside 
 SANDBOX_UID = 65534  # "nobody"
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf", "hosts",
         "localtime", "ssl", "ca-certificates", "fonts", "matplotlibrc", "os-release", "mime.types")
-_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
+             "OMP_NUM_THREADS",
              "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
              "NBGRADER_EXECUTION", "TQDM_DISABLE", "PYTHONWARNINGS", "MPLBACKEND", "PYTHONUNBUFFERED",
              "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH", "TORCHINDUCTOR_COMPILE_THREADS")
@@ -54,7 +55,7 @@ class Jail:
 
     writable: list[Path]  # folders the student's processes may write (their own scratch), bound at the same path
     readable: list[Path] = field(default_factory=list)  # extra read-only folders, bound at the same path
-    gpu: int | None = None  # host GPU index passed through (None: no GPU devices)
+    gpu: int | str | None = None  # host GPU index passed through ("all": every GPU; None: no GPU devices)
     cwd: Path | None = None  # working directory inside (default: the first writable folder)
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
     trusted: bool = False  # no sandbox at all (the instructor vouched for the submissions)
@@ -159,10 +160,20 @@ def _grader_view() -> list[str]:
     return out
 
 
-def _gpu_binds(index: int) -> list[str]:
+def visible_gpu() -> int | str | None:
+    """The GPU this process may use, from CUDA_VISIBLE_DEVICES: its index, "all" (unset, or named by UUID), or
+    None (hidden: "" or "-1")."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "all").split(",")[0].strip()
+    if first in ("", "-1"):
+        return None
+    return int(first) if first.isdigit() else "all"
+
+
+def _gpu_binds(index: int | str) -> list[str]:
     out = []
-    for dev in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
-                f"/dev/nvidia{index}", *glob.glob("/dev/dri/*")]:
+    cards = sorted(glob.glob("/dev/nvidia[0-9]*")) if index == "all" else [f"/dev/nvidia{index}"]
+    for dev in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", *cards,
+                *glob.glob("/dev/dri/*")]:
         if os.path.exists(dev):
             out += ["--dev-bind", dev, dev]
     # The driver's libraries live under /usr (already bound); CUDA reads the device topology from /sys.
