@@ -396,7 +396,10 @@ def test_the_hostile_class_reached_nothing_outside_its_sandbox(graded_class):
     assert all(r.sandbox == "bwrap" for r in rep.results if r.status == "graded")
     reach = nbformat.read(out / "autograded" / "reach_files" / AID / f"{AID}.ipynb", as_version=4)
     said = "".join(o.get("text", "") for c in reach.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "reach found 0 files and rewrote 0" in said and CANARY not in said, said[-2000:]
+    # All it could read was its own sandbox (its /proc/1 is bubblewrap's, started with an empty environment).
+    read = [ln for ln in said.splitlines() if ln.startswith("READ ")]
+    assert all(ln.startswith("READ /proc/1/environ b'PATH=/usr/bin:/bin") for ln in read), read
+    assert "rewrote 0" in said and CANARY not in said and "LABKIT_GRADER_TOKEN" not in said, said[-2000:]
     page = (out / "feedback" / "reach_files" / AID / f"{AID}.html").read_text()
     assert CANARY not in page and "REQUIRED_RATIO" not in page
     key = grade.result_key(out)

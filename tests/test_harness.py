@@ -15,6 +15,7 @@ import torch
 
 from autograder import harness
 from autograder.harness import CHECKS, Tiers, grade, run_check, run_checks, student_file_from_notebook
+from autograder.student import probes
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"check", "ok", "score", "max_score", "gradable", "message", "measurements"}
@@ -145,8 +146,8 @@ def test_tiers_give_partial_credit():
 
 def test_host_sync_counter_sees_item_and_bool_on_cpu():
     x = torch.ones(3)
-    assert harness.count_host_syncs(lambda: x.sum().item() + bool(x.all()), "cpu") == 2
-    assert harness.count_host_syncs(lambda: (x * 2).sum(), "cpu") == 0
+    assert len(probes.host_sync_sites(lambda: x.sum().item() + bool(x.all()), "cpu")) == 2
+    assert probes.host_sync_sites(lambda: (x * 2).sum(), "cpu") == []
     assert harness.hardware_class("cpu") == "cpu"
 
 
@@ -157,7 +158,7 @@ def test_host_sync_sites_name_the_calling_line():
         a = x.sum().item()  # first sync
         return a + float(x.max())  # second sync
 
-    sites = harness.host_sync_sites(two_syncs, "cpu")
+    sites = probes.host_sync_sites(two_syncs, "cpu")
     line = two_syncs.__code__.co_firstlineno
     assert sites == [f"test_harness.py:{line + 1}", f"test_harness.py:{line + 2}"]
 
