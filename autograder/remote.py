@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from autograder.jail import GRADER_ROOT, Jail
-from autograder.sandbox import _Capture, _kill
+from autograder.sandbox import _Capture, _kill, _rss
 from autograder.student import channel
 
 
@@ -91,10 +91,7 @@ class Remote:
     def _watchdog(self) -> None:
         while self.proc.poll() is None and self.cause is None:
             procs = self.members()
-            rss = 0
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    rss += p.memory_info().rss
+            rss = _rss(procs)
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
             if self.memory_bytes and rss > self.memory_bytes:
                 self._fail("memory")

@@ -13,3 +13,15 @@ def tmp_results(tmp_path):
     d = tmp_path / "results"
     d.mkdir()
     return d
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one intra-op thread for the test: a busy 2-core machine stalls a team of threads far more than one
+    thread (10x seen), and real CPU runs are timed."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

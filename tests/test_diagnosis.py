@@ -18,13 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "results" / "trace_corpus"
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _record(loop, tmp_path, steps=4) -> dict:
     """A plain torch.profiler trace, written the way its docs show: a schedule, prof.step() per iteration."""

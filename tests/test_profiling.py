@@ -21,14 +21,6 @@ DATA = Path(__file__).resolve().parent / "data"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def one_thread():
-    # Real CPU runs: a busy 2-core machine stalls a team of threads far more than one thread (10x seen).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # ------------------------------------------------------------------------------ synthetic GPU-style traces
 
