@@ -155,8 +155,31 @@ def _kill(procs: list[psutil.Process]) -> int:
         with contextlib.suppress(psutil.Error):
             p.kill()
             n += 1
-    psutil.wait_procs(procs, timeout=5)
+    _wait_gone(procs, timeout_s=5.0)
     return n
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> None:
+    """Wait until each process has exited; a zombie counts as gone (it runs nothing).
+
+    psutil.wait_procs waits for a zombie until its parent reaps it; a sandbox's processes are reaped by the
+    machine's init once their namespace dies, which can take a second or more, on every run.
+    """
+    deadline = time.monotonic() + timeout_s
+    left = list(procs)
+    while left and time.monotonic() < deadline:
+        still = []
+        for p in left:
+            with contextlib.suppress(psutil.Error):  # reaps our own children; others raise TimeoutExpired
+                p.wait(timeout=0)
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    still.append(p)
+            except psutil.Error:
+                pass
+        left = still
+        if left:
+            time.sleep(0.01)
 
 
 def _rss(procs: list[psutil.Process]) -> int:
