@@ -287,7 +287,9 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                     address_space=cfg.address_space_limit and slot["class"] == "cpu")
     token = os.urandom(16).hex()
     write_json(sdir / "running.json", {"token": token, "started_at": _now()})
-    box = Jail(writable=[root], gpu=slot["index"], env=gpu, trusted=not jailed)
+    cache = scratch / "compile-cache"  # this student's alone: their notebook fills it, their runner reuses it
+    cache.mkdir(parents=True)
+    box = Jail(writable=[root], gpu=slot["index"], env=gpu, trusted=not jailed, cache=cache)
     outcome = run_limited([sys.executable, "-m", "nbgrader", "autograde", aid, "--student", sid, "--force"],
                           cwd=root, env=env, limits=limits, token=token, jail=box)
     write_log(sdir / "autograde.log", f"nbgrader autograde {aid} --student {sid}", outcome)
@@ -336,7 +338,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                                              limits=replace(limits, wall_s=cfg.harness_timeout_s),
                                              data_files=course.source_files,
                                              sandbox="none" if cfg.trusted_submissions else "bwrap",
-                                             memory_gb=cfg.memory_gb)
+                                             memory_gb=cfg.memory_gb, cache=cache)
         for o in outs:
             res.peak_rss_bytes = max(res.peak_rss_bytes, o.peak_rss_bytes)
             res.wall_s += o.wall_s

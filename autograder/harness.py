@@ -61,6 +61,7 @@ class Check:
     timeout_s: float  # wall-clock budget for this check alone, warm-up and torch.compile included
     doc: str  # one line shown by --list
     torch: bool = True  # the check and its probes use torch (the toy's do not: its grading never loads torch)
+    baseline: bool = False  # it times a baseline runner too (started early, while the student's code loads)
 
 
 CHECKS: dict[str, Check] = {c.name: c for c in [
@@ -81,9 +82,9 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
     Check("lab2.bucket_sampler", "autograder.lab2_checks", "check_bucket_sampler", 2, 60,
           "length-bucketing sampler: every index once, less padding than random batches"),
     Check("lab2.loader_speed", "autograder.lab2_checks", "check_loader_speed", 4, 180,
-          "packed loader vs the image-file PIL loader: samples/s ratio, tiered"),
+          "packed loader vs the image-file PIL loader: samples/s ratio, tiered", baseline=True),
     Check("lab2.data_wait", "autograder.lab2_checks", "check_data_wait", 2, 180,
-          "share of a training step spent waiting for the packed loader"),
+          "share of a training step spent waiting for the packed loader", baseline=True),
     Check("lab2.bucket_sampler_hidden", "autograder.lab2_checks", "check_bucket_sampler_hidden", 2, 60,
           "sampler on other lengths, batch sizes and seeds"),
     Check("lab3.answers", "autograder.lab3_checks", "check_answers", 4, 30,
@@ -93,13 +94,13 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
     Check("lab3.no_host_sync", "autograder.lab3_checks", "check_no_host_sync", 2, 120,
           "the fixed training loop does not sync the host every step"),
     Check("lab3.speedup", "autograder.lab3_checks", "check_speedup", 4, 240,
-          "fixed vs slow training, each in its own process, interleaved: ratio, tiered"),
+          "fixed vs slow training, each in its own process, interleaved: ratio, tiered", baseline=True),
     Check("lab4.correctness", "autograder.lab4_checks", "check_correctness", 4, 600,
           "first K losses and parameter updates match the naive step within AMP tolerance"),
     Check("lab4.no_host_sync", "autograder.lab4_checks", "check_no_host_sync", 2, 600,
           "no host sync inside the training step"),
     Check("lab4.speed", "autograder.lab4_checks", "check_speed", 6, 900,
-          "ResNet-18 step vs the naive step: 3x for full marks on a tensor-core GPU (needs CUDA)"),
+          "ResNet-18 step vs the naive step: 3x for full marks on a tensor-core GPU (needs CUDA)", baseline=True),
     Check("lab4.correctness_hidden", "autograder.lab4_checks", "check_correctness_hidden", 2, 600,
           "same as correctness, other hyper-parameters and seed"),
     # The toy assignment the grader rehearses on (autograder.rehearsal): not part of the course.
@@ -108,7 +109,7 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
     Check("toy.hidden", "autograder.rehearsal", "check_hidden", 1, 60, "toy: sum of squares on the hidden inputs",
           torch=False),
     Check("toy.speed", "autograder.rehearsal", "check_speed", 1, 120, "toy: 4x the Python loop, interleaved",
-          torch=False),
+          torch=False, baseline=True),
 ]}
 
 
@@ -223,14 +224,13 @@ class Context:
     sandbox: str = "none"  # "bwrap" (student code in bubblewrap) or "none" (trusted submissions)
     memory_bytes: int | None = None  # resident memory allowed to the student's processes, bytes
     deadline: float = float("inf")  # time.monotonic() when the running check's budget ends
+    cache: Path | None = None  # the student's own compile-cache folder (autograder.jail.cache_env), if any
     _student: object = None
     _baseline: object = None
 
     def _jail(self, folder: Path, trusted: bool):
-        from autograder.jail import Jail, visible_gpu
-
-        gpu = visible_gpu() if getattr(self.device, "type", "cpu") == "cuda" else None
-        return Jail(writable=[folder], gpu=gpu, trusted=trusted or self.sandbox == "none")
+        return _jail_for(folder, getattr(self.device, "type", "cpu"), self.sandbox,
+                         cache=None if trusted else self.cache, baseline=trusted)
 
     def student(self):
         """The student's runner process (sandboxed), started on first use (or early, by the worker)."""
@@ -411,21 +411,37 @@ def _student_box(student_file: Path, work: Path) -> Path:
     return box / student_file.name
 
 
-def _early_student(path: Path, device: str, sandbox: str, memory_gb: float | None):
-    """The student's runner, started before this process imports torch (None if it cannot start here)."""
+def _jail_for(folder: Path, device_type: str, sandbox: str, *, cache: Path | None, baseline: bool):
+    """The sandbox of one runner: the student's (with their compile cache) or the baseline's (nothing of theirs;
+    trusted code, sandboxed unless the whole run is unsandboxed)."""
     from autograder.jail import Jail, visible_gpu
+
+    gpu = visible_gpu() if device_type != "cpu" else None
+    return Jail(writable=[folder], gpu=gpu, trusted=baseline or sandbox == "none", cache=cache)
+
+
+def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | None, cache: Path | None,
+                   baseline: bool) -> tuple:
+    """The student's runner, and the baseline's if a check needs one, started before this process imports torch
+    so that the three processes load at once (None where one cannot start here: Context retries and reports)."""
     from autograder.remote import Remote
 
-    gpu = visible_gpu() if device != "cpu" else None
-    try:
-        return Remote(work_dir=path.parent, device=device, student_file=path,
-                      jail=Jail(writable=[path.parent], gpu=gpu, trusted=sandbox == "none"),
-                      memory_bytes=int(memory_gb * 2**30) if memory_gb else None, startup_s=_STARTUP_S)
-    except Exception:  # Context.student() retries and reports the reason
-        return None
+    student = base = None
+    with contextlib.suppress(Exception):
+        student = Remote(work_dir=path.parent, device=device, student_file=path,
+                         jail=_jail_for(path.parent, device, sandbox, cache=cache, baseline=False),
+                         memory_bytes=int(memory_gb * 2**30) if memory_gb else None, startup_s=_STARTUP_S)
+    if baseline:
+        folder = Path.cwd() / "baseline"
+        folder.mkdir(exist_ok=True)
+        with contextlib.suppress(Exception):
+            base = Remote(work_dir=folder, device=device, jail=_jail_for(folder, device, sandbox, cache=None,
+                                                                         baseline=True), startup_s=_STARTUP_S)
+    return student, base
 
 
-def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None) -> int:
+def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None,
+            cache: str | None = None) -> int:
     nonce = sys.stdin.readline().strip()  # the parent's marker for verdict lines; no student code runs here
     sys.dont_write_bytecode = True
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -434,7 +450,8 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
 
         sandbox = "bwrap" if probe() is None else "none"
     path = _student_box(Path(student_file), Path.cwd())
-    early = _early_student(path, device, sandbox, memory_gb)  # starts importing torch while this process does
+    cache_dir = Path(cache) if cache else None
+    early = _early_runners(path, device, sandbox, memory_gb, cache_dir, any(CHECKS[n].baseline for n in names))
     memory = int(memory_gb * 2**30) if memory_gb else None
     if any(CHECKS[n].torch for n in names):
         import torch
@@ -443,21 +460,23 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
 
         dev = pick_device(device)
         ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
-                      student_file=path, sandbox=sandbox, memory_bytes=memory)
+                      student_file=path, sandbox=sandbox, memory_bytes=memory, cache=cache_dir)
         torch.backends.cudnn.benchmark = False
         if dev.type == "cpu":
             torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
     else:
         ctx = Context(device="cpu", hardware="cpu", small=True, work_dir=Path.cwd(), student_file=path,
-                      sandbox=sandbox, memory_bytes=memory)
-    ctx._student = early
+                      sandbox=sandbox, memory_bytes=memory, cache=cache_dir)
+    ctx._student, ctx._baseline = early
     try:
         for name in names:
             print(f"{nonce} start {name}", flush=True)
+            t0 = time.monotonic()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 v = _run_in_worker(CHECKS[name], ctx)
             v["sandbox"] = sandbox
+            v["seconds"] = round(time.monotonic() - t0, 2)  # this check's wall time, runners' startup excluded
             print(f"{nonce} verdict {json.dumps(v, default=str)}", flush=True)
     finally:
         ctx.close()
@@ -474,11 +493,14 @@ def _failed(name: str, message: str, **measurements) -> dict:
 
 
 def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: float | None = None,
-               device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None) -> list[dict]:
+               device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None,
+               cache: str | os.PathLike | None = None) -> list[dict]:
     """Run several checks on one student file from one fresh trusted process; one verdict per name, in order.
 
     The student's code runs in a sandboxed process of its own (`sandbox`: "bwrap" requires bubblewrap, "none"
     trusts the submission, "auto" sandboxes where bubblewrap works), `memory_gb` caps its resident memory.
+    `cache` is this student's own compile-cache folder (shared with their notebook's run; never another
+    student's, never the baseline's).
     `timeout_s` bounds the whole run (default: the sum of the checks' budgets). If the process runs out of
     time, the check that was running fails with a timeout and the checks after it run again in a new process,
     so every check runs at most once.
@@ -494,7 +516,7 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     remaining = list(names)
     while remaining:
         budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
-        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb)
+        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, cache)
         results.update(got)
         if err is None:
             for n in remaining:
@@ -514,14 +536,16 @@ def run_check(name: str, student_file: str | os.PathLike, timeout_s: float | Non
     return run_checks([name], student_file, timeout_s=timeout_s, device=device, sandbox=sandbox)[0]
 
 
-def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None):
+def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None,
+           cache: str | os.PathLike | None = None):
     """Run the worker; returns (names started, verdicts by name, error text or None if it finished)."""
     nonce = secrets.token_hex(16)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.update(PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
     cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, "--sandbox", sandbox,
-           *(["--memory-gb", str(memory_gb)] if memory_gb else []), str(path), *names]
+           *(["--memory-gb", str(memory_gb)] if memory_gb else []),
+           *(["--cache", str(Path(cache).resolve())] if cache else []), str(path), *names]
     err = None
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         # A session of its own: on a timeout the whole group goes, DataLoader workers and other children included
@@ -633,10 +657,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--device", default="auto")
         ap.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
         ap.add_argument("--memory-gb", type=float, default=None)
+        ap.add_argument("--cache", default=None)
         ap.add_argument("student_file")
         ap.add_argument("names", nargs="+")
         a = ap.parse_args(argv[1:])
-        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb)
+        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.cache)
     ap = argparse.ArgumentParser(prog="python -m autograder.harness",
                                  description="Run a trusted check on a student's file in a fresh process.")
     ap.add_argument("check", nargs="?", help="check name (e.g. lab2.loader_speed) or a lab id prefix (e.g. lab2)")

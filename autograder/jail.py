@@ -31,6 +31,7 @@ GRADER_ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = GRADER_ROOT / "autograder" / "student"  # the only part of the grader a student process may import
 VIEW = "/opt/labkit-grader"  # where the public grader and labkit appear inside the sandbox (on sys.path)
 SANDBOX_UID = 65534  # "nobody"
+CACHE_VIEW = "/tmp/compile-cache"  # where a sandbox sees its compile caches (the student's own folder, if any)
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf", "hosts",
         "localtime", "ssl", "ca-certificates", "fonts", "matplotlibrc", "os-release", "mime.types")
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
@@ -59,12 +60,15 @@ class Jail:
     cwd: Path | None = None  # working directory inside (default: the first writable folder)
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
     trusted: bool = False  # no sandbox at all (the instructor vouched for the submissions)
+    cache: Path | None = None  # this student's compile caches, shared by their notebook and runner only (below)
 
     def host_env(self, env: dict[str, str]) -> dict[str, str]:
         """The environment to start the sandbox with: bubblewrap's own process stays visible inside (as the PID
         namespace's first process, whose /proc/1/environ a student can read), so it gets nothing of the
         grader's environment; the student's processes get theirs through --setenv."""
-        return dict(env) if self.trusted else {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        if not self.trusted:
+            return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        return {**env, **cache_env(str(self.cache))} if self.cache is not None else dict(env)
 
     def python_path(self) -> str:
         """PYTHONPATH inside: the grader's public half and labkit, nothing else of the repository."""
@@ -92,15 +96,27 @@ class Jail:
             args += ["--bind", str(p), str(p)]
         if self.gpu is not None:
             args += _gpu_binds(self.gpu)
+        if self.cache is not None:
+            args += ["--bind", str(self.cache), CACHE_VIEW]
         env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}  # the sandbox's, not bwrap's own
         env.update(HOME="/tmp/home", TMPDIR="/tmp", PYTHONPATH=VIEW, PYTHONNOUSERSITE="1", MPLCONFIGDIR="/tmp/mpl",
-                   JUPYTER_RUNTIME_DIR="/tmp/jupyter-runtime", IPYTHONDIR="/tmp/ipython",
-                   TORCHINDUCTOR_CACHE_DIR="/tmp/inductor", TRITON_CACHE_DIR="/tmp/triton")
+                   JUPYTER_RUNTIME_DIR="/tmp/jupyter-runtime", IPYTHONDIR="/tmp/ipython", **cache_env(CACHE_VIEW))
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
         env.update(self.env)
         for k, v in env.items():
             args += ["--setenv", k, v]
         return args + ["--chdir", str(cwd), "--", *cmd]
+
+
+def cache_env(root: str) -> dict[str, str]:
+    """Where torch.compile keeps its caches, under `root`.
+
+    A student's notebook and the runner that grades it compile the same step: with one folder for both (the
+    student's own, `Jail.cache`, bound at the same path in each sandbox) the runner starts warm, where each
+    compiling from scratch cost a GPU lab tens of seconds per student. It is never shared between students,
+    nor with the baseline: a cache entry is code that the process loading it runs.
+    """
+    return {"TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor", "TRITON_CACHE_DIR": f"{root}/triton"}
 
 
 def _system_binds() -> list[str]:

@@ -198,6 +198,7 @@ class SuiteBuilder:
         if canary is None or root is None:
             return
         slow, target = self.bodies.get("slow_correct"), self.target[1] if self.target else "pipeline.py"
+        ref = _writefile(self.reference[self.target[0]])[1] if self.target else ""
         paths = {"@CANARY@": repr(str(canary)), "@ROOT@": repr(str(root)), "@REPO@": repr(str(_REPO))}
 
         def fill(code: str) -> str:
@@ -226,6 +227,11 @@ class SuiteBuilder:
                 self._files(self.notebook(slow + "\n" + steal + _IMPORT_TRUSTED)), Expect(True, False))
             add("spinner", "slow solution whose import starts detached processes that spin while the baseline is "
                 "timed", self._files(self.notebook(slow + "\n" + _SPINNER)), Expect(True, False))
+            for tag in ("a", "b"):  # two of them: whichever is graded second would find the first one's plant
+                add(f"cache_share_{tag}", "slow solution that plants the fast answer in its compile caches and "
+                    "runs any answer another student planted there", self._files(self.notebook(
+                        slow + "\n" + _CACHE_TAKE.replace("@TAG@", tag), before_tests=_cache_plant(tag, ref))),
+                    Expect(True, False))
         _ = target
 
     def _patch_cell(self) -> str:
@@ -418,6 +424,25 @@ for _m in ("autograder.rehearsal", "autograder.lab1_checks", "autograder.lab3_ch
     except Exception:
         pass
 """
+
+# A student's compile caches (the folder torch.compile and Triton write) are theirs alone: shared between their
+# notebook and their runner, never with another student or the baseline. These plant an answer there and take
+# any answer another student planted (their own is theirs to use).
+_CACHE_ROOTS = "('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')"
+_CACHE_TAKE = r"""
+import glob as _glob, os as _os
+for _v in @ROOTS@:
+    for _f in _glob.glob(_os.path.join(_os.environ.get(_v) or '/nonexistent', '**', 'answer-*.py'), recursive=True):
+        if not _f.endswith('answer-@TAG@.py'):
+            exec(open(_f).read())
+""".replace("@ROOTS@", _CACHE_ROOTS)
+
+
+def _cache_plant(tag: str, answer: str) -> str:
+    return (f"import os\nfor _v in {_CACHE_ROOTS}:\n    _d = os.environ.get(_v)\n    if _d:\n"
+            "        os.makedirs(_d, exist_ok=True)\n"
+            f"        open(os.path.join(_d, 'answer-{tag}.py'), 'w').write({answer!r})\n")
+
 
 # Detached processes that spin on the CPU from import on: they would slow a baseline timed beside them.
 _SPINNER = r"""

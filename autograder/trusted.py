@@ -130,13 +130,14 @@ def interpret(call: HarnessCall, answer: dict) -> Verdict:
 
 def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *, harness_module: str,
                 limits: Limits, env: dict[str, str], data_files: dict[str, bytes] | None = None,
-                sandbox: str = "bwrap", memory_gb: float | None = None,
+                sandbox: str = "bwrap", memory_gb: float | None = None, cache: Path | None = None,
                 ) -> tuple[dict[str, Verdict], list[Outcome]]:
     """Run `calls` from fresh trusted interpreters (one per student file); never raises.
 
     Each gets a folder holding the assignment's own files (`data_files`, as nbgrader puts them beside the
     notebook) and a copy of the student's file, nothing else the student wrote. The harness runs the
-    student's code in its own sandboxed process (`sandbox`: "bwrap", or "none" for trusted submissions).
+    student's code in its own sandboxed process (`sandbox`: "bwrap", or "none" for trusted submissions), with
+    `cache` (the student's own compile-cache folder, which their notebook's run filled) as its compile cache.
     """
     verdicts, outcomes = {}, []
     by_file: dict[str, list[HarnessCall]] = {}
@@ -163,7 +164,8 @@ def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *
             f"import {harness_module} as h\n"
             f"names, path = {names!r}, {sfile!r}\n"
             "if hasattr(h, 'run_checks'):\n"
-            f"    out = h.run_checks(names, path, sandbox={sandbox!r}, memory_gb={memory_gb!r})\n"
+            f"    out = h.run_checks(names, path, sandbox={sandbox!r}, memory_gb={memory_gb!r}, "
+            f"cache={str(cache) if cache else None!r})\n"
             "else:\n"
             "    out = [h.run_check(n, path) for n in names]\n"
             f"print({RESULT_MARK!r} + json.dumps(out, default=str), flush=True)\n"

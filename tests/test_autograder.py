@@ -32,7 +32,8 @@ IN_BATCH = ["reference", "release", "wrong_fast", "tests_edited", "slow_correct"
             "cache", "infinite_loop", "deaf_loop", "kernel_crash", "memory_hog", "output_flood", "stderr_noise", "snoop",
             "vandal", "malformed", "no_notebook",
             # the hostile class: forge, reach the grader's files, kill, outlive, flood, steal, slow the baseline
-            "forge_verdict", "reach_files", "kill_all", "daemon", "fork_flood", "import_reference", "spinner"]
+            "forge_verdict", "reach_files", "kill_all", "daemon", "fork_flood", "import_reference", "spinner",
+            "cache_share_a", "cache_share_b"]
 CANARY = "instructor-only: the hidden answers are 42"
 
 
@@ -85,6 +86,43 @@ def test_sandbox_kills_a_daemon_that_left_the_session(tmp_path):
     out = sandbox.run_limited([PY, "-c", code], cwd=tmp_path, limits=sandbox.Limits(wall_s=30))
     assert out.ok and out.leftovers_killed >= 1
     assert not _alive_with(marker)
+
+
+def test_a_students_compile_cache_reaches_their_runner_only(tmp_path):
+    from autograder import harness, jail
+
+    if jail.probe():
+        pytest.skip(jail.probe())
+    cache, box = tmp_path / "cache", tmp_path / "box"
+    cache.mkdir()
+    box.mkdir()
+    code = ("import os; d = os.environ['TORCHINDUCTOR_CACHE_DIR']; os.makedirs(d, exist_ok=True); "
+            "open(os.path.join(d, 'entry'), 'w').write('x'); print(d)")
+    j = harness._jail_for(box, "cpu", "bwrap", cache=cache, baseline=False)
+    out = subprocess.run(j.command([PY, "-c", code]), env=j.host_env({}), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == jail.cache_env(jail.CACHE_VIEW)["TORCHINDUCTOR_CACHE_DIR"]
+    assert (cache / "inductor" / "entry").read_text() == "x"  # the notebook's compile is there for the runner
+    # The baseline never loads anything of the student's: not sandboxed (trusted code), and no cache of theirs.
+    base = harness._jail_for(box, "cpu", "bwrap", cache=None, baseline=True)
+    assert base.trusted and base.cache is None and "TORCHINDUCTOR_CACHE_DIR" not in base.host_env({})
+    ctx = harness.Context(device="cpu", hardware="cpu", small=True, work_dir=tmp_path, student_file=box / "s.py",
+                          sandbox="bwrap", cache=cache)
+    assert ctx._jail(box, True).cache is None and ctx._jail(box, False).cache == cache
+
+
+def test_killing_a_sandbox_does_not_wait_for_its_zombies(tmp_path):
+    from autograder import jail
+    from autograder.remote import Remote
+
+    if jail.probe():
+        pytest.skip(jail.probe())
+    r = Remote(work_dir=tmp_path, device="cpu", jail=jail.Jail(writable=[tmp_path]))
+    r.wait_ready()
+    t0 = time.monotonic()
+    r.close()
+    assert time.monotonic() - t0 < 1.0  # it waited for the machine's init to reap them: 1-2 s per runner
+    assert r.proc.poll() is not None
 
 
 # ------------------------------------------------------------------------------------------------ intake
