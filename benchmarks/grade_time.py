@@ -59,10 +59,10 @@ print(course)
 """
 
 
-def grade_once(tree: Path, lab: str, students: int, base: Path, timeout_s: float) -> dict:
+def grade_once(tree: Path, lab: str, students: int, base: Path, timeout_s: float, memory_gb: float | None) -> dict:
     """Build a class of `students` reference hand-ins with `tree`'s code, grade it with `tree`'s grader."""
-    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent)}
-    env.update({k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "CUDA_VISIBLE_DEVICES", "TMPDIR")})
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "CUDA_VISIBLE_DEVICES", "TMPDIR")}
+    env["PYTHONPATH"] = str(tree)  # that checkout's grader and labkit, nothing else
     built = subprocess.run([sys.executable, "-c", _BUILD, lab, str(base), str(students)], cwd=tree, env=env,
                            capture_output=True, text=True, timeout=600)
     if built.returncode:
@@ -72,9 +72,14 @@ def grade_once(tree: Path, lab: str, students: int, base: Path, timeout_s: float
            "--out", str(base / "out"), "--work", str(base / "work"), "--jobs", "1", "--no-progress", "--force"]
     if lab == TOY:
         cmd += ["--harness", "autograder.rehearsal", "--preset", "quick"]
+    if memory_gb:
+        cmd += ["--memory-gb", str(memory_gb)]
     t0 = time.monotonic()
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
     total = time.monotonic() - t0
+    if not all((base / "out" / "students" / f"s{i:02d}" / "result.json").is_file() for i in range(students)):
+        raise LabkitError(f"{tree}'s grader recorded no result (exit {r.returncode}): "
+                          f"{(r.stdout + r.stderr).strip()[-1500:]}")
     per, notebook, scores = [], [], []
     for i in range(students):
         sdir = base / "out" / "students" / f"s{i:02d}"
@@ -82,6 +87,11 @@ def grade_once(tree: Path, lab: str, students: int, base: Path, timeout_s: float
         per.append(round(res["wall_s"], 2))
         notebook.append(_notebook_seconds(sdir / "autograde.log"))
         scores.append(f"{res['score']:g}/{res['max_score']:g}")
+        if res["score"] < res["max_score"]:  # a reference that loses points: the time measures something else
+            lost = [c for c in res.get("cells", []) if c.get("score", 0) < c.get("max_score", 0)]
+            print(f"  {tree.name}/s{i:02d}: {res.get('status')} {res.get('cause')} {res.get('message')}; "
+                  f"notes {res.get('notes')}; lost {[c.get('cell', c) for c in lost][:6]}", flush=True)
+            print("  " + (sdir / "autograde.log").read_text(errors="replace")[-1500:], flush=True)
     return {"total_s": round(total, 1), "per_student_s": per, "notebook_s": notebook, "scores": scores,
             "exit_code": r.returncode}
 
@@ -99,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--students", type=int, default=2, help="reference hand-ins per class")
     ap.add_argument("--repeats", type=int, default=2, help="classes graded per lab and checkout (alternating)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one class's grading may take")
+    ap.add_argument("--memory-gb", type=float, default=None, help="the grader's memory budget per student, GiB "
+                    "(the grader before the sandbox counted every process of the kernel: 16 GiB stops lab 4 on a GPU)")
+    ap.add_argument("--only", choices=("this", "before"), default=None, help="grade with one checkout only")
     ap.add_argument("--against-commit", default=None, help="the other checkout's commit, where it is no git checkout")
     ap.add_argument("--out", default=None, help="results file (default benchmarks/results/grade_time_<device>.json)")
     a = ap.parse_args(argv)
@@ -119,12 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         runs = {"this": [], "before": []}
         for rep in range(a.repeats):
             order = ["this", "before"] if rep % 2 == 0 else ["before", "this"]
-            for name in order:
+            for name in [n for n in order if a.only in (None, n)]:
                 with tempfile.TemporaryDirectory(prefix="grade-time-") as tmp:
-                    got = grade_once(trees[name], lab, a.students, Path(tmp), a.timeout)
+                    got = grade_once(trees[name], lab, a.students, Path(tmp), a.timeout, a.memory_gb)
                 runs[name].append(got)
                 print(f"{lab} {name} repeat {rep + 1}: {got['per_student_s']} s per student (notebook "
                       f"{got['notebook_s']} s), scores {got['scores']}", flush=True)
+        if a.only:
+            record["labs"][lab] = {"runs": runs}
+            write_json(out, record)
+            continue
         med = {k: statistics.median(s for r in v for s in r["per_student_s"]) for k, v in runs.items()}
         record["labs"][lab] = {"runs": runs, "median_s": med, "ratio": round(med["this"] / med["before"], 2),
                                "range_s": {k: [min(s for r in v for s in r["per_student_s"]),
