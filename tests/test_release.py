@@ -156,3 +156,16 @@ def test_release_alone_in_a_fresh_venv_runs_each_labs_public_checks(built, tmp_p
                 assert out.returncode == 0 and all(v["ok"] or not v["gradable"] for v in verdicts), verdicts
             else:
                 assert out.returncode == 1 and not any(v["ok"] for v in verdicts), verdicts
+
+
+def test_student_facing_docs_point_at_the_release_never_at_the_solutions():
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
+                                                                   *(ROOT / "notebooks").glob("*.ipynb")]}
+    texts["release README"] = release._readme(release.version(), "owner/name-student")
+    assert not [name for name, text in texts.items() if "assignments/source" in text]
+    readme = (ROOT / "README.md").read_text()
+    assert "make student" in readme and "assignments/README.md#running-a-course" in readme
+    guide = (ROOT / "assignments" / "README.md").read_text()
+    for needle in ("## Running a course", "Fork privately", "course secret", "make student", "_handin.zip",
+                   "instructor only", "MANIFEST.json"):
+        assert needle in guide
