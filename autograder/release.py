@@ -287,14 +287,35 @@ def needles(root: Path = ROOT) -> dict[str, str]:
     return {k: v for k, v in out.items() if k.strip()}
 
 
+def solution_lines(root: Path = ROOT) -> set[str]:
+    """The reference solutions' code lines (40+ characters) from the source notebooks' solution regions."""
+    out = set()
+    for lab in LABS:
+        for c in json.loads((root / "assignments" / "source" / lab / f"{lab}.ipynb").read_text())["cells"]:
+            for region in re.findall(r"BEGIN SOLUTION(.*?)END SOLUTION", "".join(c["source"]), flags=re.S):
+                out |= {ln.strip() for ln in region.splitlines() if len(ln.strip()) >= 40
+                        and not ln.strip().startswith("#")}
+    return out
+
+
+SOLUTION_BLOCK = 3  # solution lines in one file that make a copied solution (one may be a common idiom)
+
+
 def scan(folder: Path, root: Path = ROOT, extra: dict[str, str] | None = None) -> list[str]:
-    """Every leak in the files under `folder` (and inside its .tar.gz archives): one line per find."""
+    """Every leak in the files under `folder` (and inside its .tar.gz archives): one line per find.
+
+    A needle (see `needles`) is a leak wherever it appears; reference solution code is one where a file holds
+    SOLUTION_BLOCK or more of its lines."""
     wanted = {re.sub(r"\s+", "", k): f"{k[:60]!r} ({v})" for k, v in {**needles(root), **(extra or {})}.items()}
+    solution = {re.sub(r"\s+", "", ln) for ln in solution_lines(root)}
     found = []
     for rel, data in _files(Path(folder)):
         flat = re.sub(r"\s+", "", data.decode("utf-8", errors="replace"))
         flat = flat.replace("\\n", "").replace('\\"', '"')  # notebook JSON escapes
         found += [f"{rel}: {why}" for k, why in wanted.items() if k and k in flat]
+        copied = [ln for ln in solution if ln in flat]
+        if len(copied) >= SOLUTION_BLOCK:
+            found.append(f"{rel}: {len(copied)} lines of a reference solution, e.g. {copied[0][:60]!r}")
     return found
 
 

@@ -80,7 +80,8 @@ def test_scan_catches_each_kind_of_leak(built, tmp_path):
     needles = release.needles()
     value = next(k for k, why in needles.items() if "hidden probe value" in why)
     line = next(k for k, why in needles.items() if "line of the trusted lab1_checks.py" in why)
-    plants = {"### BEGIN SOLUTION": "solution region", "lab1.scaler_edge_cases": "hidden check",
+    solution = "\n".join(sorted(release.solution_lines())[:release.SOLUTION_BLOCK])
+    plants = {"### BEGIN SOLUTION": "solution region", solution: "solution code", "lab1.scaler_edge_cases": "hidden check",
               "ANSWER_KEY = {}": "answer key", line: "trusted module", value: "hidden probe value"}
     for text, kind in plants.items():
         copy = tmp_path / kind.replace(" ", "_")
