@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 PORT   ?=
 
-.PHONY: setup demo test lint lab clean clean-all FORCE
+.PHONY: setup demo test lint lab student clean clean-all FORCE
 
 # Before any target: refuse a Python older than 3.11 in one clear line, and note whether an existing .venv was
 # made by another Python (or is broken), so that setup rebuilds it instead of reusing it. Cleaning needs neither.
@@ -30,7 +30,7 @@ ifdef VENV_STALE
 endif
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[course,dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (labkit)" >/dev/null
 	@touch $(STAMP)
 
@@ -52,6 +52,11 @@ test: setup lint  ## everything CI runs
 # ("Python 3 (labkit)"); root (a container) needs --allow-root. PORT=8899 picks the port (default: Jupyter's).
 lab: setup  ## open the course in JupyterLab with the labkit kernel
 	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(if $(PORT),--port=$(PORT) )notebooks/
+
+# The student release: dist/student/ and dist/labkit-student-<version>.tar.gz (assignments/README.md, "Running a
+# course"). OUT=folder builds elsewhere.
+student: setup  ## build the student release (no solutions, hidden tests or references in it)
+	$(BIN)/python -m autograder.release --out $(or $(OUT),dist)
 
 clean:  ## remove results and caches
 	rm -rf runs .pytest_cache .ruff_cache

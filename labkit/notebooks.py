@@ -2,7 +2,9 @@
 
 `python -m labkit.notebooks` re-stamps every notebook's badge and setup cell, and the README's badge (which opens
 Colab's list of the repository's notebooks), from the one repository slug in pyproject.toml ([tool.labkit]
-colab_repo), and strips outputs; `--check` only reports (the tests use it).
+colab_repo), and strips outputs; `--check` only reports (the tests use it). The graded labs get their badge
+(the released notebook in the published student release, `<colab_repo>-student`), their locked setup cell and
+their hand-in cell the same way; every Colab setup cell installs the student release, never this repository.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ NOTEBOOK_DIRS = ["notebooks"]
 BADGE_RE = re.compile(r"https://colab\.research\.google\.com/github/([^)\s]+?)/blob/([^/)\s]+)/([^)\s]+\.ipynb)")
 ANY_BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 SETUP_MARKER = "# labkit-setup: installs labkit inside Colab only; a no-op everywhere else."
+LAB_SETUP_MARKER = "# Setup (read-only): on Colab, install the student release; find the grading harness; no warnings."
+HANDIN_MARKER = "# Hand-in (read-only): save the notebook first (Ctrl+S); this writes <lab>_handin.zip for upload"
+COLAB_MARK = "/content/.labkit-student"  # written after the release is installed, so a re-run skips pip
+LAB_DIR = "assignments/source"
+# Files a lab's notebook reads beside it, and the release module each is a copy of (for Colab).
+LAB_FILES = {"lab3_profile_fix": {"slow_train.py": "autograder.student.lab3_slow"}}
 
 
 def colab_repo(root: Path = REPO_ROOT) -> tuple[str, str]:
@@ -72,20 +80,72 @@ def fix_readme(root: Path = REPO_ROOT) -> None:
     path.write_text(text)
 
 
-def setup_source(root: Path = REPO_ROOT) -> str:
+def student_repo(root: Path = REPO_ROOT) -> tuple[str, str]:
+    """(owner/name, branch) where the student release is published: the Colab slug's `-student` twin.
+
+    An instructor pushes the built release (`make student`, dist/student/) there; the labs' badges open its
+    notebooks and every setup cell installs it, so Colab never sees the instructor's repository.
+    """
     repo, branch = colab_repo(root)
-    return "\n".join([
-        SETUP_MARKER,
-        "import os",
-        "import subprocess",
-        "import sys",
-        'if "google.colab" in sys.modules and not os.path.isdir("/content/labkit"):',
-        f'    subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{branch}",',
-        f'                    "https://github.com/{repo}", "/content/labkit"], check=True)',
-        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/labkit"], check=True)',
-        '    sys.path.insert(0, "/content/labkit")',
-        '    os.chdir("/content/labkit/notebooks")',
-    ])
+    return f"{repo}-student", branch
+
+
+def release_url(root: Path = REPO_ROOT) -> str:
+    """The student release as an archive pip installs: the published repository's branch, from GitHub."""
+    repo, branch = student_repo(root)
+    return f"https://github.com/{repo}/archive/refs/heads/{branch}.tar.gz"
+
+
+def _colab_install(root: Path, indent: str = "") -> list[str]:
+    return [
+        f'{indent}if "google.colab" in sys.modules and not os.path.exists("{COLAB_MARK}"):',
+        f'{indent}    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{release_url(root)}"], check=True)',
+        f'{indent}    open("{COLAB_MARK}", "w").close()',
+        f"{indent}    importlib.invalidate_caches()",
+    ]
+
+
+def setup_source(root: Path = REPO_ROOT) -> str:
+    """A weekly notebook's first code cell: on Colab, pip install the student release (the light install)."""
+    return "\n".join([SETUP_MARKER, "import importlib", "import os", "import subprocess", "import sys",
+                      *_colab_install(root)])
+
+
+def lab_setup_source(lab: str, root: Path = REPO_ROOT) -> str:
+    """A lab's locked setup cell: the student release on Colab (and lab 3's slow_train.py beside the notebook),
+    the harness found in an instructor's checkout, warnings kept out of the test cells."""
+    lines = [LAB_SETUP_MARKER, "import importlib", "import os", "import subprocess", "import sys", "import warnings",
+             "from pathlib import Path", "", 'warnings.filterwarnings("ignore")', *_colab_install(root)]
+    for name, module in LAB_FILES.get(lab, {}).items():
+        lines += [f'if "google.colab" in sys.modules and not os.path.exists("{name}"):',
+                  '    import shutil', "", f"    import {module} as _src", "",
+                  f'    shutil.copyfile(_src.__file__, "{name}")']
+    lines += [
+        "try:  # an instructor's checkout: the trusted harness is in a folder above, or where labkit comes from",
+        "    from labkit.env import REPO_ROOT as _root",
+        "except ImportError:",
+        "    _root = Path.cwd()",
+        "for _d in [Path.cwd().resolve(), *Path.cwd().resolve().parents, _root]:",
+        '    if (_d / "autograder" / "harness.py").is_file():',
+        "        if str(_d) not in sys.path:",
+        "            sys.path.insert(0, str(_d))",
+        "        break",
+        "from autograder.harness import grade",
+    ]
+    return "\n".join(lines)
+
+
+def handin_source(lab: str) -> str:
+    """A lab's last cell: write the hand-in zip (downloaded on Colab)."""
+    return "\n".join([HANDIN_MARKER, "# (on Colab it downloads the zip, and copies it to Google Drive when mounted).",
+                      "from labkit import handin", "", f'handin.save("{lab}")'])
+
+
+def lab_badge(lab: str, root: Path = REPO_ROOT) -> str:
+    """The lab's badge: its released notebook in the published student release (never the solution)."""
+    repo, branch = student_repo(root)
+    url = f"https://colab.research.google.com/github/{repo}/blob/{branch}/labs/{lab}/{lab}.ipynb"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 
 
 def notebook_paths(root: Path = REPO_ROOT) -> list[Path]:
@@ -121,6 +181,11 @@ def problems(path: Path, root: Path = REPO_ROOT) -> list[str]:
     return out
 
 
+def _like(old, text: str):
+    """`text` in the form the cell had: a list of lines (nbformat's usual form) or one string."""
+    return text.splitlines(keepends=True) if isinstance(old, list) else text
+
+
 def fix(path: Path, root: Path = REPO_ROOT) -> None:
     """Stamp the badge and setup cell, strip outputs and execution counts, in place."""
     rel = path.relative_to(root).as_posix()
@@ -131,7 +196,7 @@ def fix(path: Path, root: Path = REPO_ROOT) -> None:
         src = "".join(cells[0]["source"])
         src = re.sub(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)", badge, src) if "Open In Colab" in src \
             else badge + "\n\n" + src
-        cells[0]["source"] = src
+        cells[0]["source"] = _like(cells[0]["source"], src)
     else:
         cells.insert(0, {"cell_type": "markdown", "metadata": {}, "source": badge})
     setup = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": setup_source(root)}
@@ -139,7 +204,8 @@ def fix(path: Path, root: Path = REPO_ROOT) -> None:
         setup["id"] = "labkit-setup"  # nbformat 4.5 requires cell ids
     first_code = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"), None)
     if first_code is not None and "".join(cells[first_code]["source"]).startswith(SETUP_MARKER):
-        cells[first_code] = setup
+        old = cells[first_code]
+        old["source"] = _like(old["source"], setup["source"])  # in place: the cell's keys keep their order
     else:
         cells.insert(1, setup)
     for c in cells:
@@ -153,7 +219,62 @@ def fix(path: Path, root: Path = REPO_ROOT) -> None:
             if not c.get("id") or c["id"] in seen:
                 c["id"] = f"cell-{i}"
             seen.add(c["id"])
-    nb.setdefault("metadata", {})["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    if nb.setdefault("metadata", {}).get("kernelspec") != kernel:
+        nb["metadata"]["kernelspec"] = kernel
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def lab_paths(root: Path = REPO_ROOT) -> list[Path]:
+    """The graded labs' source notebooks (assignments/source/<lab>/<lab>.ipynb)."""
+    return sorted(p for p in (root / LAB_DIR).glob("*/*.ipynb") if p.stem == p.parent.name)
+
+
+def _setup_index(cells: list) -> int | None:
+    return next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"
+                 and c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "").endswith("_setup")), None)
+
+
+def lab_problems(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """What is wrong with a lab notebook's badge, setup cell or hand-in cell (empty when they are current)."""
+    lab, rel = path.stem, path.relative_to(root).as_posix()
+    cells = json.loads(path.read_text()).get("cells", [])
+    out = []
+    if not cells or lab_badge(lab, root) not in "".join(cells[0].get("source", "")):
+        out.append(f"{rel}: the first cell needs the badge {lab_badge(lab, root)} (run python -m labkit.notebooks)")
+    i = _setup_index(cells)
+    if i is None or "".join(cells[i]["source"]) != lab_setup_source(lab, root):
+        out.append(f"{rel}: the locked setup cell is not current (run python -m labkit.notebooks)")
+    if not cells or "".join(cells[-1].get("source", "")) != handin_source(lab):
+        out.append(f"{rel}: the last cell must save the hand-in (run python -m labkit.notebooks)")
+    if any(c.get("outputs") or c.get("execution_count") for c in cells if c.get("cell_type") == "code"):
+        out.append(f"{rel}: commit notebooks without outputs")
+    return out
+
+
+def fix_lab(path: Path, root: Path = REPO_ROOT) -> None:
+    """Stamp a lab notebook's badge, setup cell and hand-in cell; strip outputs. Other cells are left alone."""
+    lab = path.stem
+    nb = json.loads(path.read_text())
+    cells = nb["cells"]
+    src = ANY_BADGE_RE.sub("", "".join(cells[0]["source"])).lstrip("\n")
+    cells[0]["source"] = _like(cells[0]["source"], lab_badge(lab, root) + "\n\n" + src)
+    i = _setup_index(cells)
+    if i is None:
+        raise ValueError(f"{path}: no locked setup cell (nbgrader grade_id ending in _setup)")
+    cells[i]["source"] = _like(cells[i]["source"], lab_setup_source(lab, root))
+    prefix = cells[i]["metadata"]["nbgrader"]["grade_id"].removesuffix("_setup")
+    handin = {"cell_type": "code", "execution_count": None, "id": "handin", "outputs": [],
+              "metadata": {"nbgrader": {"grade": False, "grade_id": f"{prefix}_handin", "locked": True,
+                                        "schema_version": 3, "solution": False, "task": False}},
+              "source": _like([], handin_source(lab))}
+    if "".join(cells[-1].get("source", "")).startswith(HANDIN_MARKER):
+        cells[-1] = handin
+    else:
+        cells.append(handin)
+    for c in cells:
+        if c.get("cell_type") == "code":
+            c["outputs"], c["execution_count"] = [], None
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -169,6 +290,10 @@ def main(argv=None) -> int:
         if not args.check:
             fix_readme()
         bad += readme_problems()
+        for p in lab_paths():
+            if not args.check:
+                fix_lab(p)
+            bad += lab_problems(p)
     for p in paths:
         if not args.check:
             fix(p)

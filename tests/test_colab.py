@@ -73,16 +73,72 @@ def test_each_notebooks_setup_cell_is_a_no_op_outside_colab(tmp_path, path):
     assert got == {"events": [], "sys_path_changed": False, "cwd_changed": False, "error": None}
 
 
-def test_setup_cell_inside_colab_clones_the_configured_repository(tmp_path):
-    """The control for the test above: with google.colab present the same cell would clone and install."""
-    if os.path.isdir("/content/labkit"):
-        pytest.skip("running inside Colab with labkit already cloned")
-    repo, branch = notebooks.colab_repo()
-    got = probe(tmp_path, notebooks.setup_source(), "colab")
+def _installs_the_release(got: dict) -> None:
+    """The first thing the cell does inside Colab is pip install the student release, nothing of this repository."""
     assert got["error"] == "blocked by the test"
-    (event, args), = got["events"]
+    event, args = got["events"][0]
     assert event == "subprocess.Popen"
-    assert all(s in args[1] for s in ("'git'", "'clone'", f"'{branch}'", f"'https://github.com/{repo}'")), args
+    assert all(s in args[1] for s in ("'pip'", "'install'", f"'{notebooks.release_url()}'")), args
+    repo, _ = notebooks.colab_repo()
+    assert "'-e'" not in args[1] and "clone" not in args[1] and f"github.com/{repo}/" not in args[1], args
+
+
+def test_setup_cell_inside_colab_installs_the_student_release(tmp_path):
+    """The control for the test above: with google.colab present the same cell installs the student release."""
+    got = probe(tmp_path, notebooks.setup_source(), "colab")
+    _installs_the_release(got)
+    assert len(got["events"]) == 1
+    repo, branch = notebooks.student_repo()
+    assert notebooks.release_url() == f"https://github.com/{repo}/archive/refs/heads/{branch}.tar.gz"
+    assert repo == notebooks.colab_repo()[0] + "-student"
+
+
+def _cell(path: Path, index: int) -> str:
+    return "".join(json.loads(path.read_text())["cells"][index]["source"])
+
+
+@pytest.mark.parametrize("path", notebooks.lab_paths(), ids=lambda p: p.stem)
+def test_each_labs_badge_setup_and_handin_cells(tmp_path, path):
+    """A lab's badge opens its released notebook in the student release; its setup cell's Colab part starts no
+    process and writes nothing outside Colab, and inside Colab installs the student release first."""
+    assert notebooks.lab_problems(path) == []
+    cells = json.loads(path.read_text())["cells"]
+    repo, branch = notebooks.student_repo()
+    assert f"github/{repo}/blob/{branch}/labs/{path.stem}/{path.stem}.ipynb" in "".join(cells[0]["source"])
+    assert "assignments/source" not in "".join(cells[0]["source"])
+    setup = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
+    # Outside Colab only the part before the harness import runs here (importing torch writes caches).
+    head = _cell(path, setup).split("\ntry:  # an instructor's checkout")[0]
+    assert "from autograder" not in head and "import torch" not in head
+    here = probe(tmp_path, head, "here")
+    assert here["events"] == [] and not here["cwd_changed"] and here["error"] is None, here
+    _installs_the_release(probe(tmp_path, _cell(path, setup), "colab"))
+    assert "handin.save(" in _cell(path, -1) and cells[-1]["metadata"]["nbgrader"]["locked"]
+
+
+def test_handin_cell_writes_a_zip_the_graders_intake_reads(tmp_path):
+    from autograder import intake
+    from labkit import handin
+
+    lab = "lab1_loss_scaling"
+    nb = json.loads((ROOT / "assignments" / "source" / lab / f"{lab}.ipynb").read_text())
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / f"{lab}.ipynb").write_text(json.dumps(nb))
+    (work / "student_scaler.py").write_text("x = 1\n")
+    env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
+    out = subprocess.run([sys.executable, "-c", f"from labkit import handin; handin.save({lab!r})"], cwd=work,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    shutil.copy(work / f"{lab}_handin.zip", subs / f"alice_{lab}_handin.zip")  # as an LMS download names it
+    got = intake.collect(subs, lab, scratch=tmp_path / "scratch")
+    (sub,) = got.submissions
+    assert sub.student_id == "alice" and sub.problem is None and sub.notebook == f"{lab}.ipynb"
+    assert set(sub.files) == {f"{lab}.ipynb", "student_scaler.py"}
+    with pytest.raises(handin.LabkitError, match="not the lab1_loss_scaling notebook"):
+        handin.save(lab, work, notebook={"cells": []})
 
 
 def test_readme_badge_comes_from_the_configured_slug():

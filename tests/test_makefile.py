@@ -72,3 +72,12 @@ def test_lab_takes_a_port(course):
     with_port = make(course, "-s", "lab", "PORT=8899", f"PYTHON={py}").stdout.strip()
     assert with_port.endswith(" --port=8899 notebooks/") and " lab " in with_port
     assert "--port" not in make(course, "-s", "lab", f"PYTHON={py}").stdout
+
+
+def test_student_builds_the_release_with_the_course_tools(course):
+    r = make(course, "student", f"PYTHON={fake_python(course / 'py312', '3.12')}")
+    assert r.returncode == 0, r.stderr
+    assert '-e ".[course,dev]"' in r.stdout, "setup keeps installing JupyterLab and nbgrader"
+    assert "-m autograder.release --out dist" in r.stdout
+    assert "--out /elsewhere" in make(course, "student", "OUT=/elsewhere",
+                                      f"PYTHON={course / 'py312'}").stdout

@@ -28,15 +28,57 @@ def test_environment_yml_matches_pyproject():
     pip_section = yml.split("- pip:", 1)[1]
     pip_lines = re.findall(r"^\s+- ([A-Za-z][\w.\-]*(?:[<>=!~][^\s#]*)?)\s*$", pip_section, flags=re.M)
     yml_names = _names(pip_lines) - {"python", "pip"}
-    assert _names(deps) == yml_names
+    course = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["course"]
+    assert _names(deps) | _names(course) == yml_names  # conda users get the notebook server and nbgrader too
+    deps = deps + course
     # Same lower bounds too.
     assert set(deps) <= set(pip_lines)
 
 
 def test_required_stack_is_declared():
-    deps = _names(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
-    for pkg in ("jupyterlab", "torch", "torchvision", "nbgrader", "matplotlib", "line-profiler", "memory-profiler"):
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps, course = _names(proj["dependencies"]), _names(proj["optional-dependencies"]["course"])
+    for pkg in ("torch", "torchvision", "matplotlib", "line-profiler", "memory-profiler"):
         assert pkg in deps
+    assert course == {"jupyterlab", "nbgrader"}
+    makefile = (ROOT / "Makefile").read_text()
+    assert 'pip install --quiet -e ".[course,dev]"' in makefile and "-e .[course,dev]" in (
+        ROOT / "environment.yml").read_text(), "make setup and conda keep installing JupyterLab and nbgrader"
+
+
+SERVER_STACK = {"jupyterlab", "jupyter-server", "notebook", "nbgrader", "jupyterlab-server", "nbclassic"}
+
+
+def _requires(name: str) -> set[str]:
+    """Names a distribution installed here requires, extras left out (what pip would pull for it)."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        return set()
+    return _names(r for r in reqs if "extra ==" not in r.split(";", 1)[-1])
+
+
+def test_student_install_is_light_and_leaves_the_notebook_server_alone():
+    """The student install (the project's dependencies, as the student release's pyproject declares them) is
+    what the notebooks and public checks import, and pulls in no notebook server or nbgrader, even indirectly
+    (Colab's own jupyter-server/notebook must stay as they are)."""
+    from autograder import release
+
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = _names(proj["dependencies"])
+    assert deps == {"torch", "torchvision", "numpy", "matplotlib", "line-profiler", "memory-profiler", "tqdm",
+                    "psutil", "pillow", "scikit-learn"}
+    assert tomllib.loads(release._pyproject(ROOT))["project"]["dependencies"] == proj["dependencies"]
+    seen, todo = set(), list(deps)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += sorted(_requires(name))
+    assert not seen & SERVER_STACK, f"the student install pulls {sorted(seen & SERVER_STACK)}"
+    assert "nbgrader" in _names(proj["optional-dependencies"]["course"])
 
 
 def test_ci_runs_the_readme_test_command():

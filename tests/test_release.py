@@ -1,0 +1,172 @@
+"""The student release: built once into a temporary folder, scanned for every kind of leak (and the scan shown to
+catch planted ones), then installed alone in a fresh virtual environment where each lab's public checks run."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from autograder import release
+from autograder.harness import CHECKS, STUDENT_FILES, student_file_from_notebook
+from autograder.selfcheck import PUBLIC
+from labkit.errors import LabkitError
+
+ROOT = release.ROOT
+PREFIX = {v: k for k, v in {"lab1": "lab1_loss_scaling", "lab2": "lab2_data_pipeline", "lab3": "lab3_profile_fix",
+                            "lab4": "lab4_speedrun"}.items()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    folder, archive = release.build(out)
+    return folder, archive
+
+
+def _hidden_calls() -> set[str]:
+    """The checks the source notebooks call inside nbgrader's hidden-test regions (how hidden tests are marked)."""
+    found = set()
+    for lab in release.LABS:
+        for c in json.loads((ROOT / "assignments" / "source" / lab / f"{lab}.ipynb").read_text())["cells"]:
+            for region in re.findall(r"BEGIN HIDDEN TESTS(.*?)END HIDDEN TESTS", "".join(c["source"]), flags=re.S):
+                found |= set(re.findall(r'grade\("([\w.]+)"', region))
+    return found
+
+
+def test_release_holds_the_course_for_students(built):
+    folder, archive = built
+    files = {f["path"] for f in json.loads((folder / "MANIFEST.json").read_text())["files"]}
+    assert {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")} <= files
+    assert len([f for f in files if f.startswith("notebooks/")]) == 6
+    for lab in release.LABS:
+        assert f"labs/{lab}/{lab}.ipynb" in files
+    assert "labs/lab3_profile_fix/slow_train.py" in files and "labkit/results/ladder.json" in files
+    assert {"autograder/harness.py", "autograder/selfcheck.py", "pyproject.toml", "README.md"} <= files
+    assert not [f for f in files if Path(f).name.startswith("student_") or re.search(r"lab\d_checks", f)]
+    assert not [f for f in files if f.startswith("autograder/") and Path(f).name in ("runner.py", "jail.py", "grade.py")]
+    with tarfile.open(archive) as tf:
+        names = {m.name for m in tf.getmembers() if m.isfile()}
+    top = f"labkit-student-{release.version()}"
+    assert names == {f"{top}/{f}" for f in files | {"MANIFEST.json"}}
+
+
+def test_every_hidden_check_is_a_needle_and_none_is_public():
+    hidden = _hidden_calls()
+    assert hidden, "the source notebooks mark hidden tests with BEGIN HIDDEN TESTS"
+    assert hidden <= set(release._hidden_checks(ROOT)) and not hidden & set(PUBLIC)
+    assert set(PUBLIC) | set(release._hidden_checks(ROOT)) == {n for n in CHECKS if n.startswith("lab")}
+    needles = release.needles()
+    for name in release._hidden_checks(ROOT):
+        assert name in needles and CHECKS[name].func in needles
+    assert "ANSWER_KEY" in needles and "RefStaticScaler" in needles and "BEGIN SOLUTION" in needles
+    assert any("hidden probe value" in why for why in needles.values())
+
+
+def test_scan_finds_no_leak_in_the_folder_or_the_archive(built):
+    folder, archive = built
+    assert release.scan(folder) == []
+    assert release.scan(archive.parent) == []
+
+
+def test_scan_catches_each_kind_of_leak(built, tmp_path):
+    folder, _ = built
+    needles = release.needles()
+    value = next(k for k, why in needles.items() if "hidden probe value" in why)
+    line = next(k for k, why in needles.items() if "line of the trusted lab1_checks.py" in why)
+    solution = "\n".join(sorted(release.solution_lines())[:release.SOLUTION_BLOCK])
+    plants = {"### BEGIN SOLUTION": "solution region", solution: "solution code", "lab1.scaler_edge_cases": "hidden check",
+              "ANSWER_KEY = {}": "answer key", line: "trusted module", value: "hidden probe value"}
+    for text, kind in plants.items():
+        copy = tmp_path / kind.replace(" ", "_")
+        shutil.copytree(folder / "labs", copy)
+        nb = copy / "lab1_loss_scaling" / "lab1_loss_scaling.ipynb"
+        cells = json.loads(nb.read_text())
+        cells["cells"][-1]["source"] = text.splitlines(keepends=True)  # as notebook JSON stores it
+        nb.write_text(json.dumps(cells, indent=1))
+        assert release.scan(copy), f"a planted {kind} went unnoticed"
+
+
+def test_build_refuses_an_unusable_out_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(release, "assemble", lambda *a, **k: pytest.fail("work started"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(LabkitError, match="not a folder"):
+        release.build(blocker)
+    with pytest.raises(LabkitError, match="is a file"):
+        release.build(blocker / "dist")
+
+
+# ---------------------------------------------------------------------------------- alone in a fresh venv
+
+
+def _fresh_venv(tmp_path: Path) -> Path:
+    """A venv whose only view of the host is its third-party site-packages (torch, numpy, ...): not the
+    repository and not the host's editable labkit (a plain path in a .pth file runs no other .pth)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    vpy = venv / "bin" / "python"
+    site = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    host = [p for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+            if Path(p).is_dir() and not (Path(p) / "labkit" / "__init__.py").exists()]
+    assert host and not any(Path(p).resolve() == ROOT for p in host)
+    (Path(site) / "_host_packages.pth").write_text("\n".join(host) + "\n")
+    return vpy
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    return {**env, "PYTHONNOUSERSITE": "1", "TQDM_DISABLE": "1"}
+
+
+def test_release_alone_in_a_fresh_venv_runs_each_labs_public_checks(built, tmp_path):
+    folder, _ = built
+    vpy = _fresh_venv(tmp_path)
+    inst = subprocess.run([str(vpy), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-build-isolation",
+                           str(folder)], capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=300)
+    assert inst.returncode == 0, inst.stderr[-2000:]
+    where = subprocess.run([str(vpy), "-c", "import labkit, autograder, autograder.harness as h; "
+                            "print(labkit.__file__, autograder.__file__, h.grade.__module__)"],
+                           capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120)
+    paths = where.stdout.split()
+    assert where.returncode == 0 and len(paths) == 3, where.stderr[-1500:]
+    assert all(str(tmp_path / "venv") in p for p in paths[:2]) and paths[2] == "autograder.selfcheck", paths
+    gone = subprocess.run([str(vpy), "-c", "import autograder.lab1_checks"], capture_output=True, text=True,
+                          env=_env(), cwd=tmp_path, timeout=120)
+    assert "ModuleNotFoundError" in gone.stderr
+    for lab in release.LABS:
+        prefix = PREFIX[lab]
+        for kind, nb in [("reference", ROOT / "assignments" / "source" / lab / f"{lab}.ipynb"),
+                         ("blank", folder / "labs" / lab / f"{lab}.ipynb")]:
+            work = tmp_path / kind / lab
+            shutil.copytree(folder / "labs" / lab, work)
+            student = student_file_from_notebook(nb, work)
+            assert student.name == STUDENT_FILES[prefix]
+            out = subprocess.run([str(vpy), "-m", "autograder.harness", prefix, student.name, "--json"],
+                                 capture_output=True, text=True, env=_env(), cwd=work, timeout=600)
+            verdicts = json.loads(out.stdout)
+            assert [v["check"] for v in verdicts] == [n for n in PUBLIC if n.startswith(prefix + ".")]
+            if kind == "reference":
+                assert out.returncode == 0 and all(v["ok"] or not v["gradable"] for v in verdicts), verdicts
+            else:
+                assert out.returncode == 1 and not any(v["ok"] for v in verdicts), verdicts
+
+
+def test_student_facing_docs_point_at_the_release_never_at_the_solutions():
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
+                                                                   *(ROOT / "notebooks").glob("*.ipynb")]}
+    texts["release README"] = release._readme(release.version(), "owner/name-student")
+    assert not [name for name, text in texts.items() if "assignments/source" in text]
+    readme = (ROOT / "README.md").read_text()
+    assert "make student" in readme and "assignments/README.md#running-a-course" in readme
+    guide = (ROOT / "assignments" / "README.md").read_text()
+    for needle in ("## Running a course", "Fork privately", "course secret", "make student", "_handin.zip",
+                   "instructor only", "MANIFEST.json"):
+        assert needle in guide
