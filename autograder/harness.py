@@ -223,6 +223,8 @@ class Context:
     sandbox: str = "none"  # "bwrap" (student code in bubblewrap) or "none" (trusted submissions)
     memory_bytes: int | None = None  # resident memory allowed to the student's processes, bytes
     deadline: float = float("inf")  # time.monotonic() when the running check's budget ends
+    student_id: str | None = None  # whose submission this is (lab 3 grades that student's variant); None: unknown
+    hide: tuple[str, ...] = ()  # labkit modules the student's sandbox does not show (autograder.labkit_answers)
     _student: object = None
     _baseline: object = None
 
@@ -230,7 +232,8 @@ class Context:
         from autograder.jail import Jail, visible_gpu
 
         gpu = visible_gpu() if getattr(self.device, "type", "cpu") == "cuda" else None
-        return Jail(writable=[folder], gpu=gpu, trusted=trusted or self.sandbox == "none")
+        return Jail(writable=[folder], gpu=gpu, trusted=trusted or self.sandbox == "none",
+                    hide=() if trusted else self.hide)
 
     def student(self):
         """The student's runner process (sandboxed), started on first use (or early, by the worker)."""
@@ -411,7 +414,7 @@ def _student_box(student_file: Path, work: Path) -> Path:
     return box / student_file.name
 
 
-def _early_student(path: Path, device: str, sandbox: str, memory_gb: float | None):
+def _early_student(path: Path, device: str, sandbox: str, memory_gb: float | None, hide: tuple[str, ...]):
     """The student's runner, started before this process imports torch (None if it cannot start here)."""
     from autograder.jail import Jail, visible_gpu
     from autograder.remote import Remote
@@ -419,13 +422,14 @@ def _early_student(path: Path, device: str, sandbox: str, memory_gb: float | Non
     gpu = visible_gpu() if device != "cpu" else None
     try:
         return Remote(work_dir=path.parent, device=device, student_file=path,
-                      jail=Jail(writable=[path.parent], gpu=gpu, trusted=sandbox == "none"),
+                      jail=Jail(writable=[path.parent], gpu=gpu, trusted=sandbox == "none", hide=hide),
                       memory_bytes=int(memory_gb * 2**30) if memory_gb else None, startup_s=_STARTUP_S)
     except Exception:  # Context.student() retries and reports the reason
         return None
 
 
-def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None) -> int:
+def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None,
+            student: str | None = None) -> int:
     nonce = sys.stdin.readline().strip()  # the parent's marker for verdict lines; no student code runs here
     sys.dont_write_bytecode = True
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -433,8 +437,11 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
         from autograder.jail import probe
 
         sandbox = "bwrap" if probe() is None else "none"
+    from autograder import labkit_answers
+
+    hide = tuple(sorted({m for n in names for m in labkit_answers.banned(n)}))
     path = _student_box(Path(student_file), Path.cwd())
-    early = _early_student(path, device, sandbox, memory_gb)  # starts importing torch while this process does
+    early = _early_student(path, device, sandbox, memory_gb, hide)  # starts importing torch while this process does
     memory = int(memory_gb * 2**30) if memory_gb else None
     if any(CHECKS[n].torch for n in names):
         import torch
@@ -443,25 +450,36 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
 
         dev = pick_device(device)
         ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
-                      student_file=path, sandbox=sandbox, memory_bytes=memory)
+                      student_file=path, sandbox=sandbox, memory_bytes=memory, student_id=student, hide=hide)
         torch.backends.cudnn.benchmark = False
         if dev.type == "cpu":
             torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
     else:
         ctx = Context(device="cpu", hardware="cpu", small=True, work_dir=Path.cwd(), student_file=path,
-                      sandbox=sandbox, memory_bytes=memory)
+                      sandbox=sandbox, memory_bytes=memory, student_id=student, hide=hide)
     ctx._student = early
+    secret = _secret_label()
     try:
         for name in names:
             print(f"{nonce} start {name}", flush=True)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 v = _run_in_worker(CHECKS[name], ctx)
-            v["sandbox"] = sandbox
+            v["sandbox"], v["secret"] = sandbox, secret
             print(f"{nonce} verdict {json.dumps(v, default=str)}", flush=True)
     finally:
         ctx.close()
     return 0
+
+
+def _secret_label() -> str:
+    """Which key the hidden values came from, for the verdict ("course secret" or the public open-kit default)."""
+    from autograder import course_secret
+
+    try:
+        return course_secret.load().label
+    except Exception as e:  # the checks that need it fail with this message
+        return f"none ({_one_line(e)[:80]})"
 
 
 # ---------------------------------------------------------------------------------- the parent side
@@ -474,14 +492,17 @@ def _failed(name: str, message: str, **measurements) -> dict:
 
 
 def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: float | None = None,
-               device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None) -> list[dict]:
+               device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None,
+               student: str | None = None) -> list[dict]:
     """Run several checks on one student file from one fresh trusted process; one verdict per name, in order.
 
     The student's code runs in a sandboxed process of its own (`sandbox`: "bwrap" requires bubblewrap, "none"
     trusts the submission, "auto" sandboxes where bubblewrap works), `memory_gb` caps its resident memory.
     `timeout_s` bounds the whole run (default: the sum of the checks' budgets). If the process runs out of
     time, the check that was running fails with a timeout and the checks after it run again in a new process,
-    so every check runs at most once.
+    so every check runs at most once. `student` is the submission's student id (lab 3 grades that student's
+    variant of slow_train.py). A submission that uses a labkit module implementing its lab's answer fails every
+    check of that lab before any runs (autograder.labkit_answers).
     """
     for n in names:
         if n not in CHECKS:
@@ -490,11 +511,11 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     if not path.is_file():
         return [_failed(n, f"{path.name} not found in {path.parent}: run the %%writefile cell that creates it")
                 for n in names]
-    results: dict[str, dict] = {}
-    remaining = list(names)
+    results = _banned_uses(names, path)
+    remaining = [n for n in names if n not in results]
     while remaining:
         budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
-        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb)
+        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, student)
         results.update(got)
         if err is None:
             for n in remaining:
@@ -509,19 +530,35 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
 
 
 def run_check(name: str, student_file: str | os.PathLike, timeout_s: float | None = None,
-              device: str = "auto", sandbox: str = "auto") -> dict:
+              device: str = "auto", sandbox: str = "auto", student: str | None = None) -> dict:
     """Run one check on a student file in a fresh process and return its verdict (a JSON-able dict)."""
-    return run_checks([name], student_file, timeout_s=timeout_s, device=device, sandbox=sandbox)[0]
+    return run_checks([name], student_file, timeout_s=timeout_s, device=device, sandbox=sandbox, student=student)[0]
 
 
-def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None):
+def _banned_uses(names: list[str], path: Path) -> dict[str, dict]:
+    """Failed verdicts for the checks whose lab's answer the submission imports from labkit (read, not run)."""
+    from autograder import labkit_answers
+
+    text = path.read_text(errors="replace")
+    out = {}
+    for n in names:
+        uses = labkit_answers.banned_uses(text, n)
+        if uses:
+            out[n] = _failed(n, labkit_answers.message(n.split(".")[0], uses), labkit_modules=uses,
+                             cause="labkit answer")
+    return out
+
+
+def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None,
+           student: str | None = None):
     """Run the worker; returns (names started, verdicts by name, error text or None if it finished)."""
     nonce = secrets.token_hex(16)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.update(PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
     cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, "--sandbox", sandbox,
-           *(["--memory-gb", str(memory_gb)] if memory_gb else []), str(path), *names]
+           *(["--memory-gb", str(memory_gb)] if memory_gb else []),
+           *(["--student", student] if student is not None else []), str(path), *names]
     err = None
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         # A session of its own: on a timeout the whole group goes, DataLoader workers and other children included
@@ -588,13 +625,17 @@ def grade(check: str, student_file: str, points: float) -> float | None:
     """
     mode = os.environ.get("NBGRADER_EXECUTION", "")
     path = Path(student_file).resolve()
+    if mode == "autograde":  # a graded run: its hidden cases come from the course secret, or it stops here
+        from autograder import course_secret
+
+        course_secret.load(graded=True)
     with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if mode and path.is_file():
             key = (check.split(".")[0], path, hashlib.sha256(path.read_bytes()).hexdigest())
             if (key, check) not in _SUITE_CACHE:
                 names = checks_for(key[0])
-                for v in run_checks(names, path):
+                for v in run_checks(names, path, student=_autograded_student(path) if mode == "autograde" else None):
                     _SUITE_CACHE[(key, v["check"])] = v
             v = _SUITE_CACHE[(key, check)]
         else:
@@ -618,6 +659,11 @@ def grade(check: str, student_file: str, points: float) -> float | None:
     return earned
 
 
+def _autograded_student(path: Path) -> str | None:
+    """The student id under `nbgrader autograde`, from its folder layout autograded/<student>/<assignment>/."""
+    return path.parent.parent.name if path.parent.parent.parent.name == "autograded" else None
+
+
 def _short(val) -> str:
     s = json.dumps(val, default=str) if not isinstance(val, str) else val
     return s if len(s) <= 200 else s[:197] + "..."
@@ -633,10 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--device", default="auto")
         ap.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
         ap.add_argument("--memory-gb", type=float, default=None)
+        ap.add_argument("--student", default=None)
         ap.add_argument("student_file")
         ap.add_argument("names", nargs="+")
         a = ap.parse_args(argv[1:])
-        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb)
+        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.student)
     ap = argparse.ArgumentParser(prog="python -m autograder.harness",
                                  description="Run a trusted check on a student's file in a fresh process.")
     ap.add_argument("check", nargs="?", help="check name (e.g. lab2.loader_speed) or a lab id prefix (e.g. lab2)")
@@ -644,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the verdict as JSON (a list for a lab prefix)")
     ap.add_argument("--device", default="auto", help="device to grade on: auto, cpu, cuda, cuda:N")
     ap.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds for the whole run")
+    ap.add_argument("--student", default=None, help="the submission's student id (lab 3 grades that student's "
+                    "variant of slow_train.py; default: the course's common one)")
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     a = ap.parse_args(argv)
     if a.list or not a.check:
@@ -658,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         names = checks_for(a.check)
-        verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device)
+        verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device, student=a.student)
     except Exception as e:
         if type(e).__name__ == "LabkitError":
             print(f"autograder.harness: {e}", file=sys.stderr)
