@@ -38,7 +38,7 @@ FORMS: dict[str, dict[str, tuple[str, ...] | None]] = {
     "guard": {"none": None, "isfinite": ("sync",)},
     "extra_forward": {"none": None, "eval_forward": ("compute",)},
     "grad_norm": {"none": None, "item": ("sync", "overhead")},
-    "record": {"detach": None, "item": ("sync",), "float": ("sync",)},
+    "record": {"detach": None, "item": ("sync",), "tolist": ("sync",)},
     "count": {"tensor": None, "per_sample": ("sync", "overhead"), "item": ("sync",)},
 }
 # Two of these per-step habits are planted in each variant. The data pipeline and the overhead are always planted:
@@ -46,7 +46,8 @@ FORMS: dict[str, dict[str, tuple[str, ...] | None]] = {
 # clears the same CPU tiers; the habits cost little on a CPU and much on a GPU (host syncs, launches).
 HABITS = ("hooks", "guard", "extra_forward", "grad_norm", "record", "count")
 # Harmless lines that may carry a mark (a decoy); "record" and "count" only in their harmless forms.
-DECOYS = ("perm", "mode", "epoch", "to_device", "loss", "zero_grad", "backward", "opt_step", "record", "count")
+DECOYS = ("gen", "perm", "batch_loop", "slice", "mode", "state", "epoch", "to_device", "loss", "zero_grad", "backward",
+          "opt_step", "record", "count")
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ _HOOKS = ([(4, "stats = []  # activation sizes, for a dashboard", None),
           [(8, "for h in hooks:", None), (12, "h.remove()", None)])
 _RECORD = {"detach": (16, "losses.append(loss.detach())", "record"),
            "item": (16, "losses.append(loss.item())", "record"),
-           "float": (16, "losses.append(float(loss))", "record")}
+           "tolist": (16, "losses.append(loss.tolist())", "record")}
 
 
 def _count(form: str, pred: str) -> list:
@@ -180,7 +181,7 @@ def _train_lines(spec: Spec) -> list:
                 'predictions}."""', None),
             *setup,
             (4, "model.train()", "mode"),
-            (4, state, None),
+            (4, state, "state"),
             (4, "try:", None),
             (8, "while step < steps:", None),
             (12, "for x, y in batches(images, labels, batch_size, seed + epoch):", "epoch"),
@@ -197,10 +198,10 @@ def _render_lines(spec: Spec) -> list:
     batches = [(0, "def batches(images, labels, batch_size: int, seed: int):", None),
                (4, '"""One epoch of (normalized float images NCHW, labels) in a seeded random order; drops the last '
                    'partial batch."""', None),
-               (4, "g = torch.Generator().manual_seed(seed)", None),
+               (4, "g = torch.Generator().manual_seed(seed)", "gen"),
                (4, "order = torch.randperm(len(labels), generator=g)", "perm"),
-               (4, "for s in range(0, len(order) - batch_size + 1, batch_size):", None),
-               (8, "idx = order[s:s + batch_size]", None),
+               (4, "for s in range(0, len(order) - batch_size + 1, batch_size):", "batch_loop"),
+               (8, "idx = order[s:s + batch_size]", "slice"),
                *_DATA[spec.forms["data"]]]
     return [*batches, (0, "", None), (0, "", None), *_train_lines(spec)]
 

@@ -75,8 +75,9 @@ def banned_uses(source: str, lab: str) -> list[str]:
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "labkit":
             hit(node.attr)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            base = node.value.strip().rsplit("/", 1)[-1].strip(". ")
             for n in names:
-                if node.value.strip(". ") in (n, f"{n}.py") or f"labkit.{n}" in node.value or f"labkit/{n}" in node.value:
+                if base in (n, f"{n}.py") or f"labkit.{n}" in node.value or f"labkit/{n}" in node.value:
                     hit(n)
     return found
 
