@@ -42,7 +42,8 @@ def banned_uses(source: str, lab: str) -> list[str]:
     """The banned modules of `lab` that `source` names ("labkit.<name>"), in order; [] if none or unparsable.
 
     Catches `import labkit.X`, `from labkit import X`, `from labkit.X import ...`, `labkit.X` as an attribute and
-    strings that name it ("labkit.X", "labkit/X.py", or just "X" as in getattr(labkit, "X")). Obfuscated names
+    strings that name it ("labkit.X", "labkit/X.py", or just "X" as in getattr(labkit, "X") in a file that names
+    labkit). Obfuscated names
     get past this reader, not past the sandbox, whose labkit has no such module.
     """
     names = banned(lab)
@@ -53,6 +54,11 @@ def banned_uses(source: str, lab: str) -> list[str]:
     except (SyntaxError, ValueError):
         return []
     found: list[str] = []
+    # a bare module name in a string ("amp") counts only in a file that names labkit at all
+    mentions = any(isinstance(n, ast.Name) and n.id == "labkit" or isinstance(n, ast.Constant)
+                   and isinstance(n.value, str) and "labkit" in n.value or isinstance(n, ast.alias)
+                   and n.name.split(".")[0] == "labkit" or isinstance(n, ast.ImportFrom)
+                   and (n.module or "").split(".")[0] == "labkit" for n in ast.walk(tree))
 
     def hit(name: str) -> None:
         if name in names and name not in found:
@@ -77,7 +83,7 @@ def banned_uses(source: str, lab: str) -> list[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             base = node.value.strip().rsplit("/", 1)[-1].strip(". ")
             for n in names:
-                if base in (n, f"{n}.py") or f"labkit.{n}" in node.value or f"labkit/{n}" in node.value:
+                if mentions and base in (n, f"{n}.py") or f"labkit.{n}" in node.value or f"labkit/{n}" in node.value:
                     hit(n)
     return found
 

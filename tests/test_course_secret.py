@@ -148,6 +148,7 @@ def test_the_reader_names_a_banned_module_however_it_is_asked_for(src):
 def test_the_reader_leaves_honest_code_alone():
     honest = ("import torch\nfrom labkit.env import pick_device\nloss_scaling = 2.0 ** 10  # a variable\n"
               "def amp(x):\n    return x\n")
+    assert labkit_answers.banned_uses("modes = {'amp': True}", "lab1") == []  # a word, in a file without labkit
     assert labkit_answers.banned_uses(honest, "lab1") == []
     assert labkit_answers.banned_uses("import labkit.loss_scaling", "lab3") == []  # not lab 3's answer
     assert labkit_answers.banned_uses("def broken(:", "lab1") == []
