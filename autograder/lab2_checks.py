@@ -279,7 +279,9 @@ def _sampler_checks(ctx, lengths: list[int], batch_size: int, seed: int) -> dict
     require(waste <= 0.35 * rwaste + 1e-9 or n <= batch_size, f"padding waste {waste:.1%} vs {rwaste:.1%} for "
             "random batches: bucket by length (at most 35% of random batching's waste)", **m)
     maxlens = [max(lengths[i] for i in b) for b in batches]
-    if len(batches) >= 8 and len(set(maxlens)) > 1:
+    # Sortedness needs several distinct batch lengths to show: with three (tied lengths) an honest shuffle's rank
+    # correlation passed 0.5 for 4 of 300 seeds, measured on the reference solution.
+    if len(batches) >= 8 and len(set(maxlens)) >= 5:
         rho = _spearman(list(range(len(maxlens))), maxlens)
         m["order_vs_length_rank_corr"] = round(rho, 3)
         require(abs(rho) < 0.5, f"batches come sorted by length (rank correlation {rho:.2f}): shuffle the batches", **m)
@@ -317,15 +319,15 @@ def _hidden_cases() -> tuple[dict[str, tuple[list[int], int]], int]:
     from autograder import course_secret
 
     r = course_secret.rng("lab2.hidden/sampler_cases")
-    ties = sorted(int(v) for v in r.choice(np.arange(2, 60), size=3, replace=False))
+    # Each kind of case varies around a size the reference solution was measured on, well inside the checks'
+    # margins (an honest sampler must pass every course's cases, not most).
     bs_few = int(r.integers(6, 12))
-    cases = {"uniform": (r.integers(1, int(r.integers(30, 80)), int(r.integers(900, 1100))).tolist(),
-                         int(r.integers(5, 10))),
-             "many_equal": ([ties[0]] * int(r.integers(250, 350)) + [ties[1]] * int(r.integers(250, 350))
-                            + [ties[2]] * int(r.integers(5, 20)), int(r.choice([8, 16, 24]))),
+    cases = {"uniform": (r.integers(1, int(r.integers(40, 61)), int(r.integers(950, 1050))).tolist(),
+                         int(r.integers(6, 9))),
+             "many_equal": ([int(r.integers(8, 17))] * int(r.integers(280, 320)) + [int(r.integers(36, 49))]
+                            * int(r.integers(280, 320)) + [int(r.integers(2, 6))] * int(r.integers(10, 17)), 16),
              "fewer_than_a_batch": (r.integers(1, 20, int(r.integers(2, bs_few))).tolist(), bs_few),
-             "long_tail": (_lognormal_lengths(int(r.integers(2500, 3500)), int(r.integers(2**31)), 1, 2000),
-                           int(r.choice([48, 64, 96])))}
+             "long_tail": (_lognormal_lengths(int(r.integers(2800, 3200)), int(r.integers(2**31)), 1, 500), 64)}
     return cases, int(r.integers(2**31))
 
 
