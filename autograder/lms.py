@@ -178,11 +178,10 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
     graded against the course's common variant (hand that one out: `python -m autograder variant lab3`)."""
     from autograder import course_secret, harness, trusted
 
-    course_secret.for_grading(open_kit)
-
     if lab not in GRADESCOPE_LABS:
         raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; lab4's speed "
                           "tiers need one: grade it with `python -m autograder grade` on a GPU machine)")
+    course_secret.for_grading(open_kit)
     aid = harness.ASSIGNMENTS[lab]
     source_nb = Path(course or harness.ROOT / "assignments") / "source" / aid / f"{aid}.ipynb"
     calls = trusted.find_calls(source_nb)
