@@ -1,11 +1,11 @@
 """Lab 3 probes: run the student's fixed training loop (and the slow script, as the baseline) on given seeds.
 
 The scenario `train_run(train, device, params)` takes the training function as an argument: the trusted side
-runs it with the `train` of the student's variant of slow_train.py (rendered by the trusted side; the baseline's
-process receives its source) and the probes run it with the student's `train`, so both see the same data (lab3_slow),
-model initialization and batch order. A probe only reports
-observations (losses, correct predictions, optimizer steps, samples seen, host-sync sites); the answer key, the
-seeds used when grading and every verdict stay with the trusted side.
+runs it with the `train` of the student's variant of slow_train.py (rendered there; the baseline's process
+receives its source) and the probes run it with the student's `train`, so both see the same data (lab3_slow),
+model initialization and batch order. A probe only reports observations (losses, correct predictions, optimizer
+steps, samples seen, host-sync sites); the answer key, the seeds used when grading and every verdict stay with
+the trusted side.
 
 params of a run: n (images), data_seed (make_data), init_seed (torch.manual_seed before Net()), seed (the
 batch order, as train's `seed`), steps, batch_size.
