@@ -56,7 +56,7 @@ def test_importing_the_trusted_checks_fails_cleanly(tmp_path):
     f = _reference(tmp_path)
     text = f.read_text().replace("import torch\n", "import torch\n\nimport autograder.lab3_checks as _key\n", 1)
     f.write_text(text.replace('return {"B": "data", "C": "overhead", "H": "sync", "I": "sync"}',
-                              "return {k: v[0] for k, v in _key.ANSWER_KEY.items()}"))
+                              "return {k: v[0] for k, v in _key.lab3_variants.answer_key(_key.lab3_variants.CLASSIC).items()}"))
     v = run_check("lab3.answers", f, device="cpu")
     assert v.get("sandbox") == "bwrap", v
     assert not v["ok"] and v["score"] == 0 and v["gradable"], v
