@@ -1,5 +1,5 @@
 """The class-level subcommands of `python -m autograder` beside `grade`: merge, export, gradescope, similarity,
-and the options they share with `grade` (slices, late policy, hardware refusal).
+variant, secret, and the options they share with `grade` (slices, late policy, hardware refusal, open kit).
 
 Heavy modules are imported inside the handlers, so `--help` stays instant.
 """
@@ -49,7 +49,14 @@ def add_grade_args(g: argparse.ArgumentParser) -> None:
                    help="grade only slice K (0..N-1) of N, by a stable hash of the student id; then `merge`")
     g.add_argument("--allow-ungradable", action="store_true",
                    help="grade a lab this machine cannot fully grade (its GPU checks score 0; students listed)")
+    add_open_kit_arg(g)
     add_late_args(g)
+
+
+def add_open_kit_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--open-kit", action="store_true",
+                   help="no course secret: use the public open-kit default (rehearsals and self-study only: its "
+                        "hidden cases are public and lab 3 has one variant for everyone)")
 
 
 def grade_changes(args) -> dict:
@@ -58,7 +65,8 @@ def grade_changes(args) -> dict:
 
     if args.shard:
         shard.parse(args.shard)
-    return {"shard": args.shard, "allow_ungradable": args.allow_ungradable, "late": late_policy(args)}
+    return {"shard": args.shard, "allow_ungradable": args.allow_ungradable, "late": late_policy(args),
+            "open_kit": args.open_kit}
 
 
 def add_commands(sub) -> None:
@@ -88,6 +96,7 @@ def add_commands(sub) -> None:
     s.add_argument("--results", default="/autograder/results/results.json", help="where results.json goes")
     s.add_argument("--course", default=None, help="course root holding source/<lab>/ (default: assignments)")
     s.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
+    add_open_kit_arg(s)
     s.set_defaults(func=_cli_gradescope)
 
     y = sub.add_parser("similarity", help="flag pairs of hand-ins far more alike than the class (fingerprints)")
@@ -101,6 +110,21 @@ def add_commands(sub) -> None:
     y.add_argument("--lms-regex", default=None)
     y.add_argument("--no-progress", action="store_true")
     y.set_defaults(func=_cli_similarity)
+
+    v = sub.add_parser("variant", help="write a student's own slow_train.py for lab 3 (from the course secret)")
+    v.add_argument("lab", choices=("lab3",))
+    v.add_argument("--student", action="append", default=[], metavar="ID",
+                   help="student id (repeat for several); none: the course's common variant")
+    v.add_argument("--roster", default=None, metavar="CSV", help="class list (column student_id): one per student")
+    v.add_argument("--out", required=True, metavar="DIR",
+                   help="OUT/slow_train.py for one student, OUT/<id>/slow_train.py for several")
+    v.add_argument("--show-key", action="store_true",
+                   help="also print each variant's answer key (instructor only: never into a student's folder)")
+    add_open_kit_arg(v)
+    v.set_defaults(func=_cli_variant)
+
+    k = sub.add_parser("secret", help="print a new course secret (set it as LABKIT_COURSE_SECRET; keep it private)")
+    k.set_defaults(func=_cli_secret)
 
 
 def _cli_merge(args) -> int:
@@ -133,7 +157,8 @@ def _cli_export(args) -> int:
 def _cli_gradescope(args) -> int:
     from autograder import lms
 
-    r = lms.run_gradescope(args.lab, args.submission, args.results, course=args.course, sandbox=args.sandbox)
+    r = lms.run_gradescope(args.lab, args.submission, args.results, course=args.course, sandbox=args.sandbox,
+                           open_kit=args.open_kit)
     print(f"{r['score']:g} points; wrote {args.results}")
     return 0
 
@@ -151,4 +176,33 @@ def _cli_similarity(args) -> int:
                                 lms_regex=args.lms_regex, progress=not args.no_progress)
     print(txt.read_text(), end="")
     print(f"wrote {txt} and {txt.with_suffix('.json')}")
+    return 0
+
+
+def _cli_variant(args) -> int:
+    import csv
+
+    from autograder import course_secret, lab3_variants
+    from labkit.env import LabkitError
+
+    secret = course_secret.for_grading(args.open_kit)
+    students: list[str | None] = list(args.student)
+    if args.roster:
+        try:
+            with open(args.roster, newline="") as f:
+                students += [r["student_id"].strip() for r in csv.DictReader(f) if (r.get("student_id") or "").strip()]
+        except (OSError, KeyError, csv.Error) as e:
+            raise LabkitError(f"cannot read the roster {args.roster} (a CSV with a student_id column): {e}") from None
+    students = list(dict.fromkeys(students)) or [None]
+    for s, path in zip(students, lab3_variants.write(args.out, students, secret), strict=True):
+        key = lab3_variants.answer_key(lab3_variants.spec_for(s, secret))
+        print(f"{s or '(common)'}: {path}" + (f"  key: {key}" if args.show_key else ""))
+    print(f"{len(students)} variant(s) from the {secret.label}")
+    return 0
+
+
+def _cli_secret(args) -> int:
+    from autograder import course_secret
+
+    print(course_secret.new_secret())
     return 0

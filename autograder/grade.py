@@ -33,7 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from autograder import classbook, gpu_policy, intake, jail, report, shard, trusted
+from autograder import classbook, course_secret, gpu_policy, intake, jail, report, shard, trusted
 from autograder import course as courses
 from autograder.course import Course
 from autograder.jail import Jail
@@ -72,6 +72,7 @@ class GradeConfig:
     shard: str | None = None  # "K/N": grade only slice K of N of the class (autograder.shard); None: everyone
     allow_ungradable: bool = False  # grade a lab whose checks need hardware this machine lacks (they score 0)
     late: LatePolicy | None = None  # due date, grace and penalties applied to the total (autograder.late)
+    open_kit: bool = False  # grade without a course secret, on the public open-kit default (rehearsals only)
 
 
 PRESETS = {
@@ -338,7 +339,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                                              limits=replace(limits, wall_s=cfg.harness_timeout_s),
                                              data_files=course.source_files,
                                              sandbox="none" if cfg.trusted_submissions else "bwrap",
-                                             memory_gb=cfg.memory_gb, cache=cache)
+                                             memory_gb=cfg.memory_gb, cache=cache, student=sid)
         for o in outs:
             res.peak_rss_bytes = max(res.peak_rss_bytes, o.peak_rss_bytes)
             res.wall_s += o.wall_s
@@ -384,8 +385,9 @@ _KEY_FILE = ".grader-key"  # in the output folder, which no student process ever
 
 
 def grader_digest() -> str:
-    """sha256 of the grader's own code (autograder/ and labkit/): a result made by other code is regraded."""
-    h = hashlib.sha256()
+    """sha256 of the grader's own code (autograder/ and labkit/) and of a fingerprint of the course secret: a
+    result made by other code, or under another secret (other hidden cases and variants), is regraded."""
+    h = hashlib.sha256(course_secret.derive("grader-digest"))
     root = Path(__file__).resolve().parents[1]
     for p in sorted([*root.glob("autograder/**/*.py"), *root.glob("labkit/*.py")]):
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
@@ -490,6 +492,8 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         if not Path(submissions).exists():
             raise LabkitError(f"submissions folder {submissions} does not exist: pass the folder (or .zip) you "
                               "downloaded with --submissions")
+        secret = course_secret.for_grading(cfg.open_kit)
+        log.info("hidden cases and variants from the %s", secret.label)
         _remove_stale_sockets()
         if not cfg.trusted_submissions:
             why = jail.probe()

@@ -225,12 +225,14 @@ class Context:
     memory_bytes: int | None = None  # resident memory allowed to the student's processes, bytes
     deadline: float = float("inf")  # time.monotonic() when the running check's budget ends
     cache: Path | None = None  # the student's own compile-cache folder (autograder.jail.cache_env), if any
+    student_id: str | None = None  # whose submission this is (lab 3 grades that student's variant); None: unknown
+    hide: tuple[str, ...] = ()  # labkit modules the student's sandbox does not show (autograder.labkit_answers)
     _student: object = None
     _baseline: object = None
 
     def _jail(self, folder: Path, trusted: bool):
         return _jail_for(folder, getattr(self.device, "type", "cpu"), self.sandbox,
-                         cache=None if trusted else self.cache, baseline=trusted)
+                         cache=None if trusted else self.cache, baseline=trusted, hide=() if trusted else self.hide)
 
     def student(self):
         """The student's runner process (sandboxed), started on first use (or early, by the worker)."""
@@ -411,17 +413,18 @@ def _student_box(student_file: Path, work: Path) -> Path:
     return box / student_file.name
 
 
-def _jail_for(folder: Path, device_type: str, sandbox: str, *, cache: Path | None, baseline: bool):
-    """The sandbox of one runner: the student's (with their compile cache) or the baseline's (nothing of theirs;
-    trusted code, sandboxed unless the whole run is unsandboxed)."""
+def _jail_for(folder: Path, device_type: str, sandbox: str, *, cache: Path | None, baseline: bool,
+              hide: tuple[str, ...] = ()):
+    """The sandbox of one runner: the student's (with their compile cache, without the labkit modules that answer
+    their lab) or the baseline's (nothing of theirs; trusted code, sandboxed unless the whole run is unsandboxed)."""
     from autograder.jail import Jail, visible_gpu
 
     gpu = visible_gpu() if device_type != "cpu" else None
-    return Jail(writable=[folder], gpu=gpu, trusted=baseline or sandbox == "none", cache=cache)
+    return Jail(writable=[folder], gpu=gpu, trusted=baseline or sandbox == "none", cache=cache, hide=hide)
 
 
 def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | None, cache: Path | None,
-                   baseline: bool) -> tuple:
+                   baseline: bool, hide: tuple[str, ...] = ()) -> tuple:
     """The student's runner, and the baseline's if a check needs one, started before this process imports torch
     so that the three processes load at once (None where one cannot start here: Context retries and reports)."""
     from autograder.remote import Remote
@@ -429,7 +432,7 @@ def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | Non
     student = base = None
     with contextlib.suppress(Exception):
         student = Remote(work_dir=path.parent, device=device, student_file=path,
-                         jail=_jail_for(path.parent, device, sandbox, cache=cache, baseline=False),
+                         jail=_jail_for(path.parent, device, sandbox, cache=cache, baseline=False, hide=hide),
                          memory_bytes=int(memory_gb * 2**30) if memory_gb else None, startup_s=_STARTUP_S)
     if baseline:
         folder = Path.cwd() / "baseline"
@@ -441,7 +444,7 @@ def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | Non
 
 
 def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None,
-            cache: str | None = None) -> int:
+            cache: str | None = None, student: str | None = None) -> int:
     nonce = sys.stdin.readline().strip()  # the parent's marker for verdict lines; no student code runs here
     sys.dont_write_bytecode = True
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -449,9 +452,13 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
         from autograder.jail import probe
 
         sandbox = "bwrap" if probe() is None else "none"
+    from autograder import labkit_answers
+
+    hide = tuple(sorted({m for n in names for m in labkit_answers.banned(n)}))
     path = _student_box(Path(student_file), Path.cwd())
     cache_dir = Path(cache) if cache else None
-    early = _early_runners(path, device, sandbox, memory_gb, cache_dir, any(CHECKS[n].baseline for n in names))
+    early = _early_runners(path, device, sandbox, memory_gb, cache_dir, any(CHECKS[n].baseline for n in names),
+                           hide)
     memory = int(memory_gb * 2**30) if memory_gb else None
     if any(CHECKS[n].torch for n in names):
         import torch
@@ -460,14 +467,16 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
 
         dev = pick_device(device)
         ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
-                      student_file=path, sandbox=sandbox, memory_bytes=memory, cache=cache_dir)
+                      student_file=path, sandbox=sandbox, memory_bytes=memory, cache=cache_dir, student_id=student,
+                      hide=hide)
         torch.backends.cudnn.benchmark = False
         if dev.type == "cpu":
             torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
     else:
         ctx = Context(device="cpu", hardware="cpu", small=True, work_dir=Path.cwd(), student_file=path,
-                      sandbox=sandbox, memory_bytes=memory, cache=cache_dir)
+                      sandbox=sandbox, memory_bytes=memory, cache=cache_dir, student_id=student, hide=hide)
     ctx._student, ctx._baseline = early
+    secret = _secret_label()
     try:
         for name in names:
             print(f"{nonce} start {name}", flush=True)
@@ -475,12 +484,22 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 v = _run_in_worker(CHECKS[name], ctx)
-            v["sandbox"] = sandbox
+            v["sandbox"], v["secret"] = sandbox, secret
             v["seconds"] = round(time.monotonic() - t0, 2)  # this check's wall time, runners' startup excluded
             print(f"{nonce} verdict {json.dumps(v, default=str)}", flush=True)
     finally:
         ctx.close()
     return 0
+
+
+def _secret_label() -> str:
+    """Which key the hidden values came from, for the verdict ("course secret" or the public open-kit default)."""
+    from autograder import course_secret
+
+    try:
+        return course_secret.load().label
+    except Exception as e:  # the checks that need it fail with this message
+        return f"none ({_one_line(e)[:80]})"
 
 
 # ---------------------------------------------------------------------------------- the parent side
@@ -494,7 +513,7 @@ def _failed(name: str, message: str, **measurements) -> dict:
 
 def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: float | None = None,
                device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None,
-               cache: str | os.PathLike | None = None) -> list[dict]:
+               cache: str | os.PathLike | None = None, student: str | None = None) -> list[dict]:
     """Run several checks on one student file from one fresh trusted process; one verdict per name, in order.
 
     The student's code runs in a sandboxed process of its own (`sandbox`: "bwrap" requires bubblewrap, "none"
@@ -503,7 +522,9 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     student's, never the baseline's).
     `timeout_s` bounds the whole run (default: the sum of the checks' budgets). If the process runs out of
     time, the check that was running fails with a timeout and the checks after it run again in a new process,
-    so every check runs at most once.
+    so every check runs at most once. `student` is the submission's student id (lab 3 grades that student's
+    variant of slow_train.py). A submission that uses a labkit module implementing its lab's answer fails every
+    check of that lab before any runs (autograder.labkit_answers).
     """
     for n in names:
         if n not in CHECKS:
@@ -512,11 +533,11 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     if not path.is_file():
         return [_failed(n, f"{path.name} not found in {path.parent}: run the %%writefile cell that creates it")
                 for n in names]
-    results: dict[str, dict] = {}
-    remaining = list(names)
+    results = _banned_uses(names, path)
+    remaining = [n for n in names if n not in results]
     while remaining:
         budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
-        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, cache)
+        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, cache, student)
         results.update(got)
         if err is None:
             for n in remaining:
@@ -531,13 +552,27 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
 
 
 def run_check(name: str, student_file: str | os.PathLike, timeout_s: float | None = None,
-              device: str = "auto", sandbox: str = "auto") -> dict:
+              device: str = "auto", sandbox: str = "auto", student: str | None = None) -> dict:
     """Run one check on a student file in a fresh process and return its verdict (a JSON-able dict)."""
-    return run_checks([name], student_file, timeout_s=timeout_s, device=device, sandbox=sandbox)[0]
+    return run_checks([name], student_file, timeout_s=timeout_s, device=device, sandbox=sandbox, student=student)[0]
+
+
+def _banned_uses(names: list[str], path: Path) -> dict[str, dict]:
+    """Failed verdicts for the checks whose lab's answer the submission imports from labkit (read, not run)."""
+    from autograder import labkit_answers
+
+    text = path.read_text(errors="replace")
+    out = {}
+    for n in names:
+        uses = labkit_answers.banned_uses(text, n)
+        if uses:
+            out[n] = _failed(n, labkit_answers.message(n.split(".")[0], uses), labkit_modules=uses,
+                             cause="labkit answer")
+    return out
 
 
 def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None,
-           cache: str | os.PathLike | None = None):
+           cache: str | os.PathLike | None = None, student: str | None = None):
     """Run the worker; returns (names started, verdicts by name, error text or None if it finished)."""
     nonce = secrets.token_hex(16)
     env = dict(os.environ)
@@ -545,7 +580,8 @@ def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto",
     env.update(PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
     cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, "--sandbox", sandbox,
            *(["--memory-gb", str(memory_gb)] if memory_gb else []),
-           *(["--cache", str(Path(cache).resolve())] if cache else []), str(path), *names]
+           *(["--cache", str(Path(cache).resolve())] if cache else []),
+           *(["--student", student] if student is not None else []), str(path), *names]
     err = None
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         # A session of its own: on a timeout the whole group goes, DataLoader workers and other children included
@@ -612,13 +648,18 @@ def grade(check: str, student_file: str, points: float) -> float | None:
     """
     mode = os.environ.get("NBGRADER_EXECUTION", "")
     path = Path(student_file).resolve()
+    if mode == "autograde":  # a graded run: its hidden cases come from the course secret, or it stops here
+        from autograder import course_secret
+
+        course_secret.load(graded=True)
     with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if mode and path.is_file():
             key = (check.split(".")[0], path, hashlib.sha256(path.read_bytes()).hexdigest())
             if (key, check) not in _SUITE_CACHE:
                 names = checks_for(key[0])
-                for v in run_checks(names, path):
+                sid = _autograded_student(path) if mode == "autograde" else None
+                for v in run_checks(names, path, **({"student": sid} if sid else {})):
                     _SUITE_CACHE[(key, v["check"])] = v
             v = _SUITE_CACHE[(key, check)]
         else:
@@ -642,6 +683,11 @@ def grade(check: str, student_file: str, points: float) -> float | None:
     return earned
 
 
+def _autograded_student(path: Path) -> str | None:
+    """The student id under `nbgrader autograde`, from its folder layout autograded/<student>/<assignment>/."""
+    return path.parent.parent.name if path.parent.parent.parent.name == "autograded" else None
+
+
 def _short(val) -> str:
     s = json.dumps(val, default=str) if not isinstance(val, str) else val
     return s if len(s) <= 200 else s[:197] + "..."
@@ -658,10 +704,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
         ap.add_argument("--memory-gb", type=float, default=None)
         ap.add_argument("--cache", default=None)
+        ap.add_argument("--student", default=None)
         ap.add_argument("student_file")
         ap.add_argument("names", nargs="+")
         a = ap.parse_args(argv[1:])
-        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.cache)
+        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.cache, a.student)
     ap = argparse.ArgumentParser(prog="python -m autograder.harness",
                                  description="Run a trusted check on a student's file in a fresh process.")
     ap.add_argument("check", nargs="?", help="check name (e.g. lab2.loader_speed) or a lab id prefix (e.g. lab2)")
@@ -669,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the verdict as JSON (a list for a lab prefix)")
     ap.add_argument("--device", default="auto", help="device to grade on: auto, cpu, cuda, cuda:N")
     ap.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds for the whole run")
+    ap.add_argument("--student", default=None, help="the submission's student id (lab 3 grades that student's "
+                    "variant of slow_train.py; default: the course's common one)")
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     a = ap.parse_args(argv)
     if a.list or not a.check:
@@ -683,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         names = checks_for(a.check)
-        verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device)
+        verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device, student=a.student)
     except Exception as e:
         if type(e).__name__ == "LabkitError":
             print(f"autograder.harness: {e}", file=sys.stderr)

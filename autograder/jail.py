@@ -61,6 +61,7 @@ class Jail:
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
     trusted: bool = False  # no sandbox at all (the instructor vouched for the submissions)
     cache: Path | None = None  # this student's compile caches, shared by their notebook and runner only (below)
+    hide: tuple[str, ...] = ()  # labkit modules left out of the view: a lab's answer (autograder.labkit_answers)
 
     def host_env(self, env: dict[str, str]) -> dict[str, str]:
         """The environment to start the sandbox with: bubblewrap's own process stays visible inside (as the PID
@@ -89,7 +90,7 @@ class Jail:
         args += _system_binds()
         for p in _python_roots():
             args += ["--ro-bind", str(p), str(p)]
-        args += _grader_view()
+        args += _grader_view(self.hide)
         for p in self.readable:
             args += ["--ro-bind", str(p), str(p)]
         for p in self.writable:
@@ -161,18 +162,32 @@ def _inside(p: Path, root: Path) -> bool:
     return p == root or root in p.parents
 
 
-def _grader_view() -> list[str]:
-    """labkit and the public half of the grader under VIEW; a kernel-side stub stands in for the harness."""
+def _grader_view(hide: tuple[str, ...] = ()) -> list[str]:
+    """labkit (less the modules in `hide`) and the public half of the grader under VIEW; a kernel-side stub stands
+    in for the harness."""
     import labkit
 
-    out = ["--dir", f"{VIEW}/autograder",
-           "--ro-bind", str(Path(labkit.__file__).resolve().parent), f"{VIEW}/labkit",
+    src = Path(labkit.__file__).resolve().parent
+    out = ["--dir", f"{VIEW}/autograder", *(_labkit_without(src, hide) if hide else
+                                            ["--ro-bind", str(src), f"{VIEW}/labkit"]),
            "--ro-bind", str(PUBLIC), f"{VIEW}/autograder/student",
            "--ro-bind", str(PUBLIC / "view_init.py"), f"{VIEW}/autograder/__init__.py",
            "--ro-bind", str(PUBLIC / "kernel_harness.py"), f"{VIEW}/autograder/harness.py",
            "--ro-bind", str(PUBLIC / "kernel_harness.py"), f"{VIEW}/autograder/rehearsal.py",
            # nbgrader runs inside the sandbox with the notebook, and loads the grader's preprocessors from here
            "--ro-bind", str(GRADER_ROOT / "autograder" / "nbhooks.py"), f"{VIEW}/autograder/nbhooks.py"]
+    return out
+
+
+def _labkit_without(src: Path, hide: tuple[str, ...]) -> list[str]:
+    """labkit bound file by file without the hidden modules (nor their bytecode); an installed copy inside a bound
+    Python folder is covered by an empty folder, so no path leads to the hidden files."""
+    out = ["--tmpfs", str(src)] if any(_inside(src, r) for r in _python_roots()) else []
+    out += ["--dir", f"{VIEW}/labkit", "--dir", f"{VIEW}/labkit/__pycache__"]
+    for p in sorted([*src.iterdir(), *(src / "__pycache__").glob("*")]):
+        mod = p.name.split(".")[0]
+        if mod not in hide and p.name != "__pycache__" and not p.name.startswith("."):
+            out += ["--ro-bind", str(p), f"{VIEW}/labkit/{p.relative_to(src).as_posix()}"]
     return out
 
 

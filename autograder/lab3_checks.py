@@ -1,11 +1,12 @@
 """Lab 3, profile and fix: the answer key, and the checks of the student's fixed training loop.
 
-The baseline is the slow script, `autograder/student/lab3_slow.py` (the lab hands students an identical copy as
-slow_train.py). The student's file defines `bottlenecks() -> {site letter: kind}` and a `train(...)` with the
-slow script's signature and result that must compute the same losses and accuracy, without a host sync per
-step, faster. Every run of the student's code happens in a probe of `autograder.student.lab3` in the sandbox;
-the references (the slow script run here, or in the baseline's process for timed rounds), the answer key, the
-seeds used when grading and every verdict stay here.
+The baseline is the student's own variant of the slow script, regenerated here from the course secret and the
+student id (autograder.lab3_variants; the open-kit default gives everyone the repository's slow_train.py). The
+student's file defines `bottlenecks() -> {site letter: kind}` and a `train(...)` with the slow script's
+signature and result that must compute the same losses and accuracy, without a host sync per step, faster.
+Every run of the student's code happens in a probe of `autograder.student.lab3` in the sandbox; the references
+(the variant run here, or in the baseline's process for timed rounds), the answer key, the seeds used when
+grading and every verdict stay here.
 """
 
 from __future__ import annotations
@@ -16,21 +17,12 @@ import secrets
 
 import torch
 
+from autograder import course_secret, lab3_variants
 from autograder.harness import CheckFailed, Tiers, require
 from autograder.student import lab3 as scen
-from autograder.student import lab3_slow as slow
 
-SITES = "ABCDEFGHI"
-KINDS = ("data", "overhead", "sync", "compute")
-# The planted bottlenecks and the kinds accepted for each; every other site is harmless.
-ANSWER_KEY = {
-    "B": ("data",),  # per-sample Python normalization in the batch generator
-    # anomaly detection left on: a traceback recorded for every op (overhead) and, on a GPU, a NaN check with a
-    # host sync after every backward op (sync)
-    "C": ("overhead", "sync"),
-    "H": ("sync",),  # loss.item() every step: the host waits for the device
-    "I": ("sync", "overhead"),  # one int(tensor) per sample: a host sync and a tiny kernel launch per element
-}
+SITES = lab3_variants.LETTERS
+KINDS = lab3_variants.KINDS
 # Ratio of the fixed loop's speed to the slow script's, each in its own process, interleaved (the idle one frozen).
 # On a CPU the small CNN's own math is a large share of a step, so the reachable ratio is ~1.8-2x; on a GPU the
 # step is launch bound and the planted syncs and Python loops dominate, so 3x is easy for a complete fix.
@@ -44,9 +36,28 @@ BATCH = 64
 PUBLIC_SEEDS = {"data_seed": 0, "init_seed": 0, "seed": 0}  # the notebook's own run: a student can reproduce it
 
 
-def _hidden_seeds() -> dict:
-    """Seeds drawn when grading (never fixed in code): data, model initialization and batch order."""
+def _fresh_seeds() -> dict:
+    """Seeds drawn for one timed round (never fixed anywhere): data, model initialization and batch order."""
     return {k: secrets.randbelow(2**31) for k in PUBLIC_SEEDS}
+
+
+def _hidden_seeds(ctx, label: str) -> dict:
+    """The hidden run's seeds, from the course secret and the student (so a regrade draws the same ones)."""
+    return {k: course_secret.seed(f"lab3.hidden/{label}/{k}", ctx.student_id) for k in PUBLIC_SEEDS}
+
+
+_VARIANTS: dict = {}
+
+
+def variant(ctx):
+    """(spec, module, source) of the student's slow_train.py variant, rendered once per process."""
+    secret = course_secret.load()
+    key = (ctx.student_id, secret.key)
+    if key not in _VARIANTS:
+        spec = lab3_variants.spec_for(ctx.student_id, secret)
+        source = lab3_variants.render(spec)
+        _VARIANTS[key] = (spec, lab3_variants.load(spec), source)
+    return _VARIANTS[key]
 
 
 def _run_params(ctx, steps: int, seeds: dict) -> dict:
@@ -57,7 +68,9 @@ def _run_params(ctx, steps: int, seeds: dict) -> dict:
 
 
 def check_answers(ctx) -> dict:
-    """Grade the written findings: what bottlenecks() declares (read in the sandbox) against the answer key."""
+    """Grade the written findings: what bottlenecks() declares (read in the sandbox) against the answer key of
+    the student's variant."""
+    answer_key = lab3_variants.answer_key(variant(ctx)[0])
     got = ctx.call("lab3.answers", {})
     kind = got.get("type") if isinstance(got, dict) else None
     require(kind == "dict", f"bottlenecks() must return a dict {{site letter: kind}}, got {str(kind)[:40]}")
@@ -72,18 +85,18 @@ def check_answers(ctx) -> dict:
             f"use the letters {', '.join(SITES)} from slow_train.py")
     require(not bad_kinds, f"unknown kind(s) {_few(bad_kinds)}: use one of {', '.join(KINDS)}")
     points = 0.0
-    for site, kinds in ANSWER_KEY.items():
+    for site, kinds in answer_key.items():
         if site in ans:
             points += 1.0 if ans[site] in kinds else 0.5
-    false_alarms = sorted(set(ans) - set(ANSWER_KEY))
+    false_alarms = sorted(set(ans) - set(answer_key))
     points = max(0.0, points - len(false_alarms))
-    frac = points / len(ANSWER_KEY)
-    found = sorted(set(ans) & set(ANSWER_KEY))
-    m = {"found": found, "right_kind": sorted(s for s in found if ans[s] in ANSWER_KEY[s]),
-         "false_alarms": false_alarms, "planted": len(ANSWER_KEY)}
+    frac = points / len(answer_key)
+    found = sorted(set(ans) & set(answer_key))
+    m = {"found": found, "right_kind": sorted(s for s in found if ans[s] in answer_key[s]),
+         "false_alarms": false_alarms, "planted": len(answer_key)}
     if frac == 0:
         raise CheckFailed("none of the named sites is a planted bottleneck (or false alarms cancel them)", **m)
-    return {"fraction": frac, "message": f"{len(found)} of {len(ANSWER_KEY)} bottlenecks found, "
+    return {"fraction": frac, "message": f"{len(found)} of {len(answer_key)} bottlenecks found, "
                                          f"{len(m['right_kind'])} with the right kind, {len(false_alarms)} false alarm(s)",
             "measurements": m}
 
@@ -131,7 +144,7 @@ def _compare(got: dict, ref: dict, steps: int, label: str = "") -> dict:
 
 def _same_result(ctx, steps: int, seeds: dict | None = None, label: str = "") -> dict:
     params = _run_params(ctx, steps, seeds or PUBLIC_SEEDS)
-    ref = scen.train_run(slow.train, ctx.device, params)
+    ref = scen.train_run(variant(ctx)[1].train, ctx.device, params)
     return _compare(ctx.call("lab3.train", params), ref, steps, label)
 
 
@@ -140,7 +153,7 @@ def check_same_result(ctx) -> dict:
     on seeds drawn when grading (so a result that only holds for the public seeds does not pass)."""
     steps = 20 if ctx.small else 60
     m = _same_result(ctx, steps)
-    _same_result(ctx, steps, _hidden_seeds(), "with other seeds (data, initialization and batch order): ")
+    _same_result(ctx, steps, _hidden_seeds(ctx, "same_result"), "with other seeds (data, initialization and batch order): ")
     return {"message": f"same losses and accuracy as the slow script over {m['steps']} steps (on the notebook's "
                        "seeds and on others)", "measurements": m}
 
@@ -157,12 +170,12 @@ def check_no_host_sync(ctx) -> dict:
     """
     steps = 24 if ctx.small else 60
     _same_result(ctx, steps=8)  # a loop that does not train has nothing to sync: correctness first
-    params = {**_run_params(ctx, steps, _hidden_seeds()), "warmup_steps": 4}  # warm-up: lazy init may sync once
+    params = {**_run_params(ctx, steps, _hidden_seeds(ctx, "no_host_sync")), "warmup_steps": 4}  # warm-up: lazy init may sync once
     got = ctx.call("lab3.host_syncs", params)
     sites = got["sites"]
     require(isinstance(sites, list) and all(isinstance(s, str) for s in sites),
             "the submission's process sent malformed sync sites")
-    _compare(got, scen.train_run(slow.train, ctx.device, params), steps, "the run whose host syncs were counted: ")
+    _compare(got, scen.train_run(variant(ctx)[1].train, ctx.device, params), steps, "the run whose host syncs were counted: ")
     syncs, allowed = len(sites), steps // 4 + 4
     by_site = collections.Counter(s[:120] for s in sites)
     m = {"host_syncs": syncs, "steps": steps, "allowed": allowed, "sync_sites": dict(by_site.most_common(6))}
@@ -209,10 +222,11 @@ def check_speedup(ctx) -> dict:
     """
     _same_result(ctx, steps=8)  # correctness gates speed
     steps = 20 if ctx.small else 50
-    seeds = [_hidden_seeds() for _ in range(SPEED_WARMUP + SPEED_ROUNDS)]
+    seeds = [_fresh_seeds() for _ in range(SPEED_WARMUP + SPEED_ROUNDS)]
     prep = {"n": _run_params(ctx, steps, PUBLIC_SEEDS)["n"], "data_seeds": [s["data_seed"] for s in seeds]}
     # The student's side last: the timing starts right after its reply, with the baseline's run (student frozen).
-    ctx.baseline_call("lab3.prepare", prep)
+    # The baseline's process gets the variant's source: it times the student's own slow script.
+    ctx.baseline_call("lab3.prepare", {**prep, "slow_source": variant(ctx)[2]})
     ctx.call("lab3.prepare", prep)
 
     def request(probe):

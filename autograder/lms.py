@@ -171,14 +171,17 @@ GRADESCOPE_LABS = ("lab1", "lab2", "lab3")  # gradable without a GPU; lab 4's sp
 
 
 def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *, course: str | Path | None = None,
-                   sandbox: str = "auto", run_checks=None) -> dict:
+                   sandbox: str = "auto", run_checks=None, open_kit: bool = False) -> dict:
     """Grade one Gradescope submission (a folder holding the lab's notebook or its student_*.py) with the
-    trusted harness and write results.json; returns it. One test per test cell, scaled to the cell's points."""
-    from autograder import harness, trusted
+    trusted harness and write results.json; returns it. One test per test cell, scaled to the cell's points.
+    A graded run: without a course secret it refuses unless `open_kit` (autograder.course_secret). Lab 3 is
+    graded against the course's common variant (hand that one out: `python -m autograder variant lab3`)."""
+    from autograder import course_secret, harness, trusted
 
     if lab not in GRADESCOPE_LABS:
         raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; lab4's speed "
                           "tiers need one: grade it with `python -m autograder grade` on a GPU machine)")
+    course_secret.for_grading(open_kit)
     aid = harness.ASSIGNMENTS[lab]
     source_nb = Path(course or harness.ROOT / "assignments") / "source" / aid / f"{aid}.ipynb"
     calls = trusted.find_calls(source_nb)

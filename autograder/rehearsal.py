@@ -86,7 +86,14 @@ def build_toy_course(root: str | Path) -> Path:
 # The toy's checks are ordinary harness checks (autograder.harness.CHECKS "toy.*"): the student's file runs in
 # the sandbox (autograder.student.toy), the answers and the clock stay here.
 
-HIDDEN_SEED = 7  # the hidden test's inputs; sent at grading time, never written into the public probe
+
+def hidden_params() -> dict:
+    """The hidden test's inputs, from the course secret (autograder.course_secret): reading this code reveals
+    none of them; they reach the student's process only when graded."""
+    from autograder import course_secret
+
+    r = course_secret.rng("toy.hidden/inputs")
+    return {"seed": int(r.integers(2**31)), "count": 3, "n": int(r.integers(800, 1200))}
 
 
 def _expect_totals(got, xs_list) -> None:
@@ -112,7 +119,7 @@ def check_correct(ctx) -> dict:
 def check_hidden(ctx) -> dict:
     from autograder.student.toy import arrays
 
-    params = {"seed": HIDDEN_SEED, "count": 3, "n": 1000}
+    params = hidden_params()
     _expect_totals(ctx.call("toy.totals", params), arrays(**params))
     return {"message": "right answers on the hidden inputs"}
 

@@ -64,7 +64,7 @@ def grader_cmd(base: Path, course: Path, jobs: int) -> list[str]:
     return [sys.executable, "-m", "autograder", "grade", AID, "--submissions", str(base / "subs"),
             "--course", str(course), "--out", str(base / "out"), "--work", str(base / "work"), "--preset", "quick",
             "--cell-timeout", "30", "--timeout", "180", "--memory-gb", "3", "--jobs", str(jobs),
-            "--harness", "autograder.rehearsal", "--no-progress"]
+            "--harness", "autograder.rehearsal", "--no-progress", "--open-kit"]  # a rehearsal: the public default
 
 
 def _markers(out: Path) -> dict[str, str]:

@@ -74,9 +74,11 @@ def test_source_notebooks_follow_the_conventions():
     assert used == course, f"checks no notebook uses: {course - used}"
 
 
-def test_lab3_hands_out_the_graders_slow_script():
+def test_lab3_hands_out_the_open_kit_variant_of_the_slow_script():
+    from autograder import lab3_variants
+
     assert (COURSE / "source" / "lab3_profile_fix" / "slow_train.py").read_text() == \
-        (ROOT / "autograder" / "student" / "lab3_slow.py").read_text()
+        lab3_variants.render(lab3_variants.CLASSIC)
 
 
 def test_course_config_sets_the_policies():

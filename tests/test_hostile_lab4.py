@@ -282,7 +282,7 @@ def test_spot_checks_draw_a_uniform_subset_round_by_round():
 @pytest.mark.skipif(SANDBOX != "bwrap", reason="needs the bubblewrap sandbox (the trusted module is visible without)")
 def test_importing_the_trusted_module_fails_cleanly(tmp_path):
     ref = reference(tmp_path)
-    ref.write_text("from autograder.lab4_checks import HIDDEN_HYPER  # noqa\n" + ref.read_text())
+    ref.write_text("from autograder.lab4_checks import hidden_case  # noqa\n" + ref.read_text())
     v, = run_checks(["lab4.correctness_hidden"], ref, device="cpu")
     assert not v["ok"] and v["score"] == 0 and v["gradable"] and v["sandbox"] == "bwrap"
     assert "No module named 'autograder.lab4_checks'" in v["message"], v["message"]

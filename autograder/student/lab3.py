@@ -1,10 +1,11 @@
 """Lab 3 probes: run the student's fixed training loop (and the slow script, as the baseline) on given seeds.
 
 The scenario `train_run(train, device, params)` takes the training function as an argument: the trusted side
-runs it with `slow_train.train` (lab3_slow, the script handed out to students) and the probes run it with the
-student's `train`, so both see the same data, model initialization and batch order. A probe only reports
-observations (losses, correct predictions, optimizer steps, samples seen, host-sync sites); the answer key, the
-seeds used when grading and every verdict stay with the trusted side.
+runs it with the `train` of the student's variant of slow_train.py (rendered there; the baseline's process
+receives its source) and the probes run it with the student's `train`, so both see the same data (lab3_slow),
+model initialization and batch order. A probe only reports observations (losses, correct predictions, optimizer
+steps, samples seen, host-sync sites); the answer key, the seeds used when grading and every verdict stay with
+the trusted side.
 
 params of a run: n (images), data_seed (make_data), init_seed (torch.manual_seed before Net()), seed (the
 batch order, as train's `seed`), steps, batch_size.
@@ -111,7 +112,10 @@ def probe_host_syncs(p, params: dict) -> dict:
 
 
 def probe_prepare(p, params: dict) -> dict:
-    """Make the data of the timed runs ahead (untimed): one data set per seed in params["data_seeds"]."""
+    """Make the data of the timed runs ahead (untimed): one data set per seed in params["data_seeds"]; in the
+    baseline's process also load the slow script's variant from params["slow_source"]."""
+    if "slow_source" in params:
+        p.state["lab3_slow"] = slow.load(str(params["slow_source"]))
     store = p.state.setdefault("lab3_data", {})
     for s in params["data_seeds"]:
         store[str(s)] = data({"n": params["n"], "data_seed": s})
@@ -132,5 +136,7 @@ def probe_timed_train(p, params: dict) -> dict:
 
 
 def probe_slow_train(p, params: dict) -> dict:
-    """The baseline's timed run: slow_train.train on data made ahead (runs in a process without student code)."""
-    return _timed(p, slow.train, params)
+    """The baseline's timed run: the variant's slow train on data made ahead (a process without student code)."""
+    mod = p.state.get("lab3_slow")
+    require(mod is not None, "lab3.prepare did not send the slow script's source")
+    return _timed(p, mod.train, params)

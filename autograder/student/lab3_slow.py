@@ -1,8 +1,14 @@
-"""slow_train.py: trains a small CNN on synthetic images. It is correct, and much slower than it needs to be.
+"""What every variant of lab 3's slow_train.py shares: the data, the model, and loading a variant's source.
 
-Lab 3 asks you to find what makes it slow. The comments [A] to [I] mark the candidate sites; some are real
-bottlenecks, the others are harmless. (The grader keeps its own copy of this file as the baseline.)
+Each student's slow_train.py is rendered by the grader (autograder.lab3_variants, instructor-only) from the course
+secret and the student id; they all build on the `make_data` and `Net` below, so the probes can run a student's
+fixed `train` on the same data and model as the slow one. The baseline's process receives the variant's source
+from the trusted side and loads it with `load`.
 """
+
+from __future__ import annotations
+
+import types
 
 import torch
 import torch.nn as nn
@@ -38,49 +44,8 @@ class Net(nn.Module):
         return self.fc(x.flatten(1))
 
 
-def batches(images, labels, batch_size: int, seed: int):
-    """One epoch of (normalized float images NCHW, labels) in a seeded random order; drops the last partial batch."""
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(labels), generator=g)  # [A]
-    for s in range(0, len(order) - batch_size + 1, batch_size):
-        idx = order[s:s + batch_size]
-        xs = []
-        for i in idx.tolist():  # [B]
-            img = images[i].permute(2, 0, 1).float() / 255
-            xs.append((img - MEAN[:, None, None]) / STD[:, None, None])
-        yield torch.stack(xs), labels[idx]
-
-
-def train(model, optimizer, images, labels, *, steps: int, batch_size: int = 64, seed: int = 0, device="cpu"):
-    """Train for `steps` steps; returns {"losses": one float per step, "correct": right training predictions}."""
-    torch.autograd.set_detect_anomaly(True)  # [C]
-    model.train()  # [D]
-    losses, correct, step, epoch = [], 0, 0, 0
-    try:
-        while step < steps:
-            for x, y in batches(images, labels, batch_size, seed + epoch):  # [E]
-                x, y = x.to(device), y.to(device)  # [F]
-                out = model(x)
-                loss = F.cross_entropy(out, y)  # [G]
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())  # [H]
-                for p, t in zip(out.argmax(1), y, strict=True):  # [I]
-                    correct += int(p == t)
-                step += 1
-                if step == steps:
-                    break
-            epoch += 1
-    finally:
-        torch.autograd.set_detect_anomaly(False)
-    return {"losses": losses, "correct": correct}
-
-
-if __name__ == "__main__":
-    torch.manual_seed(0)
-    images, labels = make_data()
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    result = train(model, opt, images, labels, steps=60)
-    print(f"final loss {result['losses'][-1]:.3f}, training accuracy {result['correct'] / (60 * 64):.1%}")
+def load(source: str) -> types.ModuleType:
+    """A slow_train.py variant's source as a module named slow_train (the trusted side rendered it)."""
+    mod = types.ModuleType("slow_train")
+    exec(compile(source, "slow_train.py", "exec"), mod.__dict__)  # noqa: S102  (the grader's own rendering)
+    return mod

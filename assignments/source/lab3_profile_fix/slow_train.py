@@ -1,7 +1,7 @@
 """slow_train.py: trains a small CNN on synthetic images. It is correct, and much slower than it needs to be.
 
 Lab 3 asks you to find what makes it slow. The comments [A] to [I] mark the candidate sites; some are real
-bottlenecks, the others are harmless. (The grader keeps its own copy of this file as the baseline.)
+bottlenecks, the others are harmless. (The grader regenerates this file to time it as the baseline.)
 """
 
 import torch

@@ -1,0 +1,95 @@
+"""No free answers from labkit: the labkit modules that implement a lab's answer, kept away from its submissions.
+
+labkit is the course's own library, and some of its modules are a lab's answer in finished form (lab 1's
+scalers are `labkit.loss_scaling`). A submission of that lab must not use them. Two layers:
+
+- the sandbox's view of labkit leaves those modules out (autograder.jail, `Jail.hide`): however the student's
+  code asks for one (import, importlib, __import__, exec of a string, sys.modules, opening the file and exec'ing
+  it), there is nothing to find, and its checks fail;
+- before any check runs, `banned_uses` reads the submission (its syntax tree: imports, attribute access on
+  labkit, strings naming the module) so the usual ways fail at once with one clear message.
+
+The lists are stated in each lab's instructions (the notebooks' first cell; a test keeps the two in step).
+Modules the probes need (bench, env, outputs, errors, models) are never on them.
+"""
+
+from __future__ import annotations
+
+import ast
+
+# lab -> labkit modules that implement (part of) its answer
+BANNED: dict[str, tuple[str, ...]] = {
+    # the scalers themselves; amp re-exports them and its AmpTrainer runs the fp16 + scaler step
+    "lab1": ("loss_scaling", "amp"),
+    # packed storage and batched augmentation (data, loaders, loader_bench), the bucketing sampler (bucketing),
+    # the training engine's device-resident batches with batched augmentation (train)
+    "lab2": ("data", "loaders", "loader_bench", "bucketing", "train"),
+    # the answer is a finding about your own slow_train.py and a loop to write; labkit's profilers are the tools
+    # the lab asks for (in the notebook), and scenarios' fixed workloads are other programs than slow_train.py
+    "lab3": (),
+    # the ladder's engine: channels_last, autocast, torch.compile, fused optimizers, CUDA graphs, in one step
+    # (train; ddp, warmstart and profiling drive it), and amp's training step
+    "lab4": ("train", "amp", "ddp", "warmstart", "profiling"),
+}
+
+
+def banned(lab: str) -> tuple[str, ...]:
+    """The labkit modules (names inside labkit) a submission of `lab` ('lab1'..'lab4', or a check name) may not use."""
+    return BANNED.get(lab.split(".")[0], ())
+
+
+def banned_uses(source: str, lab: str) -> list[str]:
+    """The banned modules of `lab` that `source` names ("labkit.<name>"), in order; [] if none or unparsable.
+
+    Catches `import labkit.X`, `from labkit import X`, `from labkit.X import ...`, `labkit.X` as an attribute and
+    strings that name it ("labkit.X", "labkit/X.py", or just "X" as in getattr(labkit, "X") in a file that names
+    labkit). Obfuscated names
+    get past this reader, not past the sandbox, whose labkit has no such module.
+    """
+    names = banned(lab)
+    if not names:
+        return []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    found: list[str] = []
+    # a bare module name in a string ("amp") counts only in a file that names labkit at all
+    mentions = any(isinstance(n, ast.Name) and n.id == "labkit" or isinstance(n, ast.Constant)
+                   and isinstance(n.value, str) and "labkit" in n.value or isinstance(n, ast.alias)
+                   and n.name.split(".")[0] == "labkit" or isinstance(n, ast.ImportFrom)
+                   and (n.module or "").split(".")[0] == "labkit" for n in ast.walk(tree))
+
+    def hit(name: str) -> None:
+        if name in names and name not in found:
+            found.append(name)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "labkit" and len(parts) > 1:
+                    hit(parts[1])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] == "labkit":
+                if len(parts) > 1:
+                    hit(parts[1])
+                else:
+                    for a in node.names:
+                        hit(a.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "labkit":
+            hit(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            base = node.value.strip().rsplit("/", 1)[-1].strip(". ")
+            for n in names:
+                if mentions and base in (n, f"{n}.py") or f"labkit.{n}" in node.value or f"labkit/{n}" in node.value:
+                    hit(n)
+    return found
+
+
+def message(lab: str, uses: list[str]) -> str:
+    """One line for the student: what was used, why it scores nothing, what to do."""
+    mods = ", ".join(f"labkit.{n}" for n in uses)
+    return (f"the submission uses {mods}, which implements this lab's answer: write it yourself (not allowed in "
+            f"{lab}: {', '.join(f'labkit.{n}' for n in banned(lab))}; see the lab's instructions)")

@@ -1,0 +1,97 @@
+"""Hostile lab 1 submissions: taking the answer from labkit (labkit.loss_scaling, labkit.amp) in every way a
+student might, past the static reader. The sandbox's labkit does not hold those modules, so nothing is found."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import jail, labkit_answers
+from autograder.harness import run_check
+
+pytestmark = pytest.mark.skipif(jail.probe() is not None, reason="needs the bubblewrap sandbox")
+
+# Every way to reach the module's code, with its name built at run time (so the static reader does not see it).
+ATTACK = r'''
+import glob, importlib, importlib.util, json, os, sys
+NAME = "loss" + "_scal" + "ing"
+MOD = "labkit." + NAME
+tries = {}
+
+
+def attempt(label, fn):
+    try:
+        m = fn()
+        tries[label] = "GOT" if hasattr(m, "DynamicLossScaler") else f"nothing ({type(m).__name__})"
+        return m
+    except BaseException as e:  # noqa: BLE001
+        tries[label] = type(e).__name__
+        return None
+
+
+def from_file():
+    import labkit
+    roots = [*labkit.__path__, *sys.path, "/opt", os.getcwd()]
+    hits = [p for r in roots for p in glob.glob(os.path.join(r, "**", NAME + ".py"), recursive=True)]
+    m = sys.modules["stolen"] = type(sys)("stolen")
+    exec(compile(open(hits[0]).read(), hits[0], "exec"), m.__dict__)
+    return m
+
+
+def from_bytecode():
+    import labkit
+    hits = [p for r in labkit.__path__ for p in glob.glob(os.path.join(r, "__pycache__", NAME + ".*.pyc"))]
+    loader = importlib.machinery.SourcelessFileLoader("stolen_pyc", hits[0])
+    spec = importlib.util.spec_from_loader("stolen_pyc", loader)
+    m = importlib.util.module_from_spec(spec)
+    loader.exec_module(m)
+    return m
+
+
+def through_amp():
+    return importlib.import_module("labkit." + "a" + "mp")
+
+
+attempt("importlib", lambda: importlib.import_module(MOD))
+attempt("__import__", lambda: __import__(MOD, fromlist=["x"]))
+attempt("exec", lambda: (exec("import " + MOD), sys.modules[MOD])[1])
+attempt("sys.modules", lambda: sys.modules[MOD])
+attempt("file", from_file)
+attempt("bytecode", from_bytecode)
+attempt("through-a-m-p", through_amp)
+'''
+
+
+def _run(tmp_path: Path, hide: tuple[str, ...]) -> dict:
+    box = tmp_path / ("hidden" if hide else "whole")
+    box.mkdir()
+    (box / "attack.py").write_text(ATTACK + "print('TRIES ' + json.dumps(tries))\n")
+    cmd = jail.Jail(writable=[box], hide=hide).command([sys.executable, "attack.py"])
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env=jail.Jail(writable=[box]).host_env({}))
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("TRIES ")), None)
+    assert line, out.stderr[-2000:]
+    return json.loads(line[6:])
+
+
+def test_the_answer_is_nowhere_in_the_sandbox_however_it_is_asked_for(tmp_path):
+    whole = _run(tmp_path, ())
+    hidden = _run(tmp_path, labkit_answers.banned("lab1"))
+    # Where labkit is whole, each way reaches the answer (the attacks are real; bytecode only once compiled) ...
+    assert all(v == "GOT" for k, v in whole.items() if k != "bytecode"), whole
+    # ... and with lab 1's list left out, none does.
+    assert not [k for k, v in hidden.items() if v == "GOT"], hidden
+
+
+def test_an_obfuscated_import_of_the_answer_scores_nothing(tmp_path):
+    f = tmp_path / "student_scaler.py"
+    f.write_text(ATTACK + "_m = attempt('final', lambda: importlib.import_module(MOD))\n"
+                 "StaticScaler = _m.StaticLossScaler\nDynamicScaler = _m.DynamicLossScaler\n")
+    assert labkit_answers.banned_uses(f.read_text(), "lab1") == []  # past the reader: the sandbox decides
+    v = run_check("lab1.static_scaler", f, device="cpu")
+    assert v["sandbox"] == "bwrap" and not v["ok"] and v["score"] == 0 and v["gradable"], v
+    assert "NoneType" in v["message"] or "StaticLossScaler" in v["message"], v["message"]
