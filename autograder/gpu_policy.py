@@ -11,9 +11,54 @@ from __future__ import annotations
 
 import logging
 
+from autograder.harness import Tiers
 from labkit.env import LabkitError
 
 log = logging.getLogger("autograder")
+
+# Lab 4's speed tiers per hardware class. The check times the student's step against the naive fp32 step on the
+# same card, so a tier is a ratio, and the ratio a good step reaches depends on the card's 16-bit units.
+LAB4_SPEED_TIERS: dict[str, Tiers] = {
+    # bf16 tensor cores, compute capability 8.0+ (A100, H100, L4, RTX 30xx and newer). Calibrated on an H100:
+    # bf16 + channels_last + torch.compile + a fused optimizer reach ~2.2x, CUDA graphs on top ~3.8x (the reference
+    # solution: grade_reference_gpu.json, grade_reliability*.json); 3x earns full marks, the bonus sits above it.
+    "bf16_tensor_core_gpu": Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0),
+    # The T4 class: fp16 tensor cores only, compute capability 7.x (T4, the free Colab GPU; V100; RTX 20xx). A
+    # POLICY, not a calibration: no T4 has run the reference solution yet. Students there use fp16 autocast with
+    # GradScaler (bf16 would be emulated, slower than fp32). A T4 step takes several times an H100's, so launch
+    # overhead, which CUDA graphs remove (their ~1.7x of the H100's 3.8x), is a small share of it: the tiers ask
+    # for what the rest of the recipe gives, 2x for full marks. Calibrate with benchmarks/grade_reference_gpu.py
+    # on a T4 and replace these numbers with the measured ones.
+    "fp16_tensor_core_gpu": Tiers(((1.3, 0.5), (1.5, 2 / 3), (1.75, 5 / 6), (2.0, 1.0)), bonus=2.6),
+    # Other accelerators (CUDA before 7.0, or not CUDA): no 16-bit tensor cores; a policy too.
+    "gpu": Tiers(((1.2, 0.5), (1.5, 1.0)), bonus=2.0),
+}
+LAB4_TIER_BASIS = {"bf16_tensor_core_gpu": "calibrated on an H100",
+                   "fp16_tensor_core_gpu": "policy (T4 class, not yet calibrated on a T4)",
+                   "gpu": "policy"}
+
+
+def lab4_speed_class(device, hardware: str) -> str | None:
+    """Lab 4's tier class of a device: by compute capability on CUDA (8.0+ native bf16; 7.x the T4 class), "gpu"
+    for other accelerators, None where speed is not graded (`hardware`, harness.hardware_class, is "cpu")."""
+    if hardware == "cpu":
+        return None
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "gpu"
+    from labkit.env import native_bf16
+
+    if native_bf16(dev):
+        return "bf16_tensor_core_gpu"
+    return "fp16_tensor_core_gpu" if torch.cuda.get_device_capability(dev)[0] >= 7 else "gpu"
+
+
+def lab4_speed_tiers(device, hardware: str) -> tuple[str, Tiers] | None:
+    """(tier class, Tiers) for lab 4's speed check on this device, or None where it is not gradable."""
+    klass = lab4_speed_class(device, hardware)
+    return None if klass is None else (klass, LAB4_SPEED_TIERS[klass])
 
 # Check name -> the hardware classes (autograder.harness.hardware_class) that can grade it.
 # lab4.speed: lab4_checks.SPEED_TIERS has tiers for these classes only (a test ties the two).

@@ -21,9 +21,11 @@ import secrets
 import torch
 import torch.nn.functional as F
 
+from autograder import gpu_policy
 from autograder.harness import CheckFailed, NotGradable, Tiers, require
 from autograder.student import lab4 as scen
 from autograder.student.lab4 import HYPER, MEAN, STD, NaiveStep, make_batches  # noqa: F401  (public names)
+from labkit.env import native_bf16
 
 SEEDS = {"correctness": 0, "no_host_sync": 2, "speed": 3}  # public; the hidden case is hidden_case()'s
 
@@ -31,9 +33,9 @@ SEEDS = {"correctness": 0, "no_host_sync": 2, "speed": 3}  # public; the hidden 
 # channels_last + torch.compile + a fused optimizer reach ~2.2x at batch 512 and CUDA graphs on top ~3.8x (the
 # reference solution, like the ladder's cuda_graphs rung); 3x earns full marks, the bonus sits a little above
 # that reference. benchmarks/results/grade_reference_gpu.json and grade_reliability.json hold the measured ratios.
-SPEED_TIERS = {
-    "tensor_core_gpu": Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0),
-    "gpu": Tiers(((1.2, 0.5), (1.5, 1.0)), bonus=2.0),
+SPEED_TIERS = {  # per harness class; gpu_policy.LAB4_SPEED_TIERS splits tensor-core GPUs (the T4 class is fp16)
+    "tensor_core_gpu": gpu_policy.LAB4_SPEED_TIERS["bf16_tensor_core_gpu"],
+    "gpu": gpu_policy.LAB4_SPEED_TIERS["gpu"],
 }
 SPEED_ROUNDS = {"rounds": 9, "warmup": 3, "inner": 5}  # interleaved rounds, each `inner` steps per request
 SPEED_WARMUP_STEPS = 10  # compile, cuDNN autotune, CUDA-graph capture: all before the clock starts
@@ -51,7 +53,7 @@ def sizes(ctx) -> dict:
 def _twin_dtype(device) -> torch.dtype:
     """bf16 where the device has it (CPU, Ampere and newer), else fp16 (older GPUs)."""
     dev = torch.device(device)
-    return torch.float16 if dev.type == "cuda" and not torch.cuda.is_bf16_supported() else torch.bfloat16
+    return torch.float16 if dev.type == "cuda" and not native_bf16(dev) else torch.bfloat16
 
 
 def _student_trajectory(ctx, params: dict, n_params: int):
@@ -338,8 +340,8 @@ def _check_base(result, params) -> None:
 
 
 def check_speed(ctx) -> dict:
-    tiers = SPEED_TIERS.get(ctx.hardware)
-    if tiers is None:
+    tiers = SPEED_TIERS.get(ctx.hardware) and gpu_policy.lab4_speed_tiers(ctx.device, ctx.hardware)[1]
+    if not tiers:
         raise NotGradable("the ResNet-18 speed tiers need a CUDA GPU (they are calibrated on tensor-core GPUs); "
                           "correctness and host syncs are graded here, speed on a GPU machine")
     return _speed(ctx, tiers)

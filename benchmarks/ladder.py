@@ -1,8 +1,10 @@
 """The recorded ladder: every rung on this device, plus the real-data accuracy check; saves result `ladder`.
 
-    python benchmarks/ladder.py [--epochs 5] [--quick] [--out benchmarks/results]
+    python benchmarks/ladder.py [--epochs 5] [--repeats 3] [--quick] [--out benchmarks/results]
 
-Writes <out>/ladder.json (environment, measured bf16 peak, every rung's record, the real-data check) and
+Each rung runs --repeats times (default 3), in interleaved rounds whose order rotates by one rung per round;
+every run is recorded, and the table and chart show the median img/s with its spread (min-max).
+Writes <out>/ladder.json (environment, measured matmul peak, every rung's record, the real-data check) and
 <out>/ladder.png (the chart the README shows). The real-data check trains the baseline recipe and the top
 rung's numerics and optimizer (bf16, channels_last, resident data, Muon at its peak learning rate; batch 128
 to suit 1,437 images, no compile) on scikit-learn's handwritten digits, which ship with the package: both must
@@ -18,7 +20,7 @@ from pathlib import Path
 from labkit import report
 from labkit import train as T
 from labkit.bench import RESULTS_DIR, save_result
-from labkit.env import pick_device, quick_mode
+from labkit.env import native_bf16, pick_device, quick_mode
 
 REAL_DATA_PASS = 0.95
 
@@ -35,6 +37,8 @@ def real_data_check(dev, quick: bool) -> dict:
         cfg = T.with_changes(cfg, batch_size=128, lr=T.peak_lr(cfg), lr_scaling="sqrt", workers=2, compile=None)
         if dev.type != "cuda":
             cfg = T.with_changes(cfg, precision="default")
+        elif cfg.precision == "bf16" and not native_bf16(dev):
+            cfg = T.with_changes(cfg, precision="fp16")  # no bf16 tensor cores (a T4): fp16 with loss scaling
         r = T.train(cfg, dev)
         out[name] = {"accuracy": r["accuracy"], "final_loss": r["final_loss"], "epochs": cfg.epochs,
                      "config": r["config"]}
@@ -50,20 +54,23 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="CPU-sized run")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ap.add_argument("--rungs", help="comma-separated subset of rungs")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"runs per rung, interleaved (default {T.REPEATS}; quick {T.QUICK_REPEATS})")
     ap.add_argument("--no-real-data", action="store_true", help="skip the real-data accuracy check")
     ap.add_argument("--out", default=None, help=f"results folder (default {RESULTS_DIR})")
     args = ap.parse_args(argv)
     dev = pick_device(args.device)
     quick = args.quick or quick_mode()
     names = args.rungs.split(",") if args.rungs else None
-    res = T.run_ladder(dev, quick=quick, names=names, epochs=args.epochs)
+    res = T.run_ladder(dev, quick=quick, names=names, epochs=args.epochs, repeats=args.repeats)
     res["real_data"] = None if args.no_real_data else real_data_check(dev, quick)
     name = "ladder_quick" if quick else "ladder"
     rungs = res.pop("rungs")
     path = save_result(name, {k: v for k, v in res.items() if k != "env"} | {"rungs": rungs}, out_dir=args.out,
                        device=dev)
     env = res["env"]
-    report.ladder_chart(rungs, Path(path).with_suffix(".png"), title=f"ResNet-18 ladder on {env['device_name']}")
+    report.ladder_chart(rungs, Path(path).with_suffix(".png"), title=f"ResNet-18 ladder on {env['device_name']}",
+                        note=report.ladder_chart_note(res))
     print(f"wrote {path} and {Path(path).with_suffix('.png')}")
     return 0
 

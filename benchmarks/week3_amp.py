@@ -6,7 +6,8 @@
 Measures, for the week's model (ResidualMLP, preset 'h100') and ResNet-18 (CIFAR variant, 32x32, random data)
 at two batch sizes each: one training step (Adam) in strict fp32, TF32, fp16 autocast + GradScaler and bf16
 autocast, timed interleaved against fp32 with labkit.bench.compare, and peak memory per step from
-torch.cuda.max_memory_allocated with only that configuration resident. Then activation checkpointing (memory
+amp.memory_breakdown (two warm-up steps; params, grads, optimizer state, activations, workspace; the peak
+above what was resident, so earlier configurations' leftovers do not count). Then activation checkpointing (memory
 saved vs time lost), bytes per parameter by the allocator, the .half()-vs-autocast race and the hand-made
 scalers vs GradScaler on this device. Saves benchmarks/results/week3_amp.json (with the environment record).
 """
@@ -57,11 +58,14 @@ def _free(dev):
         torch.cuda.empty_cache()
 
 
-def _peak(trainer, x, y, dev) -> int | None:
-    """Peak bytes allocated during one step, with this trainer the only model resident (CUDA only)."""
+def _peak(trainer, x, y, dev) -> dict:
+    """One step's memory split (amp.memory_breakdown, CUDA only): "peak_bytes" is the state that lives across
+    steps plus the step's peak above what was resident, so leftovers of configurations measured before it (an
+    absolute max_memory_allocated counted them: the peaks grew in measuring order) no longer count."""
     if dev.type != "cuda":
-        return None
-    return amp.cuda_peak_bytes(lambda: trainer.step(x, y), dev)["peak_bytes"]
+        return {"peak_bytes": None}
+    m = amp.memory_breakdown(trainer, x, y, warmup=2)
+    return {"peak_bytes": m["peak"], "resident_bytes": m["resident"], "memory": m}
 
 
 def _step_fn(trainer, x, y):
@@ -81,7 +85,7 @@ def measure_model(spec: dict, dev, rounds: int, warmup: int, progress) -> list[d
             x, y = data[b]
             tr.step(x, y)  # warm: Adam state, cuDNN autotune, autocast caches
             acts = amp.activation_bytes(tr.model, x, p)
-            mem[p, b] = {"peak_bytes": _peak(tr, x, y, dev), "activation_bytes": acts,
+            mem[p, b] = {**_peak(tr, x, y, dev), "activation_bytes": acts,
                          "state_bytes": amp.measured_bytes_per_param(tr.model, tr.optimizer)["total"] * n_params}
             progress.update(1)
         del tr
@@ -119,7 +123,7 @@ def measure_checkpointing(spec: dict, dev, precision: str, rounds: int, warmup: 
         if kind == "checkpointed":
             out["blocks_wrapped"] = amp.checkpoint_blocks(tr.model)
         tr.step(x, y)
-        out[f"{kind}_peak_bytes"] = _peak(tr, x, y, dev)
+        out[f"{kind}_peak_bytes"] = _peak(tr, x, y, dev)["peak_bytes"]
         out[f"{kind}_activation_bytes"] = amp.activation_bytes(tr.model, x, precision)
         del tr
         _free(dev)

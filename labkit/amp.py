@@ -451,6 +451,60 @@ def cuda_peak_bytes(fn: Callable[[], object], device=None) -> dict[str, int]:
     return {"peak_bytes": peak, "resident_before_bytes": before, "peak_above_resident_bytes": peak - before}
 
 
+def memory_breakdown(trainer: AmpTrainer, x: torch.Tensor, y: torch.Tensor, warmup: int = 2) -> dict[str, int]:
+    """Where one training step's CUDA memory goes, in bytes, after `warmup` steps (Adam's state, cuDNN's autotune
+    and the allocator's first blocks all happen there, not in the measured step).
+
+    Keys: params, grads, optimizer_state, master_weights (live tensors, each storage once); activations (saved for
+    backward by one forward pass: what autocast and checkpointing change); resident (allocated before the step:
+    the state plus anything else still alive); other_resident (resident minus the state that lives across steps:
+    leftovers of earlier work, cuBLAS workspaces); step_peak (the step's peak above resident); workspace (step_peak
+    minus activations: cuDNN/cuBLAS workspaces, autocast's weight copies, temporaries); peak (the state that lives
+    across steps plus step_peak: the step's peak with nothing else resident); reserved
+    (what the caching allocator holds from the driver after the step, free blocks included). CUDA only.
+    """
+    dev = trainer.device
+    if dev.type != "cuda":
+        raise LabkitError("memory_breakdown reads the CUDA caching allocator: it needs a CUDA device")
+    if warmup < 1:
+        raise LabkitError(f"warmup must be >= 1 (Adam creates its state in the first step), not {warmup}")
+    for _ in range(warmup):
+        trainer.step(x, y)
+    n = sum(q.numel() for q in trainer.model.parameters())
+    per = measured_bytes_per_param(trainer.model, trainer.optimizer, trainer.master)
+    out = {k: round(per[k] * n) for k in ("params", "grads", "optimizer_state", "master_weights")}
+    peak = cuda_peak_bytes(lambda: trainer.step(x, y), dev)
+    out["resident"] = peak["resident_before_bytes"]
+    out["step_peak"] = peak["peak_above_resident_bytes"]
+    # zero_grad(set_to_none) frees the gradients at the start of the step: they are rebuilt inside the peak
+    out["other_resident"] = max(0, out["resident"] - out["params"] - out["optimizer_state"] - out["master_weights"]
+                                - out["grads"])
+    out["activations"] = activation_bytes(trainer.model, x, trainer.precision)
+    # the step frees the old gradients before backward makes new ones: they cancel in step_peak
+    out["workspace"] = max(0, out["step_peak"] - out["activations"])
+    out["peak"] = out["params"] + out["grads"] + out["optimizer_state"] + out["master_weights"] + out["step_peak"]
+    out["reserved"] = torch.cuda.memory_reserved(dev)
+    return out
+
+
+def recorded_memory_split(result: dict) -> list[dict]:
+    """The rows of a week3_amp result (benchmarks/week3_amp.py) with their peak split, in bytes: state (params,
+    grads, Adam), activations, and the rest ("other": peak minus both), in the order the benchmark measured them.
+
+    Rows recorded before the benchmark measured above the resident memory hold an absolute peak; "other" then
+    shows what the peak counted that neither AMP nor checkpointing changes.
+    """
+    rows = []
+    for r in result.get("speed", []):
+        if r.get("peak_bytes") is None:
+            continue
+        state, act = r["state_bytes"], r["activation_bytes"]
+        rows.append({"model": r["model"], "batch": r["batch"], "precision": r["precision"], "peak": r["peak_bytes"],
+                     "state": state, "activations": act, "other": r["peak_bytes"] - state - act,
+                     "resident": r.get("resident_bytes")})
+    return rows
+
+
 # ---------------------------------------------------------------------------------- checkpointing helpers
 
 

@@ -114,8 +114,33 @@ def _version(dist: str) -> str | None:
         return None
 
 
+# bf16 tensor cores arrived with Ampere (compute capability 8.0). torch.cuda.is_bf16_supported() also says yes on
+# older cards, where bf16 is emulated in fp32 units: slower than fp32, not a tensor-core format.
+NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+def native_bf16(device: torch.device | str | None = None) -> bool:
+    """Whether bf16 runs on this device's matrix units: CUDA compute capability 8.0+, or a CPU (autocast's bf16).
+
+    Not `torch.cuda.is_bf16_supported()`, which counts emulation (a T4, capability 7.5, answers yes).
+    """
+    dev = pick_device(device)
+    if dev.type != "cuda":
+        return True
+    return tuple(torch.cuda.get_device_capability(dev)) >= NATIVE_BF16_CAPABILITY
+
+
+def amp_precision(device: torch.device | str | None = None) -> str:
+    """The 16-bit autocast format the kit trains in here: "bf16" where native, "fp16" (+ GradScaler) on older GPUs."""
+    return "bf16" if native_bf16(device) else "fp16"
+
+
 def capabilities(device: torch.device | str | None = None) -> dict:
-    """What the device supports: tensor cores, bf16/fp16/fp8 math, TF32, and the current switch settings."""
+    """What the device supports: tensor cores, bf16/fp16/fp8 math, TF32, and the current switch settings.
+
+    "bf16" is native bf16 only (compute capability 8.0+); "bf16_emulated" says torch runs it anyway, without
+    tensor cores; "amp" is the 16-bit format the course uses here (`amp_precision`).
+    """
     dev = pick_device(device)
     caps = {
         "device_type": dev.type,
@@ -129,20 +154,24 @@ def capabilities(device: torch.device | str | None = None) -> dict:
     if dev.type == "cuda":
         major, minor = torch.cuda.get_device_capability(dev)
         cc = major + minor / 10
+        native = native_bf16(dev)
+        props = torch.cuda.get_device_properties(dev)
         caps.update(
             name=torch.cuda.get_device_name(dev),
             capability=f"{major}.{minor}",
             tensor_cores=major >= 7,
             fp16_tensor_cores=major >= 7,
-            bf16=bool(torch.cuda.is_bf16_supported()),
+            bf16=native,
+            bf16_emulated=not native and bool(torch.cuda.is_bf16_supported()),
             tf32=major >= 8,
             fp8=cc >= 8.9 and hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm"),
-            memory_bytes=torch.cuda.get_device_properties(dev).total_memory,
-            multiprocessors=torch.cuda.get_device_properties(dev).multi_processor_count,
+            amp=amp_precision(dev),
+            memory_bytes=props.total_memory,
+            multiprocessors=props.multi_processor_count,
         )
     else:
         caps.update(name=platform.processor() or platform.machine(), capability=None, tensor_cores=False,
-                    fp16_tensor_cores=False, bf16=True, tf32=False, fp8=False)
+                    fp16_tensor_cores=False, bf16=True, bf16_emulated=False, tf32=False, fp8=False, amp="bf16")
     return caps
 
 
@@ -248,6 +277,8 @@ _WEEKS = [
      "no CUDA: GPU kernel traces and two GPU-only bottleneck scenarios skipped"),
     ("6 ResNet-18 ladder", lambda c: "full" if c["device_type"] == "cuda" else "quick",
      "no CUDA: quick CPU ladder; AMP-fp16, compile-heavy and CUDA-graph rungs skipped"),
+    ("6 (16-bit format)", lambda c: "full" if c.get("amp") == "bf16" or c["device_type"] != "cuda" else "fp16",
+     "compute capability below 8.0 (a T4): the bf16 rung runs as fp16 autocast with GradScaler"),
 ]
 
 
@@ -266,7 +297,9 @@ def doctor(out=None, packages=None, device=None) -> int:
     p(f"  device: {caps['name']} ({caps['device_type']}"
       + (f", compute capability {caps['capability']}" if caps["capability"] else "") + ")")
     for key in ("tensor_cores", "bf16", "tf32", "fp8"):
-        p(f"  {key:<14} {'yes' if caps[key] else 'no'}")
+        p(f"  {key:<14} {'yes' if caps[key] else 'no'}"
+          + ("  (emulated by torch, no bf16 tensor cores: the course uses fp16 + loss scaling here)"
+             if key == "bf16" and caps.get("bf16_emulated") else ""))
     p(f"  TF32 switches: matmul={caps['tf32_matmul_enabled']} cudnn={caps['tf32_cudnn_enabled']} "
       f"(float32_matmul_precision={caps['float32_matmul_precision']}); cudnn.benchmark={caps['cudnn_benchmark']}")
     p("packages:")

@@ -1,7 +1,8 @@
 """What a training run is: `TrainConfig`, and the ladder of presets built from it.
 
-Every optimization the course teaches is a field of `TrainConfig`. `LADDER` lists the rungs, each adding exactly
-one change to the rung before it; `preset(name)` is the config of a rung, `quick_base()` the CPU demo size.
+Every optimization the course teaches is a field of `TrainConfig`. `LADDER` lists the rungs, each adding one
+idea to the rung before it (one setting, or several: batch_fused, muon); `preset(name)` is the config of a rung,
+`quick_base()` the CPU demo size.
 `labkit.train` runs them; `labkit.report` reads result records against them. Nothing here runs anything.
 """
 
@@ -67,7 +68,8 @@ def with_changes(cfg: TrainConfig, **changes) -> TrainConfig:
 
 # ------------------------------------------------------------------------------------------------ ladder
 
-# Each rung: (name, what it changes, the fields it changes). Rungs are cumulative.
+# Each rung: (name, what it changes, the fields it changes). Rungs are cumulative; a rung that changes several
+# fields measures them together.
 LADDER = [
     ("baseline", "naive script: torch defaults (cuDNN TF32), PNG files + PIL transforms, batch 128, 2 workers, "
                  ".item() every step", {}),

@@ -12,13 +12,16 @@ from labkit.progress import fmt_duration
 # What each column of `ladder_table` means; written under the table and into ladder.json.
 LADDER_COLUMNS = {
     "img/s (steady)": "training images per second over the epochs after the first (the first pays for worker "
-                      "start, compilation and autotuning), data loading and augmentation included",
+                      "start, compilation and autotuning), data loading and augmentation included; with repeated "
+                      "runs, the median over the runs",
+    "spread": "the lowest and highest img/s (steady) of the rung's runs",
     "img/s (all epochs)": "the same over every epoch, the first included",
     "speedup": "steady img/s over the first rung's",
-    "vs previous": "steady img/s over the row above: what this rung's one change gained (after a skipped rung, "
-                   "over the last rung that ran)",
+    "vs previous": "steady img/s over the row above: what this rung's change gained (after a skipped rung, over "
+                   "the last rung that ran); \"within noise\" where the two rungs' spreads overlap, so the runs "
+                   "cannot tell the rungs apart",
     "peak mem GiB": "peak GPU memory allocated (CUDA only)",
-    "MFU": "model FLOP/s over the bf16 matmul peak measured in the same run (GPU only)",
+    "MFU": "model FLOP/s over the 16-bit matmul peak measured in the same run (GPU only)",
     "first step s": "seconds of the first step alone: compilation, CUDA-graph capture, autotuning",
     "final loss": "mean training loss over the last steps",
     "test acc": "top-1 accuracy on the test split after training",
@@ -29,39 +32,71 @@ def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def _spread(r: dict) -> tuple[float, float] | None:
+    """(min, max) img/s of a rung's runs, or None for a single run."""
+    if r.get("repeats", 1) > 1 and r.get("img_per_s_min") is not None:
+        return r["img_per_s_min"], r["img_per_s_max"]
+    return None
+
+
+def within_noise(a: dict, b: dict) -> bool | None:
+    """Whether two rung records cannot be told apart: their img/s spreads (min-max over runs) overlap.
+
+    None when either rung ran once: one run has no spread to compare with.
+    """
+    sa, sb = _spread(a), _spread(b)
+    if sa is None or sb is None:
+        return None
+    return sa[0] <= sb[1] and sb[0] <= sa[1]
+
+
 def ladder_rows(records: list[dict]) -> list[dict]:
-    """One row per rung: img/s, speedup vs the first rung and vs the previous rung, memory, MFU, loss, accuracy."""
+    """One row per rung: img/s (median of its runs) and spread, speedup vs the first rung and vs the previous one
+    (with whether that step is within noise), memory, MFU, loss, accuracy."""
     rows, base, prev = [], None, None
     for r in records:
         base = base or r["img_per_s"]
         rows.append({
             "rung": r["name"],
             "img_per_s": r["img_per_s"],
+            "spread": _spread(r),
+            "repeats": r.get("repeats", 1),
             "img_per_s_all": r["img_per_s_all"],
             "speedup": r["img_per_s"] / base,
-            "step_gain": r["img_per_s"] / prev if prev else 1.0,
+            "step_gain": r["img_per_s"] / prev["img_per_s"] if prev else 1.0,
+            "within_noise": within_noise(prev, r) if prev else None,
             "peak_mem_gib": r["peak_mem_bytes"] / 2**30 if r.get("peak_mem_bytes") else None,
             "mfu": r.get("mfu"),
             "first_step_s": r.get("first_step_s"),
             "final_loss": r["final_loss"],
             "accuracy": r["accuracy"],
         })
-        prev = r["img_per_s"]
+        prev = r
     return rows
 
 
 def ladder_table(records: list[dict]) -> str:
-    """A Markdown table of the ladder (fits a terminal and a README)."""
-    head = ("| rung | img/s (steady) | img/s (all epochs) | speedup | vs previous | peak mem GiB | MFU | "
-            "first step s | final loss | test acc |")
-    lines = [head, "|" + "---|" * 10]
-    for row in ladder_rows(records):
-        lines.append(
-            f"| {row['rung']} | {row['img_per_s']:,.0f} | {row['img_per_s_all']:,.0f} | {row['speedup']:.2f}x | "
-            f"{row['step_gain']:.2f}x | {_fmt(row['peak_mem_gib'], '.2f')} | "
-            f"{_fmt(None if row['mfu'] is None else 100 * row['mfu'], '.1f')}{'%' if row['mfu'] else ''} | "
-            f"{_fmt(row['first_step_s'], '.2f')} | {row['final_loss']:.3f} | "
-            f"{_fmt(None if row['accuracy'] is None else 100 * row['accuracy'], '.1f')}{'%' if row['accuracy'] is not None else ''} |")
+    """A Markdown table of the ladder (fits a terminal and a README).
+
+    Rungs run more than once get a spread column and "within noise" on steps their spreads cannot resolve;
+    a ladder of single runs keeps the one-number table.
+    """
+    rows = ladder_rows(records)
+    spread = any(row["spread"] for row in rows)
+    head = ("| rung | img/s (steady) | " + ("spread | " if spread else "") + "img/s (all epochs) | speedup | "
+            "vs previous | peak mem GiB | MFU | first step s | final loss | test acc |")
+    lines = [head, "|" + "---|" * (11 if spread else 10)]
+    for row in rows:
+        cells = [row["rung"], f"{row['img_per_s']:,.0f}"]
+        if spread:
+            cells.append("-" if row["spread"] is None else f"{row['spread'][0]:,.0f}–{row['spread'][1]:,.0f}")
+        gain = f"{row['step_gain']:.2f}x" + (" (within noise)" if row["within_noise"] else "")
+        cells += [f"{row['img_per_s_all']:,.0f}", f"{row['speedup']:.2f}x", gain, _fmt(row['peak_mem_gib'], '.2f'),
+                  _fmt(None if row['mfu'] is None else 100 * row['mfu'], '.1f') + ("%" if row['mfu'] else ""),
+                  _fmt(row['first_step_s'], '.2f'), f"{row['final_loss']:.3f}",
+                  _fmt(None if row['accuracy'] is None else 100 * row['accuracy'], '.1f')
+                  + ("%" if row['accuracy'] is not None else "")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -82,8 +117,12 @@ def ladder_markdown(result: dict) -> str:
                "still running, or killed before it could say why")
         lines += [f"Incomplete ({len(result['rungs'])} of {len(result.get('planned', []))} rungs): {why}; "
                   f"not run: {', '.join(left) or '-'}.", ""]
+    if result.get("repeats", 1) > 1:
+        lines += [f"Each rung ran {result['repeats']} times ({result.get('order', 'interleaved')}).", ""]
     lines += [f"- {name}: {what}" for name, what in result.get("columns", LADDER_COLUMNS).items()
-              if name in ("img/s (steady)", "vs previous", "speedup", "first step s")]
+              if name in ("img/s (steady)", "spread", "vs previous", "speedup", "first step s")
+              and (name != "spread" or result.get("repeats", 1) > 1)]
+    lines += [f"- note: {n}" for n in result.get("notes", [])]
     for s in result.get("skipped", []):
         lines.append(f"- skipped {s['rung']}: {s['why']}")
     return "\n".join(lines)
@@ -94,6 +133,11 @@ def ladder_chart_note(result: dict) -> str | None:
     parts = []
     if result.get("quick"):
         parts.append("quick mode (CPU demo size)")
+    if result.get("repeats", 1) > 1:
+        parts.append(f"{result['repeats']} interleaved runs per rung")
+    if result.get("notes"):
+        parts.append("bf16 rungs ran as fp16" if any(n.startswith("bf16 -> fp16") for n in result["notes"])
+                     else "see ladder.md's notes")
     if result.get("skipped"):
         parts.append("skipped: " + ", ".join(s["rung"] for s in result["skipped"]) + " (see ladder.md for why)")
     if not result.get("complete", True):
@@ -101,9 +145,62 @@ def ladder_chart_note(result: dict) -> str | None:
     return "; ".join(parts) or None
 
 
+def series_colors(n: int) -> list:
+    """`n` colours that stay distinct side by side (tab10, then tab20's lighter shades): one per series."""
+    import matplotlib
+
+    base = list(matplotlib.colormaps["tab10"].colors)
+    extra = [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors) if i % 2 == 1]
+    return [(base + extra)[i % 20] for i in range(n)]
+
+
+def log_axis_if_wide(ax, values, axis: str = "x", ratio: float = 10.0) -> bool:
+    """Put `axis` on a log scale when `values` span `ratio` (10x) or more, so small steps stay visible; whether it
+    did."""
+    vals = [v for v in values if v and v > 0]
+    wide = bool(vals) and max(vals) / min(vals) >= ratio
+    if wide:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    return wide
+
+
+def zoom_accuracy(ax, accuracies_pct, axis: str = "y", pad: float = 1.0) -> None:
+    """Zoom an accuracy axis (%) to the values shown, `pad` points either side, instead of 0-100: differences of a
+    point or two are then visible. The label says the axis does not start at 0."""
+    vals = [v for v in accuracies_pct if v is not None]
+    if not vals:
+        return
+    lo, hi = max(0.0, min(vals) - pad), min(100.0, max(vals) + pad)
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(lo, hi)
+    label = (ax.get_ylabel() if axis == "y" else ax.get_xlabel()) or "test accuracy (%)"
+    if "zoomed" not in label:
+        (ax.set_ylabel if axis == "y" else ax.set_xlabel)(label + " (zoomed axis)")
+
+
+def loss_curves(records: list[dict], ax, x: str = "images") -> None:
+    """Training loss of each record against images seen (`x="images"`) or training seconds (`x="seconds"`), a
+    distinct colour per record: rungs with different batch sizes compare on the same axis, which steps do not."""
+    colors = series_colors(len(records))
+    for r, c in zip(records, colors, strict=True):
+        losses = r.get("losses") or []
+        if not losses:
+            continue
+        batch = (r.get("config") or {}).get("batch_size") or 1
+        steps = range(1, len(losses) + 1)
+        if x == "seconds" and r.get("img_per_s"):
+            xs = [s * batch / r["img_per_s"] for s in steps]
+        else:
+            xs = [s * batch for s in steps]
+        ax.plot(xs, losses, label=r["name"], lw=1.0, color=c)
+    ax.set_xlabel("training seconds (at the steady img/s)" if x == "seconds" else "images seen")
+    ax.set_ylabel("training loss")
+
+
 def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 optimization ladder",
                  note: str | None = None) -> Path:
-    """Bar chart of steady img/s per rung with the speedup over the baseline written on each bar (PNG).
+    """Bar chart of steady img/s per rung (median of its runs, with the min-max spread as an error bar and the
+    speedup over the baseline written on each bar; "within noise" where a step cannot be told from the rung
+    before), next to the loss curves against images seen (PNG). A log img/s axis when rungs differ 10x or more.
 
     `note` (e.g. "quick mode; skipped: ...") is written under the chart.
     """
@@ -116,18 +213,27 @@ def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     names = [r["rung"] for r in rows]
     vals = [r["img_per_s"] for r in rows]
-    bars = ax.barh(names[::-1], vals[::-1], color="#3b7dd8")
+    colors = series_colors(len(rows))
+    err = None
+    if any(r["spread"] for r in rows):
+        err = [[r["img_per_s"] - (r["spread"] or (r["img_per_s"],) * 2)[0] for r in rows[::-1]],
+               [(r["spread"] or (r["img_per_s"],) * 2)[1] - r["img_per_s"] for r in rows[::-1]]]
+    bars = ax.barh(names[::-1], vals[::-1], color=colors[::-1], xerr=err, capsize=3 if err else 0)
     for b, r in zip(bars, rows[::-1], strict=True):
-        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {r['img_per_s']:,.0f} ({r['speedup']:.1f}x)",
+        tag = ", within noise" if r["within_noise"] else ""
+        right = (r["spread"] or (r["img_per_s"],) * 2)[1]
+        ax.text(right, b.get_y() + b.get_height() / 2, f" {r['img_per_s']:,.0f} ({r['speedup']:.1f}x{tag})",
                 va="center", fontsize=8)
-    ax.set_xlabel("training images / s (steady: epochs after the first; data loading included)")
-    ax.set_xlim(0, max(vals) * 1.35)
+    runs = max((r["repeats"] for r in rows), default=1)
+    ax.set_xlabel("training images / s (steady; data loading included)"
+                  + (f"; median of {runs} runs, bars: min-max" if runs > 1 else ""))
+    if log_axis_if_wide(ax, vals):
+        ax.set_xlim(min(vals) / 1.5, max(vals) * 4)
+    else:
+        ax.set_xlim(0, max(vals) * 1.45)
     ax.set_title(title)
-    for r in records:
-        ax2.plot(r["losses"], label=r["name"], lw=0.8)
-    ax2.set_xlabel("optimizer step")
-    ax2.set_ylabel("training loss")
-    ax2.set_title("loss curves")
+    loss_curves(records, ax2)
+    ax2.set_title("loss curves (first run of each rung)")
     ax2.legend(fontsize=6, ncol=2)
     if note:
         fig.text(0.01, 0.01, note, fontsize=7, color="#555555")
@@ -175,6 +281,7 @@ def accuracy_vs_steps_chart(points: list[dict], ax=None, title: str = "accuracy 
     ax.set_xscale("log", base=2)
     ax.set_xlabel("optimizer steps in the run")
     ax.set_ylabel("test accuracy (%)")
+    zoom_accuracy(ax, [100 * p["accuracy"] for p in shown], pad=2.0)
     left_out = len(points) - len(shown)
     ax.set_title(title + (f" ({left_out} diverged runs not shown)" if left_out else ""), fontsize=9)
     ax.legend(fontsize=7)

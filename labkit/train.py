@@ -1,8 +1,9 @@
 """One ResNet-18 training engine; every optimization is a switch in `TrainConfig`.
 
 The ladder (`LADDER`, in `labkit.presets` with `TrainConfig`, and re-exported here) is a list of presets, each
-rung adding exactly one change to the rung before it, all run by the same `train()`. `labkit ladder` runs them
-and writes a table, JSON and a chart, rung by rung; `labkit train` runs one.
+rung adding one idea to the rung before it (some ideas take several settings: `labkit ladder --list`), all run
+by the same `train()`. `labkit ladder` runs each rung several times in interleaved rounds and writes a table
+(median img/s and its spread), JSON and a chart; `labkit train` runs one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from labkit import compile_artifacts as CA
 from labkit import data as D
 from labkit import report
 from labkit.bench import synchronize
-from labkit.env import LabkitError, environment, pick_device, torch_switches
+from labkit.env import LabkitError, environment, native_bf16, pick_device, torch_switches
 from labkit.models import resnet18, train_flops_per_image
 from labkit.outputs import check_writable, write_json, write_text
 from labkit.presets import (  # noqa: F401  (re-exported: labkit.train is where users find the configs)
@@ -77,8 +78,10 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
         need(not cfg.optimizer.endswith("-fused") or _fused_optimizers_on_cpu(), "fused optimizers on CPU need torch >= 2.4")
     else:
         cc = torch.cuda.get_device_capability(device)
-        need(cfg.precision != "bf16" or torch.cuda.is_bf16_supported(),
-             f"bf16 needs compute capability 8.0+, this GPU is {cc[0]}.{cc[1]}: use fp16")
+        # torch runs bf16 on older cards too, emulated and slower than fp32: refuse it rather than time that
+        need(cfg.precision != "bf16" or native_bf16(device),
+             f"bf16 tensor cores need compute capability 8.0+, this GPU is {cc[0]}.{cc[1]}: use precision=fp16 "
+             f"(autocast with GradScaler)")
 
 
 def _fused_optimizers_on_cpu() -> bool:
@@ -456,6 +459,7 @@ class LadderPlan:
     base: TrainConfig
     rungs: list[TrainConfig] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # rungs run differently here than their presets say, and why
 
 
 def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = None,
@@ -489,7 +493,15 @@ def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = Non
             continue
         if device.type != "cuda":
             cfg = with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
+        elif cfg.precision == "bf16" and not native_bf16(device):
+            cfg = with_changes(cfg, precision="fp16")
         plan.rungs.append(cfg)
+    fp16 = [c.name for c in plan.rungs if c.precision == "fp16" and preset(c.name).precision == "bf16"]
+    if fp16:
+        major, minor = torch.cuda.get_device_capability(device)
+        plan.notes.append(f"bf16 -> fp16: compute capability {major}.{minor} has no bf16 tensor cores (torch would "
+                          f"emulate bf16, slower than fp32), so {', '.join(fp16)} run fp16 autocast with GradScaler "
+                          "loss scaling instead")
     if not plan.rungs:
         why = "; ".join(f"{n}: {w}" for n, w in plan.skipped)
         raise LabkitError(f"no rung can run on this device with those names ({why}): see labkit ladder --list")
@@ -499,50 +511,104 @@ def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = Non
 # ------------------------------------------------------------------------------------------------ CLI
 
 
+# Runs per rung. Speed differs from run to run by several percent (other processes, clocks, the loader's
+# workers), as much as some rungs change it; one number per rung cannot tell a gain from noise. Quick CPU mode
+# runs 2, each on half the images, so `make demo` takes as long as with one run; 3 at that size would leave too
+# few steps per run to learn anything.
+REPEATS = 3
+QUICK_REPEATS = 2
+
+
+def ladder_order(names: list[str], round_index: int) -> list[str]:
+    """The rungs in the order round `round_index` runs them: rotated by one each round, so that no rung always
+    runs first (cold caches, a cool GPU) or right after the same neighbour."""
+    k = round_index % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """One rung's record from its repeated runs: the first run's record (config, losses, accuracy) with img/s
+    replaced by the median over the runs, its spread (min and max, img/s) and every run under "runs"."""
+    keep = ("img_per_s", "img_per_s_all", "first_step_s", "final_loss", "accuracy", "peak_mem_bytes", "epoch_s",
+            "mfu", "round", "position")
+    rec = {k: v for k, v in runs[0].items() if k not in ("round", "position")}
+    ips = [r["img_per_s"] for r in runs]
+    rec.update(img_per_s=float(np.median(ips)), img_per_s_min=min(ips), img_per_s_max=max(ips), repeats=len(runs),
+               img_per_s_all=float(np.median([r["img_per_s_all"] for r in runs])),
+               runs=[{k: r.get(k) for k in keep} for r in runs])
+    if rec.get("flops_per_image"):
+        rec["achieved_tflops"] = rec["flops_per_image"] * rec["img_per_s"] / 1e12
+    if runs[0].get("mfu"):
+        rec["mfu"] = float(np.median([r["mfu"] for r in runs]))
+    return rec
+
+
 def run_ladder(device=None, quick: bool = False, names: list[str] | None = None, epochs: int | None = None,
                data: str = "synthetic", out: str | os.PathLike | None = None, base: TrainConfig | None = None,
-               show_progress: bool = True, log=print) -> dict:
-    """Run the ladder's rungs in order on one device; returns {"rungs": [...], "skipped": [...], ...}.
+               show_progress: bool = True, log=print, repeats: int | None = None) -> dict:
+    """Run the ladder's rungs on one device, each `repeats` times (default REPEATS; quick: QUICK_REPEATS) in
+    interleaved rounds (`ladder_order`); returns {"rungs": [...], "skipped": [...], ...}.
 
+    Each rung's record is `merge_runs` of its runs: img/s is the median, with its min-max spread and every run.
     With `out` (a folder, checked writable before any work), ladder.json, ladder.md and ladder.png are written
-    there after every rung, so an interrupt or a crash keeps the rungs that finished; "complete" in the JSON says
-    whether every planned rung ran, "stopped" why not. Progress: a bar per rung in a terminal, else a line per
-    rung with the time spent and left (`labkit.progress`); `show_progress=False` prints only the results.
+    there after every run, so an interrupt or a crash keeps the rungs that finished a run; "complete" in the
+    JSON says whether every planned run finished, "stopped" why not. Progress: a bar per run in a terminal, else a
+    line per run with the time spent and left (`labkit.progress`); `show_progress=False` prints only the results.
     "wall_s" is the whole run's time in seconds, data preparation included.
     """
     t0 = time.perf_counter()
     dev = pick_device(device)
-    base = base or (quick_base() if quick else TrainConfig())
+    repeats = (QUICK_REPEATS if quick else REPEATS) if repeats is None else repeats
+    if repeats < 1:
+        raise LabkitError(f"repeats must be at least 1, not {repeats}")
+    if base is None and quick:
+        # the demo's time stays that of one full-size run per rung: each of the runs trains on a share of the images
+        base = quick_base()
+        base = with_changes(base, n_train=max(1024, base.n_train // repeats))
+    base = base or TrainConfig()
     base = with_changes(base, data=data, **({"epochs": epochs} if epochs else {}))
     plan = plan_ladder(dev, quick, names, base)
     for cfg in plan.rungs:
         check_config(cfg, dev)
     out = None if out is None else check_writable(out, "dir", "--out")
     env = environment(device=dev)
-    log(f"ladder on {env['device_name']}: {len(plan.rungs)} rungs, {base.epochs} epochs each, "
-        f"ResNet-18 width {base.width}, {data} data" + (" (quick mode)" if quick else ""))
+    log(f"ladder on {env['device_name']}: {len(plan.rungs)} rungs x {repeats} runs (interleaved rounds), "
+        f"{base.epochs} epochs each, ResNet-18 width {base.width}, {data} data" + (" (quick mode)" if quick else ""))
+    if quick and repeats == QUICK_REPEATS:
+        log(f"  quick mode runs each rung {QUICK_REPEATS} times (not {REPEATS}), each run on {base.n_train} images, "
+            "so the demo takes as long as one full-size run per rung; a spread of 2 runs is a rough one")
     for name, why in plan.skipped:
         log(f"  skipped {name}: {why}")
+    for note in plan.notes:
+        log(f"  {note}")
     ds = D.load(data, base.n_train, base.n_test)
-    peak = peak_matmul_tflops(dev) if dev.type == "cuda" else None
+    peak, peak_format = _mfu_peak(dev)
     if peak:
-        log(f"  measured bf16 matmul peak: {peak:.0f} TFLOP/s (MFU denominator)")
-    result = {"kind": "ladder", "env": env, "peak_bf16_tflops": peak, "quick": quick,
+        log(f"  measured {peak_format} matmul peak: {peak:.0f} TFLOP/s (MFU denominator)")
+    result = {"kind": "ladder", "env": env, "peak_bf16_tflops": peak if peak_format == "bf16" else None,
+              "peak_tflops": peak, "peak_format": peak_format, "quick": quick, "repeats": repeats,
+              "order": "interleaved: every rung once per round, the order rotated by one rung each round",
               "mode": _mode_note(base, quick), "planned": [c.name for c in plan.rungs],
-              "skipped": [{"rung": n, "why": w} for n, w in plan.skipped], "columns": report.LADDER_COLUMNS,
-              "complete": False, "stopped": None, "rungs": []}
-    stages = Stages(len(plan.rungs), "ladder", log=log, mode="auto" if show_progress else "off")
+              "skipped": [{"rung": n, "why": w} for n, w in plan.skipped], "notes": plan.notes,
+              "columns": report.LADDER_COLUMNS, "complete": False, "stopped": None, "rungs": []}
+    by_name = {c.name: c for c in plan.rungs}
+    runs: dict[str, list[dict]] = {c.name: [] for c in plan.rungs}
+    stages = Stages(len(plan.rungs) * repeats, "ladder", log=log, mode="auto" if show_progress else "off")
     try:
-        for cfg in plan.rungs:
-            result["rungs"].append(_ladder_rung(cfg, dev, ds, peak, stages, log))
-            if out is not None:
-                _save_ladder(out, result)
+        for r in range(repeats):
+            for i, name in enumerate(ladder_order(list(by_name), r)):
+                rec = _ladder_rung(by_name[name], dev, ds, peak, stages, log, run=(r, repeats))
+                runs[name].append({**rec, "round": r, "position": i})
+                result["rungs"] = [merge_runs(v) for v in runs.values() if v]
+                if out is not None:
+                    _save_ladder(out, result)
         result["complete"] = True
     except BaseException as e:
         result["stopped"] = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
         if out is not None and result["rungs"]:
             _save_ladder(out, result)
-            log(f"stopped ({result['stopped']}): the {len(result['rungs'])} finished rung(s) are saved in {out}")
+            log(f"stopped ({result['stopped']}): the {len(result['rungs'])} rung(s) with a finished run are saved "
+                f"in {out}")
         raise
     result["wall_s"] = time.perf_counter() - t0
     log("\n" + report.ladder_markdown(result))
@@ -551,6 +617,15 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
         log(f"wrote {out}/ladder.json, ladder.md, ladder.png")
     log(f"ladder finished in {fmt_duration(result['wall_s'])}")
     return result
+
+
+def _mfu_peak(dev: torch.device) -> tuple[float | None, str | None]:
+    """(TFLOP/s, format) of the MFU denominator: the dense matmul peak in the 16-bit format the ladder trains in
+    here, measured now; (None, None) off CUDA."""
+    if dev.type != "cuda":
+        return None, None
+    fmt = "bf16" if native_bf16(dev) else "fp16"
+    return peak_matmul_tflops(dev, torch.bfloat16 if fmt == "bf16" else torch.float16), fmt
 
 
 def _mode_note(base: TrainConfig, quick: bool) -> str:
@@ -563,13 +638,14 @@ def _mode_note(base: TrainConfig, quick: bool) -> str:
 
 
 def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peak: float | None, stages: Stages,
-                 log) -> dict:
-    """Train one rung under a progress stage and log its result line; the result record."""
+                 log, run: tuple[int, int] = (0, 1)) -> dict:
+    """Train one rung (run `run[0]` of `run[1]`) under a progress stage and log its result line; the record."""
     n_steps = (min(len(ds.y_train), cfg.n_train or len(ds.y_train)) // cfg.batch_size) * cfg.epochs
-    with stages.stage(cfg.name, n_steps) as bar:
+    label = cfg.name if run[1] == 1 else f"{cfg.name} (run {run[0] + 1}/{run[1]})"
+    with stages.stage(label, n_steps) as bar:
         rec = train(cfg, dev, dataset=ds, peak_tflops=peak, progress=bar)
     acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
-    log(f"  {cfg.name:<16} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
+    log(f"  {label:<24} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
     return rec
 
 
@@ -635,6 +711,8 @@ def add_cli(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--rungs", help="comma-separated rung names to run (default: all that fit the device)")
     p.add_argument("--epochs", type=int, help="epochs per rung (default 5; quick: 2)")
+    p.add_argument("--repeats", type=int,
+                   help=f"runs per rung, in interleaved rounds (default {REPEATS}; quick: {QUICK_REPEATS})")
     p.add_argument("--data", default="synthetic", choices=["synthetic", "digits", "cifar10"], help="dataset")
     p.add_argument("--out", default="runs/ladder",
                    help="folder for ladder.json, ladder.md, ladder.png, rewritten after each rung (default runs/ladder)")
@@ -663,7 +741,9 @@ def _cli_ladder(args) -> int:
         raise LabkitError("--epochs must be >= 1")
     names = [n.strip() for n in args.rungs.split(",") if n.strip()] if args.rungs else None
     CA.load_for_cli(args, dev, needed=_compiles(names))
-    run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out)
+    if args.repeats is not None and args.repeats < 1:
+        raise LabkitError("--repeats must be >= 1")
+    run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out, repeats=args.repeats)
     return 0
 
 

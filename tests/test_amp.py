@@ -457,3 +457,25 @@ def test_benchmark_full_size_refuses_cpu(tmp_results):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--quick" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_results / "week3_amp.json").exists()
+
+
+def test_recorded_memory_split_shows_what_the_old_peaks_counted():
+    """week3_amp.json's absolute peaks: for the MLP peak = state + activations; for ResNet-18 the rest ("other")
+    grows in measuring order whatever the activations, which is why its bf16 peak rose (notebook 3's why cell)."""
+    import json
+    from pathlib import Path
+
+    rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/week3_amp.json").read_text())
+    rows = amp.recorded_memory_split(rec)
+    mlp = [r for r in rows if r["model"] == "mlp"]
+    assert all(abs(r["other"]) < 0.15 * r["peak"] for r in mlp)
+    rn = [r["other"] for r in rows if r["model"] == "resnet18" and r["batch"] == 128]
+    assert rn == sorted(rn) and rn[-1] > 5 * rn[0]  # fp32, tf32, fp16, bf16: measured in that order
+    acts = {r["precision"]: r["activations"] for r in rows if r["model"] == "resnet18" and r["batch"] == 128}
+    assert acts["bf16"] < 0.6 * acts["fp32"]  # what AMP changes does fall
+
+
+def test_memory_breakdown_needs_cuda_and_says_so():
+    tr = amp.AmpTrainer(amp.build_mlp("tiny"), "fp32", device="cpu")
+    with pytest.raises(LabkitError, match="needs a CUDA device"):
+        amp.memory_breakdown(tr, *amp.teacher_batch(0, 8))

@@ -206,7 +206,9 @@ def test_results_page_cold_compile_times_and_executed_notebooks_match_their_reco
             f"{r['cuda_graphs'][0]:.1f} s and {r['cuda_graphs'][1]:.1f} s for `cuda_graphs`, {r['muon'][0]:.1f} s and "
             f"{r['muon'][1]:.1f} s for `muon`") in page
     runs = json.loads((res / "notebooks" / "notebook_runs.json").read_text())["notebooks"]
-    notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb"))
+    # the week-6 appendix (06b) only prints committed records: it has nothing to execute on a GPU
+    notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb")
+                       if not p.name.startswith("06b_"))
     assert sorted(n["path"] for n in runs) == notebooks  # every notebook has an executed copy, and all ran clean
     assert all(n["status"] == "ok" and not n["quick"] and n["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
                for n in runs)

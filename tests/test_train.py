@@ -210,14 +210,15 @@ def test_an_interrupt_or_a_crash_keeps_the_finished_rungs(tmp_path, monkeypatch,
     assert "| baseline |" in md and "not run: no_sync, resident_data" in md
     assert (out / "ladder.png").stat().st_size > 1000
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left behind
-    assert any("the 1 finished rung(s) are saved in" in line for line in lines)
+    assert any("the 1 rung(s) with a finished run are saved in" in line for line in lines)
 
 
 def test_ladder_progress_is_a_line_per_rung_off_a_terminal(tmp_path, monkeypatch):
     monkeypatch.setattr(T, "train", _fake_train([], 0, None))
     monkeypatch.setattr("labkit.progress._bars_work", lambda: False)  # output piped, as under make demo > log
     lines = []
-    T.run_ladder("cpu", quick=True, names=["baseline", "no_sync"], base=T.with_changes(TINY, epochs=1), log=lines.append)
+    T.run_ladder("cpu", quick=True, names=["baseline", "no_sync"], base=T.with_changes(TINY, epochs=1), log=lines.append,
+                 repeats=1)
     starts = [x for x in lines if "steps, started at" in x]
     ends = [x for x in lines if ": done in " in x]
     assert len(starts) == 2 and starts[0].strip().startswith("[1/2] baseline")

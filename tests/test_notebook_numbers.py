@@ -1,0 +1,133 @@
+"""Every measured figure quoted in notebook prose (the six weeks, the appendix) and in the README comes from its
+record: a figure with a unit (img/s, x, GiB, TFLOP/s, %, ms, ...) found in the markdown must either be tied
+below to the value in benchmarks/results/ (the JSON results and the executed H100 copies of the notebooks), in
+the format the prose shows it, or be listed as a constant that measures nothing (a dimension, a threshold the
+code sets, an example). A new number in the prose fails until it is tied or rewritten without a number.
+
+The mechanism is test_packaging's: fold the text's line breaks, format the record's value, and look for that
+text in the prose; the README's ladder table is left to test_packaging, which ties it cell by cell."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from labkit import diagnosis, report
+from labkit import train as T
+
+ROOT = Path(__file__).resolve().parents[1]
+RES = ROOT / "benchmarks" / "results"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+# a number, an optional range, then a unit; "x"/"×" only where no number follows (32×32 is a shape, not a ratio)
+FIGURE = re.compile(r"(?<![\w.])(~?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?(?:k\b|M\b)?\s?"
+                    r"(?:img/s|samples/s|tokens/s|TFLOP/s|GFLOP|GiB|MiB|GB/s|ms\b|s\b|%|(?:x|×)(?![\s×]?\d)(?!\w)))")
+
+
+def folded(text: str) -> str:
+    """Text with its line breaks folded into spaces, so a sentence matches across lines (as test_packaging)."""
+    return " ".join(text.split())
+
+
+def markdown(path: Path) -> str:
+    """The prose of a notebook (its markdown cells) or of a Markdown file, folded."""
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text())["cells"]
+        return folded(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"))
+    return folded(path.read_text())
+
+
+def load(name: str) -> dict:
+    return json.loads((RES / f"{name}.json").read_text())
+
+
+def executed_table_gain(notebook: str, rung: str) -> str:
+    """The "vs previous" of `rung` in an executed H100 copy's live ladder table."""
+    text = (RES / "notebooks" / f"{notebook}.md").read_text()
+    row = re.search(rf"^\| {rung} \| [\d,]+ \| [\d,]+ \| [\d.]+x \| ([\d.]+x) \|", text, re.M)
+    assert row, f"no {rung} row in {notebook}.md"
+    return row[1]
+
+
+def ladder_gain(rung: str) -> str:
+    row = next(r for r in report.ladder_rows(load("ladder")["rungs"]) if r["rung"] == rung)
+    return f"{row['step_gain']:.2f}x"
+
+
+def w4_workers(loader: str, workers: int) -> str:
+    row = next(r for r in load("week4_loaders")["workers"] if r["loader"] == loader and r["workers"] == workers)
+    return f"{row['samples_per_s']:,.0f} img/s"
+
+
+def w4_decoder_range() -> str:
+    dec = {(r["image_format"], r["decoder"]): r["img_per_s"] for r in load("week4_loaders")["decoders"]}
+    ratios = [dec[f, "torchvision"] / dec[f, "pil"] for f in ("png", "jpg")]
+    return f"{min(ratios):.1f}–{max(ratios):.1f}×"
+
+
+# figure as the prose shows it -> the same figure formatted from its record
+TIES = {
+    "README.md": {
+        "22x": lambda: f"{load('ladder')['rungs'][-1]['img_per_s'] / load('ladder')['rungs'][0]['img_per_s']:.0f}x",
+    },
+    "04_data_loading.ipynb": {
+        "3,873 img/s": lambda: f"{load('ladder')['rungs'][0]['img_per_s']:,.0f} img/s",
+        "3,462 img/s": lambda: f"{load('week4_loaders')['baseline_rung'][0]['img_per_s']:,.0f} img/s",
+        "3,741 img/s": lambda: w4_workers("naive", 2),
+        "22,942 img/s": lambda: w4_workers("naive", 16),
+        "7,622 img/s": lambda: f"{load('week4_loaders')['model_rates']['baseline model']['img_per_s']:,.0f} img/s",
+        "38,919 img/s": lambda: f"{load('week4_loaders')['model_rates']['tuned model']['img_per_s']:,.0f} img/s",
+        "1.9–2.8×": w4_decoder_range,
+    },
+    "05_profiling.ipynb": {
+        "15%": lambda: f"{100 * diagnosis.DATA_IDLE_LIMIT:.0f}%",
+    },
+    "06_resnet_ladder.ipynb": {
+        "783 TFLOP/s": lambda: f"{load('ladder')['peak_bf16_tflops']:.0f} TFLOP/s",
+        "0.87x": lambda: ladder_gain("no_sync"),
+        "1.24x": lambda: executed_table_gain("06_resnet_ladder", "no_sync"),
+        "1.11x": lambda: ladder_gain("bf16"),
+        "0.80x": lambda: executed_table_gain("06_resnet_ladder", "bf16"),
+        "1.04x": lambda: ladder_gain("cudnn_benchmark"),
+        "0.92x": lambda: executed_table_gain("06_resnet_ladder", "cudnn_benchmark"),
+        "8x": lambda: f"{T.preset('muon').batch_size // T.preset('cuda_graphs').batch_size}x",
+    },
+}
+
+# figures that measure nothing: shapes, thresholds set in code or an exercise, examples, arithmetic
+CONSTANTS = {
+    "01_float_formats.ipynb": {"0.1%": "a rounding-error example"},
+    "02_tensor_cores.ipynb": {"1%": "an exercise's tolerance"},
+    "03_mixed_precision.ipynb": {"1%": "the exercise's threshold", "1x": "the break-even ratio"},
+    "04_data_loading.ipynb": {"25%": "the exercise's threshold", "4×": "uint8 against float32 bytes",
+                              "~10 GB/s": "a PCIe link's order of magnitude, for scale (no measurement)"},
+    "05_profiling.ipynb": {"100%": "the utilization scale", "55%": "a quoted example verdict",
+                           "30%": "a quoted example verdict", "90%": "an example reading",
+                           "0 MiB": "memory_profiler's +0 MiB line"},
+    "06_resnet_ladder.ipynb": {"~3x": "FLOP count: forward + two backward products"},
+}
+
+
+def _docs():
+    return [*NOTEBOOKS, ROOT / "README.md"]
+
+
+def test_the_appendix_and_every_week_are_read():
+    names = {p.name for p in NOTEBOOKS}
+    assert {f"0{i}" for i in range(1, 7)} <= {n[:2] for n in names} and "06b_research_log.ipynb" in names
+
+
+@pytest.mark.parametrize("path", _docs(), ids=lambda p: p.name)
+def test_every_quoted_figure_is_tied_to_its_record_or_measures_nothing(path):
+    text = markdown(path)
+    if path.name == "README.md":  # test_packaging ties the README's ladder table to ladder.json, cell by cell
+        text = text.replace(folded(report.ladder_table(load("ladder")["rungs"])), " ")
+    ties, consts = TIES.get(path.name, {}), CONSTANTS.get(path.name, {})
+    found = {m.group(1).strip() for m in FIGURE.finditer(text)}
+    untied = sorted(f for f in found if f not in ties and f not in consts)
+    assert not untied, (f"{path.name}: figures with no record: {untied}; tie each in TIES to its result file, or "
+                        f"rewrite the sentence without the number")
+    for shown, expected in ties.items():
+        assert shown in text, f"{path.name}: the tie for {shown!r} no longer matches any prose: remove it"
+        assert expected() == shown, f"{path.name} says {shown}, its record says {expected()}"
