@@ -156,11 +156,11 @@ def plot_repeated_add(trajectories: dict[str, torch.Tensor], start: float, incre
     steps = next(iter(trajectories.values())).shape[-1] - 1
     x = torch.arange(steps + 1).numpy()
     ax.plot(x, (start + increment * torch.arange(steps + 1, dtype=torch.float64)).numpy(), color="black",
-            linestyle="--", linewidth=1.2, label="exact")
+            linestyle="--", linewidth=1.5, label="exact", zorder=5)  # on top: the lines it hides are labelled
     for (label, t), c in zip(trajectories.items(), colours, strict=False):
         t = t.reshape(-1, steps + 1)
         ax.plot(x, t.mean(0).numpy(), color=c, linewidth=1.5,
-                label=label if t.shape[0] == 1 else f"{label} (mean of {t.shape[0]})")
+                label=label if t.shape[0] == 1 else f"{label} (mean of {t.shape[0]}, 5-95% band)")
         if t.shape[0] > 1:
             lo, hi = torch.quantile(t, torch.tensor([0.05, 0.95], dtype=torch.float64), dim=0)
             ax.fill_between(x, lo.numpy(), hi.numpy(), color=c, alpha=0.2, linewidth=0)

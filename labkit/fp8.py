@@ -203,3 +203,31 @@ def compare_scaling(steps: Sequence[dict], fmt="fp8_e5m2", *, block: int = MX_BL
                 stats[m].append(s)
                 errs[m].append(math.sqrt(s["sq_error"] / s["sq_norm"]) if s["sq_norm"] else 0.0)
     return [_pool(m.replace("MX block", f"MX block of {block}"), f, stats[m], errs[m]) for m in METHODS]
+
+
+def plot_scaling(rows: Sequence[dict], ax=None, title: str = "fp8 scaling on real gradients"):
+    """Grouped bars of `compare_scaling` rows: each method's pooled relative error (log scale), one colour per
+    format, the share of values flushed to zero written above each bar."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    formats = list(dict.fromkeys(r["format"] for r in rows))
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
+    width = 0.8 / max(len(formats), 1)
+    for j, (fmt, c) in enumerate(zip(formats, colours, strict=False)):
+        got = {r["method"]: r for r in rows if r["format"] == fmt}
+        xs = [i + j * width for i, m in enumerate(methods) if m in got]
+        ys = [got[m]["relative_error"] for m in methods if m in got]
+        bars = ax.bar(xs, ys, width, color=c, label=fmt)
+        for b, m in zip(bars, [m for m in methods if m in got], strict=True):
+            ax.annotate(f"{got[m]['to_zero']:.1%} to 0", (b.get_x() + b.get_width() / 2, b.get_height()),
+                        ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks([i + width * (len(formats) - 1) / 2 for i in range(len(methods))],
+                  [m.replace(", ", ",\n") for m in methods], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("relative error (all values pooled)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return ax

@@ -137,9 +137,10 @@ def wave_sweep(sizes: Sequence[int], kind: str = "bf16", device=None, *, sms: in
     return rows
 
 
-def plot_wave_sweep(rows: Sequence[dict], ax=None, title: str | None = None):
+def plot_wave_sweep(rows: Sequence[dict], ax=None, title: str | None = None, model: bool = True):
     """Measured TFLOP/s against N beside the tile-and-wave prediction (scaled so its best point meets the best
-    measured one); without measurements, the predicted efficiency alone. Dotted lines: multiples of the tile."""
+    measured one; model=False leaves it out); without measurements, the predicted efficiency alone. Dotted
+    lines: multiples of the tile."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -153,8 +154,9 @@ def plot_wave_sweep(rows: Sequence[dict], ax=None, title: str | None = None):
         ax.plot([r["n"] for r in measured], [r["tflops"] for r in measured], "o-", color="#1f77b4",
                 label="measured")
         pred = [e * ref for e in eff]
-        ax.step(ns, [p * top / max(pred) for p in pred], where="mid", color="#ff7f0e", linewidth=1.5,
-                label="tile-and-wave model (scaled to the best measured)")
+        if model:
+            ax.step(ns, [p * top / max(pred) for p in pred], where="mid", color="#ff7f0e", linewidth=1.5,
+                    label="tile-and-wave model (scaled to the best measured)")
         ax.set_ylabel("TFLOP/s")
     else:
         ax.step(ns, eff, where="mid", color="#ff7f0e", linewidth=1.5, label="tile-and-wave model")

@@ -85,3 +85,16 @@ def test_compare_scaling_on_real_gradients():
     assert hit["delayed (amax history)"]["relative_error"] > 5 * hit["per-tensor amax"]["relative_error"]
     with pytest.raises(LabkitError, match="evaluate"):
         fp8.compare_scaling(steps, evaluate_from=3)
+
+
+def test_plot_scaling():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [{"method": m, "format": f, "relative_error": e, "to_zero": 0.1}
+            for f in ("fp8_e4m3", "fp8_e5m2") for m, e in (("no scaling", 0.4), ("per-tensor amax", 0.03))]
+    ax = fp8.plot_scaling(rows)
+    assert ax.get_yscale() == "log" and ax.get_ylabel() and len(ax.patches) == 4
+    plt.close("all")

@@ -79,6 +79,7 @@ def test_sweep_on_cpu_and_its_plot():
     for rs in (rows, predicted):
         ax = wv.plot_wave_sweep(rs)
         assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel() and ax.get_legend()
+    assert len(wv.plot_wave_sweep(rows, model=False).get_legend().get_texts()) == 1
     plt.close("all")
 
 
