@@ -118,6 +118,8 @@ def wave_sweep(sizes: Sequence[int], kind: str = "bf16", device=None, *, sms: in
     Rows: the `tile_waves` fields plus kind, device, median_s (seconds per matmul) and tflops (None when not
     measured). On a CPU pass `sms` (e.g. an H100's 132) to see the prediction; the CPU itself has no waves.
     """
+    if kind not in KINDS:
+        raise LabkitError(f"unknown matmul kind {kind!r}: use one of {', '.join(KINDS)}")
     dev = pick_device(device)
     sms = sms or sm_count(dev)
     if sms is None:

@@ -72,6 +72,8 @@ def test_sweep_on_cpu_and_its_plot():
     assert wv.sm_count("cpu") is None
     with pytest.raises(LabkitError, match="no SM count"):
         wv.wave_sweep([32], "fp32", "cpu", measure=False)
+    with pytest.raises(LabkitError, match="unknown matmul kind"):
+        wv.wave_sweep([32], "int8", "cpu", sms=4, measure=False)
     predicted = wv.wave_sweep([8191, 8192, 8200], "bf16", "cpu", sms=132, measure=False)
     assert [r["waves"] for r in predicted] == [32, 32, 33] and all(r["tflops"] is None for r in predicted)
     rows = wv.wave_sweep([30, 32, 34], "fp32", "cpu", sms=4, tile=(16, 16), repeats=2, progress=False)
