@@ -160,12 +160,12 @@ def error_stats(x, q, past_max=None) -> dict:
     n = max(int(nz.sum()), 1)
     sat = 0.0 if past_max is None else float((torch.as_tensor(past_max).flatten() & nz).sum()) / n
     return {"sq_error": float(((x - q) ** 2).sum()), "sq_norm": float((x**2).sum()), "values": x.numel(),
-            "to_zero": float(((q == 0) & nz).sum()) / n, "saturated": sat}
+            "nonzero": int(nz.sum()), "to_zero": float(((q == 0) & nz).sum()) / n, "saturated": sat}
 
 
 def _pool(name: str, fmt: FloatFormat, stats: list[dict], per_tensor_err: list[float]) -> dict:
-    total = sum(s["values"] for s in stats)
-    weigh = lambda key: sum(s[key] * s["values"] for s in stats) / max(total, 1)  # noqa: E731
+    total = sum(s["nonzero"] for s in stats)
+    weigh = lambda key: sum(s[key] * s["nonzero"] for s in stats) / max(total, 1)  # noqa: E731  shares of nonzeros
     sq_norm = sum(s["sq_norm"] for s in stats)
     return {"method": name, "format": fmt.name,
             "relative_error": math.sqrt(sum(s["sq_error"] for s in stats) / sq_norm) if sq_norm else 0.0,
