@@ -27,7 +27,8 @@ for s in $steps; do
     doctor) run doctor 120 python -m labkit doctor --json "$out/doctor.json" ;;
     ladder) run ladder "${LADDER_LIMIT:-420}" python benchmarks/ladder.py --epochs "${EPOCHS:-4}" --out "$out" ;;
     compile) run compile 420 python benchmarks/compile_time.py --out "$out" ;;
-    matmul) run matmul 180 python benchmarks/week2_matmul.py --out "$out" ;;
+    matmul) run matmul 180 python benchmarks/week2_matmul.py --out "$out"
+            run waves 180 python benchmarks/week2_matmul.py --waves --out "$out" ;;
     top) run top "${TOP_LIMIT:-420}" python benchmarks/top_rung.py --out "$out" ${TOP_ARGS:-} ;;
     peers) run peers 300 python benchmarks/peers.py --epochs 3 --out "$out" ;;
     amp) run amp 240 python benchmarks/week3_amp.py --out "$out" ;;

@@ -2,6 +2,7 @@
 
     python benchmarks/week2_matmul.py             # on a GPU: about a minute on an H100
     python benchmarks/week2_matmul.py --quick     # tiny sizes; runs on a CPU (CI does this)
+    python benchmarks/week2_matmul.py --waves     # only the wave sweep, into week2_waves.json (under a minute)
 
 Saves <out>/week2_matmul.json through labkit.bench.save_result (card, torch, commit and command attached).
 What it measures, all with random normal data, warm-up and labkit.bench timing:
@@ -11,6 +12,10 @@ What it measures, all with random normal data, warm-up and labkit.bench timing:
   - a roofline: measured bf16 peak, measured copy bandwidth, bf16 matmuls of rising arithmetic intensity;
   - the kernels each dtype ran (torch.profiler), with tensor-core kernels flagged from their names;
   - how the tensor cores round fp32 inputs to TF32, and how torch's casts to fp8/fp16/bf16 treat overflow.
+
+--waves saves <out>/week2_waves.json instead: bf16 N x N x N TFLOP/s for N every 64 from 7680 to 8704 plus
+8191, 8193 and 8200, beside the tile-and-wave prediction for this GPU's SM count (labkit.waves), the kernels
+cuBLAS ran at 8191, 8192 and 8200 with the tile their names state, and the datasheet peak of the card.
 """
 
 from __future__ import annotations
@@ -23,11 +28,14 @@ import torch
 
 from labkit import bench
 from labkit import matmul as mm
+from labkit import waves as wv
 from labkit.bench import RESULTS_DIR, save_result
 from labkit.env import LabkitError, pick_device
 from labkit.floats import torch_overflow_policy
 
 NAME = "week2_matmul"
+WAVES_NAME = "week2_waves"
+H100_SMS = 132  # the prediction's SM count where there is no GPU to ask (an H100 SXM's)
 _TC_FLAG = {True: "tensor cores", False: "no tensor cores", None: "?"}
 
 
@@ -115,6 +123,54 @@ def run(device, quick: bool, repeats: int) -> dict:
     }
 
 
+def run_waves(device, quick: bool, repeats: int) -> dict:
+    """The wave sweep; returns the result payload (without the environment record)."""
+    dev = pick_device(device)
+    sms = wv.sm_count(dev) or H100_SMS
+    tile = (16, 16) if quick else (128, 128)
+    sizes = wv.wave_sizes(64, 16, 2, extra=(63, 65, 66)) if quick else wv.wave_sizes(8192, 128, 4)
+    kind = "bf16"
+    if not mm.kind_support(kind, dev)[0]:
+        raise LabkitError("bf16 matmuls do not run on this device; the wave sweep needs bf16 (Ampere or newer)")
+    print(f"device {dev}, {sms} SMs" + ("" if dev.type == "cuda" else " (an H100's: no GPU here)") +
+          f", {len(sizes)} sizes {sizes[0]}..{sizes[-1]}, model tile {tile[0]}x{tile[1]}" +
+          (" (quick)" if quick else ""))
+    rows = wv.wave_sweep(sizes, kind, dev, sms=sms, tile=tile, repeats=repeats)
+    kernels = {}
+    for n in ([63, 64, 66] if quick else [8191, 8192, 8200]):
+        ks = [k for k in mm.kernels_ran(mm.make_matmul(kind, n, device=dev), dev) if k["tensor_core"] is not None]
+        kernels[str(n)] = [{"name": k["name"], "time_us": k["time_us"], "tile": wv.kernel_tile(k["name"])}
+                           for k in ks[:2]]
+    for r in rows:
+        print(f"  N={r['n']:>5}: {r['tflops']:8.4g} TFLOP/s  model: {r['tiles']} tiles, {r['waves']} waves, "
+              f"last wave {r['last_wave']:.0%} full, efficiency {r['efficiency']:.3f}")
+    for n, ks in kernels.items():
+        print(f"  kernels at {n}: " + ", ".join(f"{k['name'][:60]} (tile {k['tile']})" for k in ks))
+    best = max(rows, key=lambda r: r["tflops"])
+    sheet = wv.datasheet(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else None
+    by_n = {r["n"]: r for r in rows}
+    a, b, c = (63, 64, 66) if quick else (8191, 8192, 8200)
+    return {
+        "quick": quick, "kind": kind, "sms": sms, "sms_from_device": dev.type == "cuda", "tile_model": list(tile),
+        "sizes": sizes, "rows": rows, "kernels": kernels,
+        "best": {"n": best["n"], "tflops": best["tflops"]},
+        "datasheet": sheet, "datasheet_tflops": sheet["tflops"][kind] if sheet else None,
+        "checks": {"ratio_aligned_over_misaligned": by_n[b]["tflops"] / by_n[a]["tflops"],
+                   "ratio_aligned_over_next_tile": by_n[b]["tflops"] / by_n[c]["tflops"]},
+    }
+
+
+def _guard_recorded(out: Path, name: str, quick: bool, explicit_out: bool, force: bool) -> None:
+    """Refuse to let a quick run replace a recorded full (GPU) result in the default folder."""
+    existing = out / f"{name}.json"
+    if quick and not explicit_out and existing.exists() and not force:
+        import json
+
+        if not json.loads(existing.read_text()).get("quick", False):
+            raise LabkitError(f"{existing} holds a full GPU result; a quick run would replace it: pass "
+                              "--out DIR (or --force)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS_DIR})")
@@ -122,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto", help="device to measure (auto, cpu, cuda, cuda:N)")
     ap.add_argument("--repeats", type=int, default=None, help="timed samples per case (default 20, quick 3)")
     ap.add_argument("--force", action="store_true", help="let a quick run replace a recorded full result")
+    ap.add_argument("--waves", action="store_true",
+                    help=f"only the tile/wave sweep around N = 8192, saved as {WAVES_NAME}.json")
     args = ap.parse_args(argv)
     try:
         dev = pick_device(args.device)
@@ -130,18 +188,13 @@ def main(argv=None) -> int:
             print("no CUDA GPU: running the quick CPU version (tensor-core numbers need a GPU)")
             quick = True
         out = args.out or RESULTS_DIR
-        existing = out / f"{NAME}.json"
-        if quick and args.out is None and existing.exists() and not args.force:
-            import json
-
-            if not json.loads(existing.read_text()).get("quick", False):
-                raise LabkitError(f"{existing} holds a full GPU result; a quick run would replace it: pass "
-                                  "--out DIR (or --force)")
+        name = WAVES_NAME if args.waves else NAME
+        _guard_recorded(out, name, quick, args.out is not None, args.force)
         repeats = args.repeats or (3 if quick else 20)
         if repeats < 1:
             raise LabkitError("--repeats must be at least 1")
-        payload = run(dev, quick, repeats)
-        path = save_result(NAME, payload, out_dir=out, device=dev)
+        payload = (run_waves if args.waves else run)(dev, quick, repeats)
+        path = save_result(name, payload, out_dir=out, device=dev)
     except LabkitError as e:
         print(f"week2_matmul: error: {e}", file=sys.stderr)
         return 2

@@ -176,6 +176,32 @@ def round_to(x, fmt, *, overflow: str | None = None, via_float32: bool = False) 
     return torch.copysign(r, xd).float()
 
 
+def round_stochastic(x, fmt, *, generator: torch.Generator | None = None,
+                     overflow: str | None = None) -> torch.Tensor:
+    """Stochastic rounding to `fmt`: each value goes to its lower or upper neighbour in the format, up with
+    probability (x - lower) / (upper - lower), so the expected result is x itself (unbiased); returns float32.
+
+    Values already in the format stay as they are; NaN stays NaN. An upper neighbour past the format's max, and
+    any input past it, become what `overflow` says (as in `round_to`). `generator` (a torch.Generator on x's
+    device) makes the draws repeatable. Round to nearest (`round_to`) never moves a value by less than half a
+    gap; this does, on average, which is why many tiny updates survive it.
+    """
+    f = get_format(fmt)
+    policy = _policy(f, overflow)
+    xd = _as_float(x).double()
+    a = xd.abs()
+    _, e = torch.frexp(a)
+    q = _pow2((e.long() - 1).clamp(min=f.emin) - f.mantissa_bits)  # the gap between neighbours at |x|
+    scaled = a / q  # exact: q is a power of two
+    lower = scaled.floor()
+    u = torch.rand(a.shape, generator=generator, dtype=torch.float64, device=a.device)
+    r = (lower + (u < scaled - lower).double()) * q
+    over_value = {"inf": math.inf, "saturate": f.max, "nan": math.nan}[policy]
+    r.masked_fill_((r > f.max) | torch.isinf(a), over_value)
+    r.masked_fill_(torch.isnan(a), math.nan)
+    return torch.copysign(r, xd).float()
+
+
 def encode(x, fmt, *, overflow: str | None = None, via_float32: bool = False) -> torch.Tensor:
     """Bit patterns (int64, 0 .. 2^bits - 1) of values rounded to `fmt` (as `round_to` rounds them)."""
     f = get_format(fmt)
@@ -479,41 +505,62 @@ def text_table(rows: Sequence[dict], columns: Sequence[str] | None = None, float
 # ----------------------------------------------------------------------------------- fp16 underflow
 
 
-def gradient_magnitudes(batch_size: int = 32, width: int = 8, steps: int = 1, seed: int = 0) -> dict:
-    """|gradient| of every weight and of every conv/linear output after a few fp32 training steps of the
-    course's ResNet-18 (at `width`) on random 32x32 images with random labels; zeros dropped. CPU, seconds.
+def gradient_tensors(batch_size: int = 32, width: int = 8, steps: int = 1, seed: int = 0,
+                     lr: float = 0.05) -> list[dict]:
+    """Real gradients, kept per training step: `steps` fp32 SGD steps (momentum 0.9, learning rate `lr`) of the
+    course's ResNet-18 (at `width`) on random 32x32 images with random labels. CPU, about a second per step.
 
-    Returns {"weights": float32 tensor, "activations": float32 tensor}.
+    One dict per step, each {name: float32 tensor}: "weights" (the parameters the step's gradients were taken
+    at), "weight_grads" (their gradients) and "activation_grads" (the gradient of every conv/linear layer's
+    output, keyed by the layer's name, in the order backward produced them).
     """
     from labkit.models import resnet18
 
+    if min(batch_size, width, steps) < 1:
+        raise LabkitError(f"batch_size, width and steps must be positive, got {batch_size}, {width}, {steps}")
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = resnet18(width=width)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    acts: list[torch.Tensor] = []
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    acts: dict[str, torch.Tensor] = {}
 
-    def keep_grad(_m, _inp, out):
-        if out.requires_grad:
-            out.register_hook(lambda grad: acts.append(grad.detach().abs().flatten()))
+    def keep_grad(name):
+        def hook(_m, _inp, out):
+            if out.requires_grad:
+                out.register_hook(lambda grad: acts.__setitem__(name, grad.detach().clone()))
+        return hook
 
-    hooks = [m.register_forward_hook(keep_grad) for m in model.modules()
+    hooks = [m.register_forward_hook(keep_grad(name)) for name, m in model.named_modules()
              if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
+    out = []
     try:
-        for step in range(steps):
+        for _ in range(steps):
             x = torch.randn(batch_size, 3, 32, 32, generator=g)
             y = torch.randint(0, 10, (batch_size,), generator=g)
-            acts.clear()
+            acts = {}
             opt.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(model(x), y).backward()
-            if step < steps - 1:
-                opt.step()
+            named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
+            out.append({"weights": {n: p.detach().clone() for n, p in named},
+                        "weight_grads": {n: p.grad.detach().clone() for n, p in named},
+                        "activation_grads": dict(acts)})
+            opt.step()
     finally:
         for h in hooks:
             h.remove()
-    w = torch.cat([p.grad.abs().flatten() for p in model.parameters() if p.grad is not None])
-    a = torch.cat(acts)
+    return out
+
+
+def gradient_magnitudes(batch_size: int = 32, width: int = 8, steps: int = 1, seed: int = 0) -> dict:
+    """|gradient| of every weight and of every conv/linear output at the last of `steps` fp32 training steps
+    (see `gradient_tensors`); zeros dropped. CPU, seconds.
+
+    Returns {"weights": float32 tensor, "activations": float32 tensor}.
+    """
+    last = gradient_tensors(batch_size, width, steps, seed)[-1]
+    w = torch.cat([t.abs().flatten() for t in last["weight_grads"].values()])
+    a = torch.cat([t.abs().flatten() for t in last["activation_grads"].values()])
     return {"weights": w[w > 0].float(), "activations": a[a > 0].float()}
 
 

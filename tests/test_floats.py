@@ -259,6 +259,45 @@ def test_underflow_summary_and_real_gradients():
     assert grads["activations"].median() < grads["weights"].median()
 
 
+def test_gradient_tensors_keep_each_step_by_name():
+    steps = fl.gradient_tensors(batch_size=4, width=4, steps=2)
+    assert len(steps) == 2
+    for step in steps:
+        assert set(step) == {"weights", "weight_grads", "activation_grads"}
+        assert set(step["weights"]) == set(step["weight_grads"]) and "fc" in step["activation_grads"]
+        for name, g in step["weight_grads"].items():
+            assert g.shape == step["weights"][name].shape and torch.isfinite(g).all()
+    # The second step's weights are the first's moved by SGD: the gradients were taken at different points.
+    assert not torch.equal(steps[0]["weights"]["fc.weight"], steps[1]["weights"]["fc.weight"])
+    last = steps[-1]["activation_grads"]
+    mags = fl.gradient_magnitudes(batch_size=4, width=4, steps=2)["activations"]
+    assert mags.numel() == sum(int((t != 0).sum()) for t in last.values())
+    with pytest.raises(LabkitError, match="positive"):
+        fl.gradient_tensors(steps=0)
+
+
+def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
+    g = torch.Generator().manual_seed(0)
+    x = torch.full((200_000,), 1 + 2**-9)  # a quarter of the way from 1 to the next bf16 value, 1 + 2^-7
+    r = fl.round_stochastic(x, "bf16", generator=g)
+    assert set(r.unique().tolist()) == {1.0, 1 + 2**-7}
+    assert float((r > 1).double().mean()) == pytest.approx(0.25, abs=0.005)
+    assert float(r.double().mean()) == pytest.approx(1 + 2**-9, rel=2e-5)
+    assert fl.round_to(x, "bf16").unique().tolist() == [1.0]  # round to nearest always goes down
+    # Values of the format are kept, signs and specials too; subnormals round within the subnormal grid.
+    exact = fl.positive_values("fp8_e4m3").float()
+    assert torch.equal(fl.round_stochastic(exact, "fp8_e4m3", generator=g), exact)
+    assert torch.equal(fl.round_stochastic(-exact, "fp8_e4m3", generator=g), -exact)
+    tiny = fl.round_stochastic(torch.full((1000,), 2.0**-11), "fp8_e4m3", generator=g)  # 1/4 of the subnormal gap
+    assert set(tiny.unique().tolist()) == {0.0, 2.0**-9}
+    special = fl.round_stochastic(torch.tensor([math.nan, math.inf, 1e6, 470.0]), "fp8_e4m3", generator=g)
+    assert math.isnan(special[0]) and special[1:3].tolist() == [448.0, 448.0] and special[3] == 448.0
+    assert fl.round_stochastic(torch.tensor([7e4]), "fp16").item() == math.inf
+    # Repeatable with a seeded generator.
+    a = fl.round_stochastic(x[:100], "bf16", generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, fl.round_stochastic(x[:100], "bf16", generator=torch.Generator().manual_seed(3)))
+
+
 def test_plots_return_axes():
     import matplotlib
 

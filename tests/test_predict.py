@@ -1,0 +1,68 @@
+"""labkit.predict, and the predict-then-measure exercises of weeks 1 and 2."""
+
+import ast
+import json
+
+import pytest
+
+from labkit import predict
+from labkit.env import REPO_ROOT, LabkitError
+
+
+def test_numeric_predictions(capsys):
+    r = predict.compare(2.0, 2.2, "time", unit="ms")
+    assert r["verdict"].startswith("close") and "2.2 ms" in capsys.readouterr().out
+    assert predict.compare(10, 2.0, "x", show=False)["verdict"] == "off by a factor of 5 (too high)"
+    assert predict.compare(33, 33, "waves", show=False)["verdict"] == "exactly right"
+    assert predict.compare(float("inf"), 3.0, "x", show=False)["verdict"] == "differs"
+    assert predict.compare("0.5", 2.0, "x", show=False)["verdict"] == "off by a factor of 4 (too low)"
+    assert predict.compare(0, 0.1, "x", close=2.0, show=False)["verdict"].startswith("close")
+    assert predict.compare(-1.0, 1.0, "x", show=False)["verdict"].startswith("off by 2")
+    with pytest.raises(LabkitError, match="should be a number"):
+        predict.compare("fast", 2.0, "speed", show=False)
+
+
+def test_words_flags_orderings_and_placeholders(capsys):
+    assert predict.compare(" Delayed ", "delayed", "which", show=False)["verdict"] == "matches"
+    assert predict.compare(True, False, "survives", show=False)["verdict"] == "differs"
+    assert predict.compare(["a", "b"], ("A", "b"), "order", show=False)["verdict"] == "matches"
+    assert predict.compare(["b", "a"], ["a", "b"], "order", show=False)["verdict"] == "differs"
+    with pytest.raises(LabkitError, match="True or False"):
+        predict.compare("yes", True, "survives", show=False)
+    r = predict.compare(None, 3.0, "sum")
+    assert r["verdict"] == "no prediction" and "write a prediction first" in capsys.readouterr().out
+    assert predict.compare(1.0, None, "H100 time", show=False)["verdict"] == "not measured"
+
+
+def _cells(name):
+    nb = json.loads((REPO_ROOT / "notebooks" / name).read_text())
+    return [("".join(c["source"]) if isinstance(c["source"], list) else c["source"], c["cell_type"])
+            for c in nb["cells"]]
+
+
+@pytest.mark.parametrize("name", ["01_float_formats.ipynb", "02_tensor_cores.ipynb"])
+def test_weeks_1_and_2_predict_before_they_measure(name):
+    """At least two predictions per week, each a placeholder None that a later cell passes to predict.compare."""
+    cells = _cells(name)
+    placeholders = {}
+    for i, (src, kind) in enumerate(cells):
+        if kind != "code":
+            continue
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None:
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id.startswith("prediction_"):
+                        placeholders[t.id] = i
+    assert len(placeholders) >= 2, placeholders
+    for var, at in placeholders.items():
+        later = [src for src, kind in cells[at + 1:] if kind == "code" and "predict.compare(" in src and var in src]
+        assert later, f"{var} is never compared with a measurement"
+    # A comparison is never a cell's last expression, where Jupyter would echo its dict under the printout.
+    for src, kind in cells:
+        if kind == "code" and src.strip():
+            last = ast.parse(src).body[-1]
+            assert not (isinstance(last, ast.Expr) and "predict.compare" in ast.unparse(last)), src[:80]
+    # No exercise is answered by a number printed just above it: the old look-ups are gone.
+    text = "\n".join(src for src, _ in cells)
+    for gone in ("answer_2_1", "answer_2_2", "answer_2_3", "answer_2_4"):
+        assert gone not in text
