@@ -97,8 +97,10 @@ TIES = {
 
 # figures that measure nothing: shapes, thresholds set in code or an exercise, examples, arithmetic
 CONSTANTS = {
-    "01_float_formats.ipynb": {"0.1%": "a rounding-error example"},
-    "02_tensor_cores.ipynb": {"1%": "an exercise's tolerance"},
+    "01_float_formats.ipynb": {"0.1%": "a rounding-error example", "1%": "an exercise's tolerance",
+                               "7 ×": "the formula 2^-7 × a (bf16's gap)", "0.05 ×": "the update −0.05 × g (lr)",
+                               "8x": "the spike margin=3 absorbs (2^3)"},
+    "02_tensor_cores.ipynb": {"1%": "an exercise's tolerance", "0.04%": "arithmetic: 1 - (8191/8192)^3"},
     "03_mixed_precision.ipynb": {"1%": "the exercise's threshold", "1x": "the break-even ratio"},
     "04_data_loading.ipynb": {"25%": "the exercise's threshold", "4×": "uint8 against float32 bytes",
                               "~10 GB/s": "a PCIe link's order of magnitude, for scale (no measurement)"},
