@@ -340,3 +340,31 @@ def test_results_page_sandboxed_grading_numbers_match_their_record():
     assert (f"median {s['seconds_median_sandboxed']:.1f} s, against {min(s['seconds_before_sandbox']):.1f}–"
             f"{max(s['seconds_before_sandbox']):.1f} s before") in page
     assert d["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_results_page_grading_time_per_student_matches_its_records():
+    import json
+
+    page = results_page()
+    gpu = json.loads((ROOT / "benchmarks" / "results" / "grade_time_lab4_h100.json").read_text())
+    lab = gpu["labs"]["lab4_speedrun"]
+    assert all(s.split("/")[0] == s.split("/")[1] for r in lab["runs"].values() for x in r for s in x["scores"])
+    (lo, hi), (blo, bhi) = lab["range_s"]["this"], lab["range_s"]["before"]
+    assert (f"a median {lab['median_s']['this']:.1f} s, against {lab['median_s']['before']:.1f} s before "
+            f"({lab['ratio']:.2f}x; {lo:.1f}–{hi:.1f} s against {blo:.1f}–{bhi:.1f} s)") in page
+    assert gpu["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    cpu = json.loads((ROOT / "benchmarks" / "results" / "grade_time_cpu.json").read_text())
+    ratios = [v["ratio"] for v in cpu["labs"].values()]
+    assert len(ratios) == 4 and f"take {min(ratios):.2f}–{max(ratios):.2f}x the time" in page
+    assert cpu["env"]["device_type"] == "cpu"
+
+
+def test_results_page_cold_start_numbers_match_their_record():
+    import json
+
+    d = json.loads((ROOT / "benchmarks" / "results" / "cold_start.json").read_text())
+    cold = [r["first_step_s"] for r in d["jobs"]["first step, cold"]["runs"]]
+    art = [r["first_step_s"] for r in d["jobs"]["first step, artifact"]["runs"]]
+    assert d["rung"] == "muon" and len(cold) == len(art) == 2
+    assert (f"first `muon` step takes {min(art):.1f}–{max(art):.1f} s, against {min(cold):.1f}–{max(cold):.1f} s "
+            "with nothing cached") in " ".join(results_page().split())
