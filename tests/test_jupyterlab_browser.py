@@ -112,7 +112,7 @@ def _need_browser():
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError as e:
-        pytest.fail(f"playwright is missing ({e}): pip install -e '.[dev]'")
+        pytest.fail(f"playwright is missing ({e}): pip install -e '.[course,dev]'")
 
 
 def _free_port() -> int:
