@@ -32,7 +32,8 @@ for s in $steps; do
     top) run top "${TOP_LIMIT:-420}" python benchmarks/top_rung.py --out "$out" ${TOP_ARGS:-} ;;
     peers) run peers 300 python benchmarks/peers.py --epochs 3 --out "$out" ;;
     amp) run amp 240 python benchmarks/week3_amp.py --out "$out" ;;
-    loaders) run loaders 300 python benchmarks/week4_loaders.py --out "$out" ;;
+    loaders) run loaders 300 python benchmarks/week4_loaders.py --out "$out"
+             run overlap 120 python benchmarks/week4_loaders.py --overlap --out "$out" ;;
     profiling) run profiling 300 python benchmarks/week5_profiling.py --out "$out" --trace-out "$out/gpu_trace.json.gz" ;;
     corpus) run corpus 590 python benchmarks/trace_corpus.py --out "$out/trace_corpus" ;;
     grading) run grading 300 python benchmarks/grade_reference_gpu.py --out "$out" ;;

@@ -4,6 +4,8 @@
     python benchmarks/week4_loaders.py --quick      # tiny sizes, runs on CPU in well under a minute
     python benchmarks/week4_loaders.py --cpu-ratio  # packed uint8 vs image-folder PIL on this CPU, interleaved;
                                                     # saves week4_loaders_cpu.json
+    python benchmarks/week4_loaders.py --overlap    # only copy-compute overlap (side stream, pinned buffers);
+                                                    # on a GPU well under a minute, saves week4_overlap.json
 
 Full run, on the same synthetic CIFAR-shaped images (16,384 by default): storage formats (image folder,
 packed uint8 memory map, WebDataset tar shard, record file + index) with PIL and torchvision decoders; decoding
@@ -30,11 +32,13 @@ from labkit import bucketing as B
 from labkit import data as D
 from labkit import loader_bench as LB
 from labkit import loaders as L
+from labkit import overlap as O
 from labkit import train as T
 from labkit.env import pick_device
 
 NAME = "week4_loaders"
 CPU_NAME = "week4_loaders_cpu"
+OVERLAP_NAME = "week4_overlap"
 
 
 def cpu_ratio(n: int, rounds: int, batch_size: int = 256, workers: int = 2, log=print) -> dict:
@@ -102,12 +106,26 @@ def baseline_rung(dev, n: int, quick: bool, progress, image_folder=None) -> list
     return rows
 
 
+def overlap(dev, quick: bool, out: str) -> int:
+    """Copy-compute overlap alone: serial pageable copies vs pinned vs a side stream; saves week4_overlap.json."""
+    cfg = O.OverlapConfig(batch_mib=8.0, batches=4, repeats=2) if quick else O.OverlapConfig()
+    result = {"quick": quick, **O.copy_compute_overlap(dev, cfg)}
+    print(O.overlap_summary(result))
+    if not result["same_result"]:
+        raise AssertionError("the overlapped pipeline computed different sums: a copy raced the compute")
+    path = bench.save_result(OVERLAP_NAME, result, out_dir=out, device=dev)
+    print(f"saved {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for the result JSON")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
     ap.add_argument("--cpu-ratio", action="store_true",
                     help="only the packed-vs-image-folder ratio on this CPU; saves week4_loaders_cpu.json")
+    ap.add_argument("--overlap", action="store_true",
+                    help="only copy-compute overlap (labkit.overlap); saves week4_overlap.json")
     ap.add_argument("--device", default="auto", help="device (auto, cpu, cuda, cuda:N)")
     ap.add_argument("--n", type=int, help="training images (default 16,384; quick 512; cpu-ratio 8,192)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds for --cpu-ratio (default 7, quick 3)")
@@ -125,6 +143,8 @@ def main(argv=None) -> int:
         return 0
 
     dev = pick_device(args.device)
+    if args.overlap:
+        return overlap(dev, args.quick, args.out)
     quick = args.quick
     n = args.n or (256 if quick else 16384)
     if quick and dev.type == "cpu":

@@ -6,7 +6,8 @@ progress (bars and progress lines), env (machine and switches), bench (timing), 
 pipelines, `labkit data`), bucketing (sequence batching), models (ResNet-18), presets (TrainConfig and the
 ladder), report (tables and plots), train (the engine and the ladder runner), profiling (diagnosis), cli (the
 `labkit` command). Beside floats and matmul: accumulation (rounding in sums and weight updates), fp8 (scaling
-into fp8), waves (tiles, waves and datasheet peaks) and predict (a prediction beside its measurement).
+into fp8), waves (tiles, waves and datasheet peaks) and predict (a prediction beside its measurement). Beside amp
+and loaders: autocast_ops (the dtype each op produces under autocast) and overlap (copy-compute overlap).
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""labkit.predict, and the predict-then-measure exercises of weeks 1 and 2."""
+"""labkit.predict, and the predict-then-measure exercises of weeks 1 to 4."""
 
 import ast
 import json
@@ -40,8 +40,13 @@ def _cells(name):
             for c in nb["cells"]]
 
 
-@pytest.mark.parametrize("name", ["01_float_formats.ipynb", "02_tensor_cores.ipynb"])
-def test_weeks_1_and_2_predict_before_they_measure(name):
+# each week's look-up exercises (answered by a number printed just above them), gone since predictions replaced them
+GONE = {"01_float_formats.ipynb": (), "02_tensor_cores.ipynb": ("answer_2_1", "answer_2_2", "answer_2_3", "answer_2_4"),
+        "03_mixed_precision.ipynb": (), "04_data_loading.ipynb": ("answer_4_1",)}
+
+
+@pytest.mark.parametrize("name", list(GONE))
+def test_weeks_1_to_4_predict_before_they_measure(name):
     """At least two predictions per week, each a placeholder None that a later cell passes to predict.compare."""
     cells = _cells(name)
     placeholders = {}
@@ -64,5 +69,12 @@ def test_weeks_1_and_2_predict_before_they_measure(name):
             assert not (isinstance(last, ast.Expr) and "predict.compare" in ast.unparse(last)), src[:80]
     # No exercise is answered by a number printed just above it: the old look-ups are gone.
     text = "\n".join(src for src, _ in cells)
-    for gone in ("answer_2_1", "answer_2_2", "answer_2_3", "answer_2_4"):
+    for gone in GONE[name]:
         assert gone not in text
+
+
+@pytest.mark.parametrize("name, uses", [("03_mixed_precision.ipynb", "autocast_ops.op_dtypes("),
+                                        ("04_data_loading.ipynb", "O.copy_compute_overlap(")])
+def test_weeks_3_and_4_measure_their_new_sections_live(name, uses):
+    """The autocast dtype table and the copy-compute overlap are computed by labkit in the notebook, not pasted."""
+    assert any(kind == "code" and uses in src for src, kind in _cells(name))
