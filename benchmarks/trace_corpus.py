@@ -607,9 +607,11 @@ def _hta_summary(rows: list[dict]) -> dict:
     text = (f"HTA and labkit agree on every compared quantity on {agree} of {len(rows)} traces; "
             + "; ".join(f"{q}: {by_q[q][0]} of {by_q[q][1]} agree" for q in by_q)
             + (". Disagreements: " + "; ".join(f"{q} on {', '.join(n)}" for q, n in off.items()) if off else ""))
+    why = {q: next(c["why"] for r in rows for c in r["checks"] if c["quantity"] == q and not c["agree"])
+           for q in off}
     return {"traces": len(rows), "agree_all": agree, "by_quantity": {q: {"agree": a, "of": n}
                                                                     for q, (a, n) in by_q.items()},
-            "disagreements": off, "text": text}
+            "disagreements": off, "why": why, "text": text}
 
 
 def hta_crosscheck(out: Path, log=print) -> Path:
