@@ -217,9 +217,10 @@ def compare(ours: dict, theirs: dict, exact: dict | None = None) -> list[dict]:
         rows.append({"quantity": "mean kernel length, us", "ours": round(mean_o, 2), "theirs": round(mean_t, 2),
                      "agree": abs(mean_o - mean_t) <= max(0.5, KERNEL_AGREE * mean_o)})
         if not rows[-1]["agree"]:
-            rows[-1]["why"] = ("HTA 0.5 rounds the trace's fractional-microsecond timestamps to whole microseconds "
-                               "and loses up to 1 us per kernel (some come out at -1 us); labkit reads each kernel's "
-                               "own duration: on microsecond kernels HTA's busy time is a fraction of the real one")
+            rows[-1]["why"] = ("HTA rounds each event's start up and its end down to whole microseconds (its guard "
+                               "against overlapping ns-resolution events), so every kernel loses about 1 us and some "
+                               "come out at 0 or -1 us; labkit reads each kernel's own duration, and HTA without that "
+                               "rounding (HTA_DISABLE_NS_ROUNDING=1) reads the same mean as labkit")
     delay = theirs["launch"].get("median_launch_delay_us")
     if delay is not None:
         launch_bound = delay <= LAUNCH_BOUND_DELAY_US
@@ -234,7 +235,8 @@ def compare(ours: dict, theirs: dict, exact: dict | None = None) -> list[dict]:
 
 
 _WINDOWS = ("the windows differ: ours runs from the first recorded GPU work to the end of the last step or its last "
-            "kernel, HTA's from the first kernel's start to the last kernel's end")
+            "kernel, whichever is later (a step that ends waiting for its next batch keeps that wait), HTA's from "
+            "the first kernel's start to the last kernel's end")
 
 
 def _why_bound(top: str, reading: str, theirs: dict) -> str:
