@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import tempfile
@@ -66,11 +67,11 @@ def _require() -> str:
 @contextlib.contextmanager
 def _trace_file(source):
     """A path HTA can read: the file itself, or a trace dict written to a temporary file."""
-    if isinstance(source, dict):
-        from labkit.diagnosis import save_trace
-
+    if isinstance(source, dict):  # written here, not by labkit.diagnosis, which imports this module
         with tempfile.TemporaryDirectory() as d:
-            yield save_trace(source, Path(d) / "trace.json.gz")
+            path = Path(d) / "trace.json"
+            path.write_text(json.dumps(source, separators=(",", ":")))
+            yield path.resolve()
         return
     if not isinstance(source, (str, os.PathLike)):
         raise LabkitError(f"HTA reads a trace file or a trace dict, not {type(source).__name__}")
