@@ -36,7 +36,8 @@ loading is serial work like the rest and ranks by its share. On a CPU there is n
 data, time in operators of SMALL_OP_US or more (compute) and the rest (Python, dispatch, tiny operators;
 a best effort: microsecond timings on a busy machine are noisy).
 Holistic Trace Analysis splits GPU idle time by its own rules (host wait, kernel wait, other) and knows no
-data or sync cause; `benchmarks/trace_corpus.py` cross-checks the two where it is installed (labkit[hta]).
+data or sync cause; `diagnose(..., hta=True)` adds its split as evidence where it is installed (labkit[hta],
+`labkit.hta`), and `benchmarks/trace_corpus.py --hta` cross-checks the two over the corpus.
 """
 
 from __future__ import annotations
