@@ -13,10 +13,14 @@ The runner then diagnoses every trace and writes `trace_corpus.json` (card, torc
 trace intended vs diagnosed, accuracy) into the same folder, benchmarks/results/trace_corpus/ by default;
 tests/test_diagnosis.py re-diagnoses the committed traces on a CPU and fails on any regression.
 
-Where Holistic Trace Analysis is installed (pip install 'labkit[hta]'), its idle-time breakdown and temporal
-breakdown of each trace are recorded beside ours. HTA splits GPU idle time into host wait, kernel wait and
-other, per stream, over the whole trace; it has no data or sync cause, so only the total idle share and the
-host-side share are comparable, and the results file says where the two disagree.
+    python benchmarks/trace_corpus.py --hta          # no GPU: cross-check with Holistic Trace Analysis
+
+`--hta` (pip install 'labkit[hta]'; after recording it runs by itself where HTA is installed) reads every
+committed trace with Holistic Trace Analysis (`labkit.hta`) beside `diagnose` and writes hta_crosscheck.json:
+per trace ours, theirs (temporal breakdown, idle time split into host wait / kernel wait / other, kernel launch
+statistics) and each quantity both measure, agree or not and why not, with HTA's version. HTA has no data or
+sync cause (all three look like host wait to it), so the verdicts compare as host-bound vs GPU-bound;
+tests/test_diagnosis.py keeps the file in step with the corpus and docs/results.md.
 
 Without a CUDA GPU the runner says so and exits with status 2, writing nothing. `--rediagnose` needs no GPU: it
 runs the current `diagnose` over the traces already in the folder and rewrites only the verdicts (`diagnosed`,
@@ -42,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "trace_corpus"
 NAME = "trace_corpus"
 TRACE_LIMIT_BYTES = 1_500_000
-HTA_AGREE = 0.10  # total GPU idle shares within this are "agree"
+HTA_NAME = "hta_crosscheck"  # the Holistic Trace Analysis cross-check's results file, beside trace_corpus.json
 
 # ------------------------------------------------------------------------------------------- the programs
 # Each program: train(step_done, steps, device) runs `steps` iterations and calls step_done() after each one,
@@ -465,34 +469,6 @@ def record(name: str, trace_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------- the runner
 
 
-def _hta_cross_check(path: Path, ours: dict) -> dict | None:
-    """HTA's idle-time and temporal breakdown of one trace beside ours; None where HTA is not installed."""
-    try:
-        from hta.trace_analysis import TraceAnalysis
-    except ImportError:
-        return None
-    try:
-        ta = TraceAnalysis(trace_files={0: str(path.resolve())}, trace_dir=str(path.resolve().parent))
-        temporal = ta.get_temporal_breakdown(visualize=False)
-        idle, _ = ta.get_idle_time_breakdown(visualize=False)
-        t = temporal.iloc[0].to_dict()
-        hta_idle = float(t["idle_time_pctg"]) / 100
-        by_cat = idle.groupby("idle_category")["idle_time"].sum()
-        total = float(by_cat.sum()) or 1.0
-        out = {"idle_share": hta_idle, "compute_share": float(t["compute_time_pctg"]) / 100,
-               "idle_split": {str(k): float(v) / total for k, v in by_cat.items()}}
-        ev = ours["evidence"]
-        out["ours_idle_share"] = ev["gpu_idle_share"]
-        out["agree"] = abs(hta_idle - ev["gpu_idle_share"]) <= HTA_AGREE
-        if not out["agree"]:
-            out["why"] = ("HTA measures idle time per stream over the whole trace (all profiled steps, the warm-up "
-                          "step's tail included) and counts only kernels as busy; ours takes the union of kernels, "
-                          "copies and memsets over the recorded steps' window")
-        return out
-    except Exception as e:  # HTA is optional and its input rules change between versions: record, go on
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
 def _diagnosed(path: Path) -> dict:
     from labkit.diagnosis import diagnose
 
@@ -590,18 +566,85 @@ def _git_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def _hta_disagreements(rows: list[dict]) -> str:
-    try:
-        import hta.trace_analysis  # noqa: F401
-    except ImportError:
-        return ("Holistic Trace Analysis (hta) is not installed where these traces were rediagnosed, so the "
-                "cross-check was not run: no agreement or disagreement is claimed.")
-    off = [f"{r['name']} (HTA idle {r['hta']['idle_share']:.0%}, ours {r['hta']['ours_idle_share']:.0%})"
-           for r in rows if isinstance(r.get("hta"), dict) and r["hta"].get("agree") is False]
-    failed = [r["name"] for r in rows if isinstance(r.get("hta"), dict) and "error" in r["hta"]]
-    text = (f"GPU idle share differs by more than {HTA_AGREE:.0%}: " + ", ".join(off) if off
-            else f"HTA's GPU idle share agrees with ours within {HTA_AGREE:.0%} on every trace it read")
-    return text + (f"; HTA failed on {', '.join(failed)}" if failed else "")
+def _hta_disagreements(out: Path) -> str:
+    """One line for trace_corpus.json: where the HTA cross-check is and what it found."""
+    path = out / f"{HTA_NAME}.json"
+    if not path.exists():
+        return ("no Holistic Trace Analysis cross-check in this folder: run `python benchmarks/trace_corpus.py "
+                "--hta` where HTA is installed; no agreement or disagreement is claimed")
+    return f"see {path.name}: " + json.loads(path.read_text())["summary"]["text"]
+
+
+def _hta_row(row: dict, trace: Path) -> dict:
+    """One trace read by both tools: ours, theirs and the quantity-by-quantity checks."""
+    from labkit import hta
+    from labkit.diagnosis import diagnose
+
+    d = diagnose(trace)
+    ev = d.evidence
+    theirs = hta.hta_summary(trace)
+    exact = hta.hta_summary(trace, exact=True)
+    theirs.pop("version")
+    exact.pop("version")
+    checks = hta.compare(ev, theirs, exact)
+    ours = {"verdict": d.verdict, "causes": [{"cause": c["cause"], "share": round(c["share"], 4)} for c in d.causes],
+            **{k: ev[k] for k in ("gpu_idle_share", "idle_by_cause", "mean_kernel_us", "kernels_per_step",
+                                  "syncs_per_step", "sync_wait_share", "launch_ms_per_step")}}
+    return {"name": row["name"], "file": row["file"], "intended": row["intended"], "ours": ours, "theirs": theirs,
+            "theirs_without_rounding": exact, "checks": checks, "agree": all(c["agree"] for c in checks),
+            "disagree_on": [c["quantity"] for c in checks if not c["agree"]]}
+
+
+def _hta_summary(rows: list[dict]) -> dict:
+    by_q: dict[str, list[int]] = {}
+    for r in rows:
+        for c in r["checks"]:
+            by_q.setdefault(c["quantity"], [0, 0])
+            by_q[c["quantity"]][0] += bool(c["agree"])
+            by_q[c["quantity"]][1] += 1
+    agree = sum(r["agree"] for r in rows)
+    off = {q: [r["name"] for r in rows if q in r["disagree_on"]] for q in by_q if by_q[q][0] < by_q[q][1]}
+    text = (f"HTA and labkit agree on every compared quantity on {agree} of {len(rows)} traces; "
+            + "; ".join(f"{q}: {by_q[q][0]} of {by_q[q][1]} agree" for q in by_q)
+            + (". Disagreements: " + "; ".join(f"{q} on {', '.join(n)}" for q, n in off.items()) if off else ""))
+    why = {q: next(c["why"] for r in rows for c in r["checks"] if c["quantity"] == q and not c["agree"])
+           for q in off}
+    return {"traces": len(rows), "agree_all": agree, "by_quantity": {q: {"agree": a, "of": n}
+                                                                    for q, (a, n) in by_q.items()},
+            "disagreements": off, "why": why, "text": text}
+
+
+def hta_crosscheck(out: Path, log=print) -> Path:
+    """Read every trace of the corpus in `out` with Holistic Trace Analysis beside labkit's diagnose and write
+    hta_crosscheck.json: per trace ours, theirs and each compared quantity (agree or not, and why not), with
+    HTA's version. No GPU needed; raises LabkitError where HTA is not installed or the corpus is missing."""
+    from labkit import hta
+    from labkit.bench import write_json
+    from labkit.env import LabkitError
+
+    index = out / f"{NAME}.json"
+    if not index.exists():
+        raise LabkitError(f"no {index.name} in {out}: record the corpus first on a CUDA GPU")
+    version = hta._require()
+    rows = []
+    for row in json.loads(index.read_text())["traces"]:
+        trace = out / row["file"]
+        if "error" in row or not trace.exists():
+            continue
+        rows.append(_hta_row(row, trace))
+        log(f"  {row['name']:<30} {'agree' if rows[-1]['agree'] else 'differ on ' + ', '.join(rows[-1]['disagree_on'])}")
+    rec = {"name": HTA_NAME, "hta_version": version, "labkit_commit": _git_commit(),
+           "how": "python benchmarks/trace_corpus.py --hta: HTA's TraceAnalysis per trace (rank 0, last profiler "
+                  "step kept), its temporal breakdown, idle-time breakdown (consecutive_kernel_delay "
+                  f"{hta.KERNEL_WAIT_US} us) and CUDA kernel launch stats, against labkit.diagnosis.diagnose; "
+                  "`theirs` is HTA as installed, `theirs_without_rounding` the same with HTA_DISABLE_NS_ROUNDING=1",
+           "rules": {"idle_agree": hta.IDLE_AGREE, "exact_idle_agree": hta.EXACT_AGREE, "kernel_agree": hta.KERNEL_AGREE,
+                     "compute_idle": hta.COMPUTE_IDLE, "launch_bound_delay_us": hta.LAUNCH_BOUND_DELAY_US},
+           "summary": _hta_summary(rows), "traces": rows}
+    path = out / f"{HTA_NAME}.json"
+    write_json(path, rec)
+    os.chmod(path, 0o644)
+    return path
 
 
 def rediagnose(out: Path, log=print) -> Path:
@@ -623,14 +666,11 @@ def rediagnose(out: Path, log=print) -> Path:
         row.pop("why_missed", None)
         if not row["correct"]:
             row["why_missed"] = _why_missed(row["name"], trace, row["diagnosed"])
-        hta = _hta_cross_check(trace, row["diagnosed"])
-        if hta is not None:
-            row["hta"] = hta
         log(f"  {row['name']:<30} intended {'+'.join(row['intended']):<16} diagnosed "
             f"{row['diagnosed']['verdict']:<40} {'ok' if row['correct'] else 'WRONG'}")
     rec["accuracy"] = _accuracy(rec["traces"])
     rec["diagnosed_with"] = f"{_git_commit()} (rediagnosed on CPU)"
-    rec["disagreements"] = _hta_disagreements(rec["traces"])
+    rec["disagreements"] = _hta_disagreements(out)
     write_json(path, rec)
     os.chmod(path, 0o644)  # write_json's temporary file is private; a results file is for everyone to read
     return path
@@ -656,13 +696,23 @@ def run_corpus(names: list[str], out: Path, log=print) -> dict:
         row["diagnosed"] = _diagnosed(trace)
         got = [c["cause"] for c in row["diagnosed"]["causes"]]
         row["correct"] = _correct(intended, got)
-        hta = _hta_cross_check(trace, row["diagnosed"])
-        if hta is not None:
-            row["hta"] = hta
         log(f"  {name:<30} intended {'+'.join(intended):<16} diagnosed {row['diagnosed']['verdict']:<40} "
             f"{'ok' if row['correct'] else 'WRONG'}  ({row['bytes'] / 1e3:.0f} kB)")
         rows.append(row)
-    return {"traces": rows, "accuracy": _accuracy(rows), "hta_installed": any("hta" in r for r in rows)}
+    return {"traces": rows, "accuracy": _accuracy(rows)}
+
+
+def _main_hta(out: Path) -> int:
+    sys.path.insert(0, str(ROOT))
+    from labkit.env import LabkitError
+
+    try:
+        path = hta_crosscheck(out)
+    except LabkitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.loads(path.read_text())["summary"]["text"] + f"; saved {path}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -673,7 +723,12 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", help=argparse.SUPPRESS)
     ap.add_argument("--rediagnose", action="store_true",
                     help="no GPU needed: diagnose the traces in --out again and rewrite the verdicts in its JSON")
+    ap.add_argument("--hta", action="store_true",
+                    help="no GPU needed: cross-check the traces in --out with Holistic Trace Analysis (pip install "
+                         "'labkit[hta]') and write hta_crosscheck.json")
     args = ap.parse_args(argv)
+    if args.hta:
+        return _main_hta(Path(args.out))
     if args.rediagnose:
         sys.path.insert(0, str(ROOT))
         from labkit.env import LabkitError
@@ -711,6 +766,11 @@ def main(argv=None) -> int:
     res = run_corpus(names, out)
     big = [r["name"] for r in res["traces"] if r.get("bytes", 0) > TRACE_LIMIT_BYTES]
     res["too_big_to_commit"] = big
+    from labkit import hta
+
+    if hta.version() is not None:
+        hta_crosscheck(out)
+    res["disagreements"] = _hta_disagreements(out)
     path = bench.save_result(NAME, res, out_dir=out, device="cuda")
     acc = res["accuracy"]
     print(f"accuracy: {100 * acc['all']:.0f}% of {acc['recorded']} traces (single cause "

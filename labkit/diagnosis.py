@@ -36,7 +36,8 @@ loading is serial work like the rest and ranks by its share. On a CPU there is n
 data, time in operators of SMALL_OP_US or more (compute) and the rest (Python, dispatch, tiny operators;
 a best effort: microsecond timings on a busy machine are noisy).
 Holistic Trace Analysis splits GPU idle time by its own rules (host wait, kernel wait, other) and knows no
-data or sync cause; `benchmarks/trace_corpus.py` cross-checks the two where it is installed (labkit[hta]).
+data or sync cause; `diagnose(..., hta=True)` adds its split as evidence where it is installed (labkit[hta],
+`labkit.hta`), and `benchmarks/trace_corpus.py --hta` cross-checks the two over the corpus.
 """
 
 from __future__ import annotations
@@ -582,7 +583,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def diagnose(source) -> Diagnosis:
+def diagnose(source, hta: bool = False) -> Diagnosis:
     """Rank what a profiled run's step time goes to: data loading, synchronization, CPU/launch overhead or
     (GPU) compute, each with its share of the step, its evidence and its fix.
 
@@ -590,6 +591,8 @@ def diagnose(source) -> Diagnosis:
     anyone's), a parsed trace dict, or a torch.profiler.profile object. Raises LabkitError for a missing,
     truncated or non-profiler trace. The result's `kind` is the top cause ("data", "overhead", "sync",
     "compute"), `causes` the ranking, `verdict` one line; `evidence` holds the numbers.
+    `hta=True` adds Holistic Trace Analysis's split of the GPU's idle time (evidence "hta", see `_add_hta`)
+    where HTA is installed, a note where it is not; the ranking is the same either way.
     """
     if isinstance(getattr(source, "trace", None), dict):  # a labkit.profiling.Profile
         trace = source.trace
@@ -605,7 +608,36 @@ def diagnose(source) -> Diagnosis:
     else:
         raise LabkitError(f"diagnose needs a Profile, a trace file or a trace dict, not {type(source).__name__}")
     st = trace_stats(trace)
-    return _decide_gpu(st) if st["device"] == "cuda" else _decide_cpu(st)
+    d = _decide_gpu(st) if st["device"] == "cuda" else _decide_cpu(st)
+    return _add_hta(d, trace) if hta else d
+
+
+def _add_hta(d: Diagnosis, trace: dict) -> Diagnosis:
+    """HTA's per-kernel reading of the GPU's idle time beside ours (optional: labkit[hta]). Ours charges each gap
+    to what the host was doing; HTA says whether the host was late at all (host wait: the next kernel's launch
+    began after the previous kernel ended) or the next kernel was already queued (kernel wait). Where the GPU
+    idles with work queued, the launch/Python share is gaps between kernels that a faster host would not close."""
+    from labkit import hta
+
+    if d.device != "cuda":
+        return d
+    split = hta.idle_split(trace)
+    if split is None:
+        d.notes.append("hta=True: Holistic Trace Analysis is not installed (pip install 'labkit[hta]'); "
+                       "diagnosed without it")
+        return d
+    d.evidence["hta"] = split
+    text = (f"Holistic Trace Analysis {split['version']}: of the GPU's idle time {_pct(split['host_wait'])} host "
+            f"wait (the next kernel launched after the last one ended), {_pct(split['kernel_wait'])} kernel wait "
+            f"(queued, under {hta.KERNEL_WAIT_US} us apart), {_pct(split['other'])} other; median launch delay "
+            f"{split['median_launch_delay_us']:.0f} us")
+    d.notes.append(text)
+    overhead = next((c for c in d.causes if c["cause"] == "overhead"), None)
+    if overhead is not None and overhead["share"] >= NOTE_SHARE and split["host_wait"] < 0.5:
+        d.notes.append(f"most of the launch/Python share ({_pct(overhead['share'])}) is gaps between kernels that "
+                       f"were already queued: fewer, larger kernels (torch.compile, CUDA graphs) close them, a "
+                       f"faster host does not")
+    return d
 
 
 def _rank(shares: dict[str, float], first: str | None = None) -> list[str]:
