@@ -3,9 +3,9 @@
 `finish` runs at the end of every grading run and every merge. It writes the bonus tier the checks measured
 (`extra_credit`) into the nbgrader gradebook as extra credit, applies the late policy to the total, adds the
 columns extra_credit, submitted_at, time_source, days_late, late_penalty, total and not_gradable_here to
-grades.csv, lists late, bonus and not-gradable students in the summary, and keeps `final.json` (what the LMS
-exports read) and `class.json` (what a merge needs: the assignment's cells, checks and source digest, the
-slice, the students) beside them.
+grades.csv and the late assessment to each student's feedback pages, lists late, bonus and not-gradable
+students in the summary, and keeps `final.json` (what the LMS exports read) and `class.json` (what a merge
+needs: the assignment's cells, checks and source digest, the slice, the students) beside them.
 """
 
 from __future__ import annotations
@@ -119,6 +119,31 @@ def _extend_csv(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def _write_late_feedback(out: Path, assignment: str, rows: list[dict], policy: late.LatePolicy | None) -> None:
+    """Put each student's late assessment on their feedback pages (or take it off when no policy is in force).
+
+    The pages were written while grading, before the class's policy was applied; a later run or merge with
+    another policy (an extension added, say) rewrites the box, so the page always shows the policy of the last
+    run. The grader's resume check reads pages without it (report.without_late_box)."""
+    from autograder import report  # nbgrader loads with report; a merge without feedback pages never needs it
+
+    for row in rows:
+        folder = out / "feedback" / row["student_id"] / assignment
+        pages = sorted(folder.glob("*.html")) if folder.is_dir() else []
+        box = None
+        if policy is not None and pages:
+            box = report.late_box(row, grace_s=policy.grace_s, extended=row["student_id"] in policy.extensions)
+        for p in pages:
+            if p.is_symlink():
+                continue
+            old = p.read_bytes()
+            new = report.with_late_box(old, box)
+            if new != old:
+                tmp = p.with_name(f".{p.name}.tmp")
+                tmp.write_bytes(new)
+                os.replace(tmp, p)
+
+
 def summary_lines(rows: list[dict], policy: late.LatePolicy | None, shard: str | None) -> list[str]:
     """The summary's extra sections: slice, extra credit, late work, students not gradable on this hardware."""
     lines = []
@@ -156,6 +181,7 @@ def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], j
     rows = final_rows(info, results, policy, times)
     _write_gradebook_extra_credit(out / "gradebook.db", info.assignment, rows)
     _extend_csv(out / "grades.csv", rows)
+    _write_late_feedback(out, info.assignment, rows, policy)
     extra = summary_lines(rows, policy, shard)
     if extra:
         with (out / "summary.txt").open("a", encoding="utf-8") as f:
