@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from autograder import classbook, gpu_state, grade, harness, review
+from labkit.env import REPO_ROOT
 
 IDLE_H100 = "GPU-1234, NVIDIA H100 80GB HBM3, {sm}, 2619, {temp}, 312.40, 700.00, {mask}"
 
@@ -81,6 +82,8 @@ def test_throttling_or_moving_clocks_mean_measure_again(smi):
     smi([IDLE_H100.format(sm=1980, temp=60, mask="0x0"), IDLE_H100.format(sm=345, temp=50, mask="0x1")])
     assert "gpu_measure_again" not in _watch()
     assert gpu_state.judge({"sm_clock_mhz": 1000}, {"sm_clock_mhz": 1080}) == []  # within the stated share
+    readme = (REPO_ROOT / "assignments" / "README.md").read_text()
+    assert f"clock moved more than {gpu_state.CLOCK_DRIFT:.0%} between the" in readme.replace("\n", " ")
 
 
 def test_no_gpu_missing_failing_or_hung_nvidia_smi(smi, tmp_path):
