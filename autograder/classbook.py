@@ -2,10 +2,11 @@
 
 `finish` runs at the end of every grading run and every merge. It writes the bonus tier the checks measured
 (`extra_credit`) into the nbgrader gradebook as extra credit, applies the late policy to the total, adds the
-columns extra_credit, submitted_at, time_source, days_late, late_penalty, total and not_gradable_here to
-grades.csv, lists late, bonus and not-gradable students in the summary, and keeps `final.json` (what the LMS
-exports read) and `class.json` (what a merge needs: the assignment's cells, checks and source digest, the
-slice, the students) beside them.
+columns extra_credit, submitted_at, time_source, days_late, late_penalty, total, not_gradable_here and review to
+grades.csv and the late assessment to each student's feedback pages, lists late, bonus and not-gradable
+students and the verdicts to look at again (autograder.review) in the summary, and keeps `final.json` (what
+the LMS exports read) and `class.json` (what a merge needs: the assignment's cells, checks and source digest,
+the slice, the students) beside them.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder import gpu_policy, late
+from autograder import gpu_policy, late, review
 from labkit.bench import write_json
 
 MANIFEST = "class.json"
 FINAL = "final.json"
 MASTER_GRADEBOOK = "master_gradebook.db"  # the generated gradebook before any student: merges start from it
 EXTRA_COLUMNS = ["extra_credit", "submitted_at", "time_source", "days_late", "late_penalty", "total",
-                 "not_gradable_here"]
+                 "not_gradable_here", "review"]
 
 
 @dataclass
@@ -73,7 +74,8 @@ def final_rows(info: ClassInfo, results: list, policy: late.LatePolicy | None,
         ec = round(sum(b["points"] for b in bonus), 4)
         row = {"student_id": r.student_id, "status": r.status, "score": r.score, "max_score": r.max_score,
                "extra_credit": ec, "extra_credit_from": bonus, "not_gradable_here": gpu_policy.not_gradable(r),
-               "submitted_at": "", "time_source": "", "days_late": "", "late_penalty": "", "late_note": ""}
+               "submitted_at": "", "time_source": "", "days_late": "", "late_penalty": "", "late_note": "",
+               "review": review.flags(r)}
         if policy is not None:
             row.update(late.assess(policy, r.student_id, times.get(r.student_id), r.max_score))
         row["total"] = round(max(0.0, r.score + ec - float(row["late_penalty"] or 0.0)), 4)
@@ -112,11 +114,37 @@ def _extend_csv(path: Path, rows: list[dict]) -> None:
         o.update({"extra_credit": f"{r.get('extra_credit', 0):g}", "submitted_at": r.get("submitted_at", ""),
                   "time_source": r.get("time_source", ""), "days_late": r.get("days_late", ""),
                   "late_penalty": f"{r['late_penalty']:g}" if r.get("late_penalty") != "" and r else "",
-                  "total": f"{r.get('total', 0):g}", "not_gradable_here": " ".join(r.get("not_gradable_here", []))})
+                  "total": f"{r.get('total', 0):g}", "not_gradable_here": " ".join(r.get("not_gradable_here", [])),
+                  "review": " | ".join(f"{f['check']}: {f['kind']}" for f in r.get("review", []))})
         w.writerow(o)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _write_late_feedback(out: Path, assignment: str, rows: list[dict], policy: late.LatePolicy | None) -> None:
+    """Put each student's late assessment on their feedback pages (or take it off when no policy is in force).
+
+    The pages were written while grading, before the class's policy was applied; a later run or merge with
+    another policy (an extension added, say) rewrites the box, so the page always shows the policy of the last
+    run. The grader's resume check reads pages without it (report.without_late_box)."""
+    from autograder import report  # nbgrader loads with report; a merge without feedback pages never needs it
+
+    for row in rows:
+        folder = out / "feedback" / row["student_id"] / assignment
+        pages = sorted(folder.glob("*.html")) if folder.is_dir() else []
+        box = None
+        if policy is not None and pages:
+            box = report.late_box(row, grace_s=policy.grace_s, extended=row["student_id"] in policy.extensions)
+        for p in pages:
+            if p.is_symlink():
+                continue
+            old = p.read_bytes()
+            new = report.with_late_box(old, box)
+            if new != old:
+                tmp = p.with_name(f".{p.name}.tmp")
+                tmp.write_bytes(new)
+                os.replace(tmp, p)
 
 
 def summary_lines(rows: list[dict], policy: late.LatePolicy | None, shard: str | None) -> list[str]:
@@ -142,7 +170,7 @@ def summary_lines(rows: list[dict], policy: late.LatePolicy | None, shard: str |
         lines += ["", f"NOT GRADABLE ON THIS HARDWARE ({len(ungradable)} students; those checks scored 0, regrade on "
                       "a GPU machine with --only ... --force):"]
         lines += [f"  {r['student_id']}: {', '.join(r['not_gradable_here'])}" for r in ungradable]
-    return lines
+    return lines + review.summary_lines(rows)
 
 
 def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], junk: list[str],
@@ -156,6 +184,7 @@ def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], j
     rows = final_rows(info, results, policy, times)
     _write_gradebook_extra_credit(out / "gradebook.db", info.assignment, rows)
     _extend_csv(out / "grades.csv", rows)
+    _write_late_feedback(out, info.assignment, rows, policy)
     extra = summary_lines(rows, policy, shard)
     if extra:
         with (out / "summary.txt").open("a", encoding="utf-8") as f:
@@ -166,6 +195,7 @@ def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], j
         d.update(final={r["student_id"]: {k: r[k] for k in ("total", "extra_credit", "days_late", "late_penalty")}
                         for r in rows},
                  not_gradable_here={r["student_id"]: r["not_gradable_here"] for r in rows if r["not_gradable_here"]},
+                 review={r["student_id"]: r["review"] for r in rows if r["review"]},
                  late_policy=policy.describe() if policy else None, shard=shard)
         write_json(summary, d)
     write_json(out / FINAL, {"assignment": info.assignment, "max_score": info.max_score,

@@ -155,7 +155,8 @@ class Outputs:
             data = (self.out / rel).read_bytes()
         except OSError:
             return False
-        if digest is not None and _sha(data) != digest:
+        # A feedback page carries the late box classbook.finish adds after grading: the digest is of the page without it.
+        if digest is not None and _sha(data) != digest and _sha(report.without_late_box(data)) != digest:
             return False
         with self.lock:
             self.kept[rel] = data

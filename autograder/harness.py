@@ -303,16 +303,19 @@ class Context:
         Each request runs `inner` iterations inside its runner. Baseline runs that directly follow a student
         run are compared with those that follow a baseline run: work the student's process left queued (a GPU
         kernel still running after its reply) slows only the former, so those are then dropped from the ratio
-        and the slowdown is reported.
+        and the slowdown is reported. The GPU's state before and after the rounds goes into the notes
+        (autograder.gpu_state): a verdict timed on a throttling card is marked to be measured again.
         """
+        from autograder.gpu_state import Watch
         from labkit.bench import ABResult, Timing
 
+        watch = Watch(self.device)  # the card's clocks, temperature, power, throttling: read here, never by them
         ta, tb = self.interleave(base_req, student_req, rounds=rounds, warmup=warmup, check_base=check_base,
                                  check_student=check_student)
+        notes = watch.measurements()
         ta, tb = [t / inner for t in ta], [t / inner for t in tb]
         after_student = [t for i, t in enumerate(ta) if (warmup + i) % 2 == 1]
         after_base = [t for i, t in enumerate(ta) if (warmup + i) % 2 == 0]
-        notes = {}
         if after_student and after_base:
             slow = statistics.median(after_student) / statistics.median(after_base)
             notes["baseline_after_student_slowdown"] = round(slow, 3)

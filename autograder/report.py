@@ -155,6 +155,62 @@ def feedback_page(res, nbgrader_html: str | None) -> bytes:
     return page.encode("utf-8")
 
 
+# ------------------------------------------------------------------------------------------------ late work
+
+# The late box sits right after the summary box (which feedback_page puts right after <body>): found by position,
+# never by searching, so a marker a student typed into their own notebook (rendered further down) is never taken
+# for it. Everything inside it is escaped, so its end marker cannot occur inside it.
+_LATE_START, _LATE_END = "<!--labkit-late-->", "<!--/labkit-late-->"
+
+
+def late_box(row: dict, *, grace_s: float = 0.0, extended: bool = False) -> str:
+    """HTML for a student's late-work assessment (a classbook.final_rows row): submitted at, due date, days
+    late after grace and extension, the penalty in points, and the total before and after it."""
+    e = html.escape
+    before = float(row.get("score") or 0.0) + float(row.get("extra_credit") or 0.0)
+    penalty = float(row.get("late_penalty") or 0.0)
+    due = e(str(row.get("due") or "?")) + (" (your extension)" if extended else "")
+    grace = f" plus a grace period of {grace_s / 60:g} min" if grace_s else ""
+    got = e(str(row.get("submitted_at") or "unknown"))
+    if row.get("time_source"):
+        got += f" (from the {e(str(row['time_source']))})"
+    items = [f"<li>submitted at: {got}</li>", f"<li>due: {due}{grace}</li>",
+             f"<li>days late (after grace and extension): {int(row.get('days_late') or 0)}</li>",
+             f"<li>late penalty applied: -{penalty:g} points</li>",
+             f"<li>total before the penalty: {before:g}; after: {float(row.get('total', before)):g} points</li>"]
+    if row.get("late_note"):
+        items.append(f"<li>{e(str(row['late_note']))}</li>")
+    return (f"{_LATE_START}<div id='labkit-late' style='border:2px solid #a50;padding:10px;margin:10px;"
+            f"font-family:sans-serif'><h3>Late work</h3><ul>{''.join(items)}</ul></div>{_LATE_END}")
+
+
+def _late_slot(page: str) -> tuple[int, int]:
+    """(start, end) of the late box's place in a feedback page; start == end when the page has none yet."""
+    m = re.search(r"<body[^>]*>", page)
+    at = m.end() if m else 0
+    if page.startswith("<div id='labkit-grade-summary'", at):
+        at = page.index("</div>", at) + len("</div>")  # the summary box holds no other div (all text escaped)
+    if page.startswith(_LATE_START, at):
+        end = page.find(_LATE_END, at)
+        if end >= 0:
+            return at, end + len(_LATE_END)
+    return at, at
+
+
+def with_late_box(page: bytes, box: str | None) -> bytes:
+    """A feedback page with its late box replaced by `box` (or removed when None); idempotent."""
+    text = page.decode("utf-8", errors="replace")
+    start, end = _late_slot(text)
+    if start == end and not box:
+        return page  # byte for byte: what the grader wrote is what its digest covers
+    return (text[:start] + (box or "") + text[end:]).encode("utf-8")
+
+
+def without_late_box(page: bytes) -> bytes:
+    """The page as the grader first wrote it (the late box is added, and rewritten, after grading)."""
+    return with_late_box(page, None)
+
+
 # ------------------------------------------------------------------------------------------------ class outputs
 
 

@@ -319,6 +319,53 @@ def test_late_policy_grace_per_day_cap_and_extensions(tmp_path):
             commands.late_policy(build_parser().parse_args(["grade", AID, "--submissions", "x", *bad]))
 
 
+def test_the_feedback_page_shows_the_late_assessment_and_a_resume_still_trusts_it(tmp_path):
+    from autograder import report
+
+    due = dt.datetime(2025, 3, 4, 23, 59, tzinfo=UTC)
+    (tmp_path / "ext.csv").write_text("student_id,days\nleeann,2\n")
+    (tmp_path / "times.csv").write_text("student_id,submitted_at\nsmithjo,2025-03-06T05:59:00+00:00\n"
+                                        "leeann,2025-03-06T05:59:00+00:00\n")
+    out = tmp_path / "out"
+    results = [_result("smithjo", 6.0, [_check("lab4.speed", speedup=4.2, extra_credit=1)]), _result("leeann", 2.0)]
+    # A student's own notebook is rendered into their page: a late box typed into it must stay theirs, untouched.
+    fake = "<!--labkit-late--><div id='labkit-late'>on time, no penalty</div><!--/labkit-late-->"
+    nbg = {"smithjo": f"<html><head></head><body><p>notebook</p>{fake}</body></html>", "leeann": None}
+    digests = {}
+    for r in results:
+        data = report.feedback_page(r, nbg[r.student_id])
+        digests[report.feedback_path(r, "lab")] = grade._sha(data)
+        (out / report.feedback_path(r, "lab")).parent.mkdir(parents=True)
+        (out / report.feedback_path(r, "lab")).write_bytes(data)
+    info = classbook.ClassInfo("lab", 6.0, [], ["lab"], [{"notebook": "lab", "cell": "test_speed",
+                                                         "check": "lab4.speed"}], "d")
+
+    def finish(per_day):
+        pol = late.LatePolicy(due, grace_s=15 * 60, per_day_pct=per_day, cap_pct=30, times_csv=str(tmp_path / "times.csv"),
+                              extensions=late.read_extensions(tmp_path / "ext.csv", due))
+        classbook.finish(out, info, results, hardware=CPU, junk=[], policy=pol, submissions=tmp_path)
+        return {sid: (out / "feedback" / sid / "lab" / "lab.html").read_text() for sid in ("smithjo", "leeann")}
+
+    pages = finish(10)
+    smith, lee = pages["smithjo"], pages["leeann"]
+    assert "submitted at: 2025-03-06T05:59:00+00:00 (from the csv)" in smith and "grace period of 15 min" in smith
+    assert "days late (after grace and extension): 2" in smith and "late penalty applied: -1.2 points" in smith
+    assert "total before the penalty: 7; after: 5.8 points" in smith  # 6 + 1 extra credit, -20% of 6
+    assert smith.index("labkit-grade-summary") < smith.index("Late work") < smith.index("<p>notebook</p>")
+    assert "2025-03-06T23:59:00+00:00 (your extension)" in lee and "late penalty applied: -0 points" in lee
+    assert "total before the penalty: 2; after: 2 points" in lee
+    smith = finish(5)["smithjo"]  # another policy on a later run or merge: the box is replaced, not added
+    assert smith.count("Late work") == 1 and "-0.6 points" in smith and fake in smith
+    outputs = grade.Outputs(out)
+    assert all(outputs.adopt(rel, dg) for rel, dg in digests.items())  # a resume keeps these students
+    page = out / "feedback" / "smithjo" / "lab" / "lab.html"
+    page.write_text(smith.replace("<p>notebook</p>", "<p>changed</p>"))
+    assert not outputs.adopt("feedback/smithjo/lab/lab.html", digests["feedback/smithjo/lab/lab.html"])
+    page.write_text(smith)
+    classbook.finish(out, info, results, hardware=CPU, junk=[])  # no policy any more: the box goes
+    assert grade._sha(page.read_bytes()) == digests["feedback/smithjo/lab/lab.html"]
+
+
 # ------------------------------------------------------------------------------------------------ exports
 
 

@@ -1,0 +1,81 @@
+"""Speed verdicts an instructor should look at again before defending them, for the class summary.
+
+Two kinds, neither a failure for the student (the points stand as measured until the instructor regrades):
+  - "measure again": the GPU throttled (thermal or power) or its clocks moved during the timed rounds
+    (autograder.gpu_state, read by the trusted grading process only);
+  - "near a boundary: regrade recommended": the measured ratio lies within the check's own measured spread
+    (the interquartile range of its per-round ratios) of a tier boundary, so another run could land on the
+    other side of it.
+Everything here reads the trusted verdict's measurements; nothing comes from the student's process.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+MEASURE_AGAIN = "measure again"
+NEAR_BOUNDARY = "near a boundary: regrade recommended"
+_TIER = re.compile(r">=\s*([0-9]+(?:\.[0-9]+)?)x")  # harness.Tiers.describe(): ">=1.5x: 50%, ..., bonus >=4x"
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def boundaries(m: dict) -> list[float]:
+    """The tier boundaries (x baseline) a check measured against: its `tiers` text and `required_ratio`."""
+    found = [float(b) for b in _TIER.findall(str(m.get("tiers") or ""))]
+    req = _num(m.get("required_ratio"))
+    return sorted(set(found + ([req] if req is not None else [])))
+
+
+def spread(m: dict) -> float | None:
+    """The check's measured spread of the ratio: its IQR (speedup_iqr / ratio_iqr), else that of its `ratios`."""
+    for key in ("speedup_iqr", "ratio_iqr"):
+        if _num(m.get(key)) is not None:
+            return abs(float(m[key]))
+    ratios = [float(r) for r in m.get("ratios") or [] if _num(r) is not None]
+    if len(ratios) >= 4:
+        q = statistics.quantiles(ratios, n=4)
+        return q[2] - q[0]
+    return None
+
+
+def near_boundary(m: dict) -> str | None:
+    """Why a check's ratio is too close to a tier boundary to call (None when it is not, or is not a ratio)."""
+    ratio = next((_num(m.get(k)) for k in ("speedup", "ratio") if _num(m.get(k)) is not None), None)
+    iqr = spread(m)
+    if ratio is None or iqr is None:
+        return None
+    close = [b for b in boundaries(m) if abs(ratio - b) <= iqr]
+    if not close:
+        return None
+    b = min(close, key=lambda x: abs(ratio - x))
+    return f"{ratio:.2f}x is within its measured spread (IQR {iqr:.2f}) of the {b:g}x boundary"
+
+
+def flags(res) -> list[dict]:
+    """[{check, kind, why}] for a StudentResult's checks: MEASURE_AGAIN and NEAR_BOUNDARY findings."""
+    out = []
+    for c in res.checks:
+        m = c.get("measurements") or {}
+        if m.get("gpu_measure_again"):
+            out.append({"check": c["check"], "kind": MEASURE_AGAIN, "why": str(m["gpu_measure_again"])})
+        why = near_boundary(m)
+        if why:
+            out.append({"check": c["check"], "kind": NEAR_BOUNDARY, "why": why})
+    return out
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """The summary's sections for the final rows' `review` findings (classbook.final_rows)."""
+    lines = []
+    for kind, head in ((MEASURE_AGAIN, "MEASURE AGAIN (the GPU throttled or its clocks moved while the rounds were "
+                                       "timed; not a failure for the student: regrade with --only ... --force)"),
+                       (NEAR_BOUNDARY, "NEAR A TIER BOUNDARY: regrade recommended (the ratio is within its measured "
+                                       "spread of a boundary; not a failure for the student)")):
+        hits = [(r["student_id"], f) for r in rows for f in r.get("review", []) if f["kind"] == kind]
+        if hits:
+            lines += ["", f"{head}:"] + [f"  {sid}: {f['check']}: {f['why']}" for sid, f in hits]
+    return lines
