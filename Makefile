@@ -54,9 +54,9 @@ lab: setup  ## open the course in JupyterLab with the labkit kernel
 	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(if $(PORT),--port=$(PORT) )notebooks/
 
 # The student release: dist/student/ and dist/labkit-student-<version>.tar.gz (assignments/README.md, "Running a
-# course"). OUT=folder builds elsewhere.
+# course"). OUT=folder builds elsewhere; ROSTER=roster.csv also writes dist/lab3_handouts/<id>/slow_train.py.
 student: setup  ## build the student release (no solutions, hidden tests or references in it)
-	$(BIN)/python -m autograder.release --out $(or $(OUT),dist)
+	$(BIN)/python -m autograder.release --out $(or $(OUT),dist)$(if $(ROSTER), --roster $(ROSTER))
 
 clean:  ## remove results and caches
 	rm -rf runs .pytest_cache .ruff_cache

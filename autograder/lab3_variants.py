@@ -250,6 +250,22 @@ def reference_fix(reference_source: str, spec: Spec) -> str:
     return reference_source + f"\n\ndef bottlenecks() -> dict:  # this variant's answers\n    return {key!r}\n"
 
 
+def roster_ids(path: str | Path) -> list[str]:
+    """The student ids of a class list (a CSV with a student_id column), in order, each once."""
+    import csv
+
+    from labkit.errors import LabkitError
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            ids = [r["student_id"].strip() for r in csv.DictReader(f) if (r.get("student_id") or "").strip()]
+    except (OSError, KeyError, csv.Error, UnicodeDecodeError) as e:
+        raise LabkitError(f"cannot read the roster {path} (a CSV with a student_id column): {e}") from None
+    if not ids:
+        raise LabkitError(f"the roster {path} names no student (a CSV with a student_id column)")
+    return list(dict.fromkeys(ids))
+
+
 def write(out_dir: str | Path, students: list[str | None], secret: course_secret.Secret | None = None) -> list[Path]:
     """Write slow_train.py for each student: OUT/slow_train.py for one, OUT/<id>/slow_train.py for several."""
     from labkit.errors import LabkitError

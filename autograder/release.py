@@ -33,7 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun"]
 # The public probes the public checks import (the sandbox-only runner, channel and stubs are not needed).
 PUBLIC_PROBES = ["__init__.py", "probes.py", "lab1.py", "lab2.py", "lab3.py", "lab3_slow.py", "lab4.py"]
-PUBLIC_CHECKS = ["selfcheck.py", "selfcheck_labs.py"]
+# The public checks, and the labkit-answer ban they apply with the grader's own words (labkit_answers holds only the
+# per-lab lists the labs' instructions state, and the reader of a submission's imports).
+PUBLIC_CHECKS = ["selfcheck.py", "selfcheck_labs.py", "labkit_answers.py"]
+# New grader modules that never ship: the variant generator knows every variant's answers, and the secret's module
+# is how hidden cases are drawn (no student needs either). The scan holds their code as needles too.
+INSTRUCTOR_ONLY = ["lab3_variants.py", "course_secret.py"]
+# The labels hidden values are derived from (course_secret.seed/rng/derive("label", ...)): trusted code's words.
+HMAC_LABEL = re.compile(r"course_secret\.(?:seed|rng|derive)\(\s*f?[\"']([^\"'{]+)")
+LAB3_SLOW = "labs/lab3_profile_fix/slow_train.py"
 SOLUTION_MARKERS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"]
 # Module-level names of the trusted checks whose values are answers or hidden cases.
 SECRET_NAME = re.compile(r"HIDDEN|ANSWER|SECRET", re.I)
@@ -137,8 +145,9 @@ package and the public checks of each lab. Nothing here holds an answer: the cou
   archive, published at https://github.com/{slug}), nothing else.
 - **Your own machine** (Python 3.11+): `pip install .` in this folder (`pip install ".[course]"` adds
   JupyterLab), then `jupyter lab`.
-- **Checks**: a lab's test cells run its public checks on your `student_*.py`; the same from a shell:
-  `python -m autograder.harness lab1 labs/lab1_loss_scaling/student_scaler.py` (`--list` names them).
+- **Checks**: a lab's test cells run its public checks on your `student_*.py`; the same from a shell in the
+  lab's folder: `python -m autograder.harness lab1 student_scaler.py` (`--list` names them). Lab 3's compare
+  with the `slow_train.py` beside your notebook: if your instructor handed you your own, put it there.
 - **Hand-in**: the last cell of each lab writes `<lab>_handin.zip` (your notebook and the files beside it);
   upload that file where your instructor says.
 
@@ -157,6 +166,21 @@ def student_repo(root: Path = ROOT) -> tuple[str, str]:
 def _copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dest)
+
+
+def common_slow_train() -> str:
+    """Lab 3's slow_train.py for the release: the course's common variant under the course secret (the open kit's
+    own slow_train.py without one). Per-student variants are handed out beside the release (`handouts`)."""
+    from autograder import course_secret, lab3_variants
+
+    return lab3_variants.render(lab3_variants.spec_for(None, course_secret.load(graded=False)))
+
+
+def handouts(out: Path, roster: Path) -> list[Path]:
+    """Each roster student's own lab 3 slow_train.py, `<out>/<id>/slow_train.py`, from the course secret."""
+    from autograder import course_secret, lab3_variants
+
+    return lab3_variants.write(out, lab3_variants.roster_ids(roster), course_secret.load(graded=False))
 
 
 def _lab_files(root: Path, course: Path, stage: Path, work: Path) -> None:
@@ -188,6 +212,7 @@ def assemble(stage: Path, *, root: Path = ROOT, course: Path | None = None) -> N
         _copy(root / "autograder" / "student" / name, stage / "autograder" / "student" / name)
     with tempfile.TemporaryDirectory(prefix="release-gen-") as work:
         _lab_files(root, course, stage, Path(work))
+    (stage / LAB3_SLOW).write_text(common_slow_train())
     ver, (slug, _) = version(root), student_repo(root)
     (stage / "pyproject.toml").write_text(_pyproject(root))
     (stage / "README.md").write_text(_readme(ver, slug))
@@ -215,8 +240,9 @@ def manifest(stage: Path, ver: str) -> dict:
         files.append({"path": rel, "part": _part(rel), "bytes": p.stat().st_size,
                       "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
     return {"name": "labkit-student", "version": ver, "instructor_only": "assignments/source (solutions), "
-            "autograder/lab*_checks.py (references, answer keys, hidden checks), autograder/harness.py and the "
-            "rest of the grader, the course secret", "files": files}
+            "autograder/lab*_checks.py (references, answer keys, hidden checks), autograder/lab3_variants.py (the "
+            "variant generator), autograder/course_secret.py, autograder/harness.py and the rest of the grader, the "
+            "course secret and the per-student lab 3 handouts", "files": files}
 
 
 # ---------------------------------------------------------------------------------- the leak scan
@@ -245,7 +271,10 @@ def _literals(tree: ast.AST, text: str) -> list[str]:
 def _public_text(root: Path) -> str:
     """Text that is public by design: the probes, and the lab notebooks' cells that are neither solution nor
     hidden test (a trusted line repeated there, e.g. a docstring, is no leak)."""
+    from autograder import lab3_variants
+
     parts = [p.read_text() for p in sorted((root / "autograder" / "student").glob("*.py"))]
+    parts += [lab3_variants.render(lab3_variants.CLASSIC), common_slow_train()]  # handed out: public by design
     for lab in LABS:
         for c in json.loads((root / "assignments" / "source" / lab / f"{lab}.ipynb").read_text())["cells"]:
             src = "".join(c["source"])
@@ -278,13 +307,44 @@ def needles(root: Path = ROOT) -> dict[str, str]:
                 out[name] = f"a hidden name of {path.name}"
                 for seg in _literals(node, text):
                     out[seg] = f"a hidden probe value of {path.name} ({name})"
+    out.update(_secret_needles(root))
     public = _public_text(root)
-    for path in [*(root / "autograder").glob("lab*_checks.py"), root / "autograder" / "harness.py"]:
+    trusted = [*(root / "autograder").glob("lab*_checks.py"), *(root / "autograder" / n for n in INSTRUCTOR_ONLY)]
+    for path in [*trusted, root / "autograder" / "harness.py"]:
         for line in path.read_text().splitlines():
             s = line.strip()
             if len(s) >= 60 and not s.startswith(("#", '"', "'", "from ", "import ")) and s not in public:
                 out[s] = f"a line of the trusted {path.name}"
-    return {k: v for k, v in out.items() if k.strip()}
+    out = {k: v for k, v in out.items() if k.strip()}
+    return {k: v for k, v in out.items() if "HMAC label" not in v or re.sub(r"\s+", "", k) not in
+            re.sub(r"\s+", "", public)}
+
+
+def _secret_needles(root: Path) -> dict[str, str]:
+    """The variant generator's tables, the HMAC labels hidden values are derived from, and, when the course secret
+    is set, the secret itself, what it derives for each label and the common lab 3 variant's answer key."""
+    from autograder import course_secret, lab3_variants
+
+    out = {}
+    gen = root / "autograder" / "lab3_variants.py"
+    text = gen.read_text()
+    for node in ast.parse(text).body:
+        value = getattr(node, "value", None)
+        if isinstance(node, ast.Assign | ast.AnnAssign) and value is not None and not (
+                isinstance(value, ast.Constant) and isinstance(value.value, str)):
+            seg = ast.get_source_segment(text, node) or ""
+            if len(re.sub(r"\s+", "", seg)) >= 30:
+                out[seg] = "the variant generator's tables (lab3_variants.py)"
+    labels = sorted({m for p in (root / "autograder").glob("*.py") for m in HMAC_LABEL.findall(p.read_text())})
+    out.update({lb: "an HMAC label of the course secret (trusted code)" for lb in labels if len(lb) >= 8})
+    secret = course_secret.load(graded=False)
+    if not secret.open_kit:
+        out[secret.key.decode()] = "the course secret itself"
+        out.update({course_secret.derive(lb, secret=secret).hex(): f"a value derived from the course secret ({lb})"
+                    for lb in labels})
+    key = {k: v[0] for k, v in lab3_variants.answer_key(lab3_variants.spec_for(None, secret)).items()}
+    out[json.dumps(key)] = out[repr(key)] = "the answer key of the release's lab 3 variant"
+    return out
 
 
 def solution_lines(root: Path = ROOT) -> set[str]:
@@ -306,12 +366,17 @@ def scan(folder: Path, root: Path = ROOT, extra: dict[str, str] | None = None) -
 
     A needle (see `needles`) is a leak wherever it appears; reference solution code is one where a file holds
     SOLUTION_BLOCK or more of its lines."""
-    wanted = {re.sub(r"\s+", "", k): f"{k[:60]!r} ({v})" for k, v in {**needles(root), **(extra or {})}.items()}
+    every = {**needles(root), **(extra or {})}
+    # A name is a leak as a whole word (a cell id like test_lab1_hidden_edge_cases is no use of hidden_edge_cases);
+    # other needles are compared with all whitespace removed.
+    names = {k: re.compile(rf"(?<![\w]){re.escape(k)}(?![\w])") for k in every if re.fullmatch(r"[A-Za-z_]\w*", k)}
+    wanted = {re.sub(r"\s+", "", k): f"{k[:60]!r} ({v})" for k, v in every.items() if k not in names}
     solution = {re.sub(r"\s+", "", ln) for ln in solution_lines(root)}
     found = []
     for rel, data in _files(Path(folder)):
-        flat = re.sub(r"\s+", "", data.decode("utf-8", errors="replace"))
-        flat = flat.replace("\\n", "").replace('\\"', '"')  # notebook JSON escapes
+        raw = data.decode("utf-8", errors="replace").replace("\\n", "\n").replace('\\"', '"')  # notebook JSON
+        flat = re.sub(r"\s+", "", raw)
+        found += [f"{rel}: {k!r} ({every[k]})" for k, rx in names.items() if rx.search(raw)]
         found += [f"{rel}: {why}" for k, why in wanted.items() if k and k in flat]
         copied = [ln for ln in solution if ln in flat]
         if len(copied) >= SOLUTION_BLOCK:
@@ -336,9 +401,21 @@ def _files(folder: Path):
 # ---------------------------------------------------------------------------------- build
 
 
-def build(out: str | Path, *, root: Path = ROOT, course: Path | None = None) -> tuple[Path, Path]:
-    """Build the release into `<out>/student/` and its archive; returns (folder, archive). LabkitError on a leak."""
+def build(out: str | Path, *, root: Path = ROOT, course: Path | None = None,
+          roster: str | Path | None = None) -> tuple[Path, Path]:
+    """Build the release into `<out>/student/` and its archive; returns (folder, archive). LabkitError on a leak.
+
+    `roster` (a CSV with a student_id column; needs the course secret): also write each student's own lab 3
+    slow_train.py to `<out>/lab3_handouts/<id>/`, outside the release, for the instructor to hand out."""
+    from autograder import course_secret, lab3_variants
+
     out = check_writable(Path(out))
+    secret = course_secret.load(graded=False)  # a malformed secret stops here, before any work
+    if roster is not None:
+        if secret.open_kit:
+            raise LabkitError(f"--roster: per-student lab 3 variants need the course secret ({course_secret.ENV}); "
+                              "without it everyone has the open kit's slow_train.py, already in the release")
+        lab3_variants.roster_ids(roster)
     out.mkdir(parents=True, exist_ok=True)
     ver = version(root)
     top = f"labkit-student-{ver}"
@@ -356,6 +433,9 @@ def build(out: str | Path, *, root: Path = ROOT, course: Path | None = None) -> 
             for p in sorted(folder.rglob("*")):
                 tf.add(p, arcname=f"{top}/{p.relative_to(folder).as_posix()}", recursive=False)
         archive.write_bytes(buf.getvalue())
+        if roster is not None:
+            shutil.rmtree(out / "lab3_handouts", ignore_errors=True)
+            handouts(out / "lab3_handouts", Path(roster))
         return folder, archive
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -365,14 +445,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m autograder.release", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "dist"), help="folder to build in (default: dist/)")
     ap.add_argument("--course", default=str(ROOT / "assignments"), help="the nbgrader course root")
+    ap.add_argument("--roster", default=None, metavar="CSV", help="class list (column student_id): also write each "
+                    "student's own lab 3 slow_train.py to OUT/lab3_handouts/<id>/ (needs the course secret)")
     a = ap.parse_args(argv)
     try:
-        folder, archive = build(a.out, course=Path(a.course))
+        folder, archive = build(a.out, course=Path(a.course), roster=a.roster)
+        from autograder import course_secret
+
+        open_kit = course_secret.load(graded=False).open_kit
     except LabkitError as e:
         print(f"autograder.release: {e}", file=sys.stderr)
         return 2
     files = json.loads((folder / "MANIFEST.json").read_text())["files"]
     print(f"student release: {folder} ({len(files)} files) and {archive}")
+    if a.roster:
+        print(f"lab 3 handouts: {folder.parent / 'lab3_handouts'}/<student id>/slow_train.py (one per student: "
+              "hand each out privately; the class grader grades lab 3 against it)")
+    if open_kit:
+        print(f"note: no course secret ({course_secret.ENV}): lab 3's slow_train.py is the open kit's, whose answers "
+              "are public; set it before building for a graded course")
     return 0
 
 

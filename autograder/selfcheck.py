@@ -6,7 +6,9 @@ In the student release this module is what `autograder.harness.grade(...)` runs,
 work there as they do in the instructor's course. It holds no reference solution, no answer key and no hidden
 case: the student's file runs in a fresh process through the same public probes the grader uses
 (`autograder.student.labN`) and is compared with public references only: torch's own GradScaler (lab 1), the
-decoded images (lab 2), the handed-out slow script (lab 3) and the naive step (lab 4). Speed is timed here in
+decoded images (lab 2), the student's own handed-out slow_train.py beside their file (lab 3) and the naive step
+(lab 4). A file that uses a labkit module its lab bans fails at once, with the grader's message
+(`autograder.labkit_answers`, shipped in the release). Speed is timed here in
 one process, alternating with the baseline. The course's grader checks more (other seeds and inputs, hidden
 tests, speed in a sandbox): a pass here is a good sign, not a grade.
 """
@@ -90,6 +92,30 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     if not path.is_file():
         return [_verdict(n, False, f"{path.name} not found in {path.parent}: run the %%writefile cell first")
                 for n in names]
+    got = _banned(names, path)
+    todo = [n for n in names if n not in got]
+    if todo:
+        got.update(_spawn(todo, path, timeout_s))
+    return [got[n] for n in names]
+
+
+def _banned(names: list[str], path: Path) -> dict[str, dict]:
+    """Failed verdicts, before anything runs, for the checks whose lab bans a labkit module the file uses: the
+    grader's own test and message (autograder.labkit_answers)."""
+    from autograder import labkit_answers
+
+    text = path.read_text(errors="replace")
+    out = {}
+    for n in names:
+        uses = labkit_answers.banned_uses(text, n)
+        if uses:
+            out[n] = _verdict(n, False, labkit_answers.message(n.split(".")[0], uses),
+                              measurements={"labkit_modules": uses})
+    return out
+
+
+def _spawn(names: list[str], path: Path, timeout_s: float) -> dict[str, dict]:
+    """Verdicts of `names` on `path` from one fresh worker process (a failed one for each it did not report)."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
     cmd = [sys.executable, "-m", "autograder.selfcheck", "--worker", str(path), *names]
     # A scratch folder as the working directory: the probes write their data files (lab 2's images) there.
@@ -106,8 +132,8 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
             v = json.loads(line[len("SELFCHECK "):])
             got[v["check"]] = v
     tail = " | ".join(ln for ln in err.strip().splitlines()[-2:] if ln.strip())[-400:]
-    return [got.get(n) or _verdict(n, False, f"the check's process ended without a verdict ({tail or 'no output'})")
-            for n in names]
+    return {n: got.get(n) or _verdict(n, False, f"the check's process ended without a verdict ({tail or 'no output'})")
+            for n in names}
 
 
 def _verdict(name: str, ok: bool, message: str, *, fraction: float = 1.0, gradable: bool = True,

@@ -1,8 +1,9 @@
 """The public checks of the student release, one function per check: `labN_what(probe, device) -> dict`.
 
 Each calls the student's code through the public probes (`autograder.student.labN`, in this process) and compares
-with a public reference: torch.amp.GradScaler (lab 1), the decoded images (lab 2), the handed-out slow script
-(lab 3), the naive step (lab 4). Inputs are the notebooks' own public ones; the course's grader uses others.
+with a public reference: torch.amp.GradScaler (lab 1), the decoded images (lab 2), the student's own handed-out
+slow_train.py (lab 3: the file beside theirs, which may be their own variant; never a copy from this package),
+the naive step (lab 4). Inputs are the notebooks' own public ones; the course's grader uses others.
 A function returns {"message", "measurements", "fraction"} or raises selfcheck.Failed / selfcheck.NotHere.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -235,9 +237,19 @@ def _same(got: dict, ref: dict, steps: int) -> None:
     need(abs(got["correct"] - ref["correct"]) <= 2, f"{got['correct']} correct, the slow script {ref['correct']}")
 
 
+def _slow_train(p):
+    """`train` of the student's own slow_train.py, the one handed out to them, beside their student file."""
+    path = Path(p.student_file).parent / "slow_train.py"
+    need(path.is_file(), f"slow_train.py not found beside {Path(p.student_file).name}: put the slow_train.py you "
+         f"were handed out (your own, if your course gave you one) in {path.parent}")
+    train = getattr(slow.load(path.read_text()), "train", None)
+    need(callable(train), "slow_train.py defines no train(): use the slow_train.py you were handed out, unedited")
+    return train
+
+
 def lab3_same_result(p, dev) -> dict:
     params = {**_RUN3, "steps": 20}
-    _same(lab3.probe_train(p, params), lab3.train_run(slow.train, dev, params), 20)
+    _same(lab3.probe_train(p, params), lab3.train_run(_slow_train(p), dev, params), 20)
     return {"message": "same losses and accuracy as the slow script over 20 steps"}
 
 
@@ -246,7 +258,7 @@ def lab3_no_host_sync(p, dev) -> dict:
     steps = 24
     params = {**_RUN3, "steps": steps, "warmup_steps": 4}
     got = lab3.probe_host_syncs(p, params)
-    _same(got, lab3.train_run(slow.train, dev, params), steps)
+    _same(got, lab3.train_run(_slow_train(p), dev, params), steps)
     syncs, allowed = len(got["sites"]), steps // 4 + 4
     need(syncs <= allowed, f"{syncs} host syncs in {steps} steps (at most {allowed}), at {sorted(set(got['sites']))[:3]}")
     return {"message": f"{syncs} host syncs in {steps} steps"}
@@ -255,7 +267,8 @@ def lab3_no_host_sync(p, dev) -> dict:
 def lab3_speedup(p, dev) -> dict:
     lab3_same_result(p, dev)
     params = {**_RUN3, "steps": 20}
-    t = alternate(lambda: lab3.train_run(slow.train, dev, params), lambda: lab3.probe_train(p, params), rounds=3)
+    base = _slow_train(p)
+    t = alternate(lambda: lab3.train_run(base, dev, params), lambda: lab3.probe_train(p, params), rounds=3)
     low, full = (1.2, 1.45) if dev.type == "cpu" else (2.0, 3.0)
     need(t["ratio"] >= low, f"{t['ratio']:.2f}x the slow script (half the points from {low}x, all from {full}x)")
     return {"message": f"{t['ratio']:.2f}x the slow script", "fraction": 1.0 if t["ratio"] >= full else 0.5,

@@ -26,8 +26,9 @@ LAB_SETUP_MARKER = "# Setup (read-only): on Colab, install the student release; 
 HANDIN_MARKER = "# Hand-in (read-only): save the notebook first (Ctrl+S); this writes <lab>_handin.zip for upload"
 COLAB_MARK = "/content/.labkit-student"  # written after the release is installed, so a re-run skips pip
 LAB_DIR = "assignments/source"
-# Files a lab's notebook reads beside it, and the release module each is a copy of (for Colab).
-LAB_FILES = {"lab3_profile_fix": {"slow_train.py": "autograder.student.lab3_slow"}}
+# Files a lab's notebook reads beside it: on Colab, fetched from the lab's folder of the published release (the
+# course's common copy; a student handed their own replaces it).
+LAB_FILES = {"lab3_profile_fix": ("slow_train.py",)}
 
 
 def colab_repo(root: Path = REPO_ROOT) -> tuple[str, str]:
@@ -96,6 +97,12 @@ def release_url(root: Path = REPO_ROOT) -> str:
     return f"https://github.com/{repo}/archive/refs/heads/{branch}.tar.gz"
 
 
+def lab_file_url(lab: str, name: str, root: Path = REPO_ROOT) -> str:
+    """A file of a lab's folder in the published student release, as raw text from GitHub."""
+    repo, branch = student_repo(root)
+    return f"https://raw.githubusercontent.com/{repo}/{branch}/labs/{lab}/{name}"
+
+
 def _colab_install(root: Path, indent: str = "") -> list[str]:
     return [
         f'{indent}if "google.colab" in sys.modules and not os.path.exists("{COLAB_MARK}"):',
@@ -116,10 +123,11 @@ def lab_setup_source(lab: str, root: Path = REPO_ROOT) -> str:
     the harness found in an instructor's checkout, warnings kept out of the test cells."""
     lines = [LAB_SETUP_MARKER, "import importlib", "import os", "import subprocess", "import sys", "import warnings",
              "from pathlib import Path", "", 'warnings.filterwarnings("ignore")', *_colab_install(root)]
-    for name, module in LAB_FILES.get(lab, {}).items():
+    for name in LAB_FILES.get(lab, ()):
         lines += [f'if "google.colab" in sys.modules and not os.path.exists("{name}"):',
-                  '    import shutil', "", f"    import {module} as _src", "",
-                  f'    shutil.copyfile(_src.__file__, "{name}")']
+                  "    import urllib.request", "",
+                  f'    urllib.request.urlretrieve("{lab_file_url(lab, name, root)}", "{name}")',
+                  f'    print("{name}: the course\'s common copy; if you were handed your own, upload it here instead")']
     lines += [
         "try:  # an instructor's checkout: the trusted harness is in a folder above, or where labkit comes from",
         "    from labkit.env import REPO_ROOT as _root",

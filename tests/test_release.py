@@ -1,5 +1,7 @@
-"""The student release: built once into a temporary folder, scanned for every kind of leak (and the scan shown to
-catch planted ones), then installed alone in a fresh virtual environment where each lab's public checks run."""
+"""The student release: built once into a temporary folder under a course secret, with a roster, scanned for every
+kind of leak (and the scan shown to catch planted ones, the secret itself among them), then installed alone in a
+fresh virtual environment where each lab's public checks run. Lab 3's public checks compare with the student's
+own slow_train.py, and a banned labkit import fails there with the grader's words."""
 
 import json
 import os
@@ -13,21 +15,35 @@ from pathlib import Path
 
 import pytest
 
-from autograder import release
+from autograder import course_secret, harness, lab3_variants, labkit_answers, release, selfcheck
 from autograder.harness import CHECKS, STUDENT_FILES, student_file_from_notebook
 from autograder.selfcheck import PUBLIC
+from labkit import notebooks
 from labkit.errors import LabkitError
 
 ROOT = release.ROOT
+SECRET = "the release tests' course secret, 0123456789"  # as an instructor would export it
+ROSTER = ["alice", "bob"]
 PREFIX = {v: k for k, v in {"lab1": "lab1_loss_scaling", "lab2": "lab2_data_pipeline", "lab3": "lab3_profile_fix",
                             "lab4": "lab4_speedrun"}.items()}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """(folder, archive) of a release built as a graded course's instructor builds it: secret set, with a roster."""
     out = tmp_path_factory.mktemp("dist")
-    folder, archive = release.build(out)
+    roster = out.parent / "roster.csv"
+    roster.write_text("student_id,name\n" + "".join(f"{s},{s.title()}\n" for s in ROSTER))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(course_secret.ENV, SECRET)
+        folder, archive = release.build(out, roster=roster)
     return folder, archive
+
+
+@pytest.fixture
+def secret_set(monkeypatch):
+    """The course secret of the build, for the tests that compute its needles."""
+    monkeypatch.setenv(course_secret.ENV, SECRET)
 
 
 def _hidden_calls() -> set[str]:
@@ -44,13 +60,15 @@ def test_release_holds_the_course_for_students(built):
     folder, archive = built
     files = {f["path"] for f in json.loads((folder / "MANIFEST.json").read_text())["files"]}
     assert {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")} <= files
-    assert len([f for f in files if f.startswith("notebooks/")]) == 6
+    assert len([f for f in files if f.startswith("notebooks/")]) == len(list((ROOT / "notebooks").glob("*.ipynb")))
     for lab in release.LABS:
         assert f"labs/{lab}/{lab}.ipynb" in files
     assert "labs/lab3_profile_fix/slow_train.py" in files and "labkit/results/ladder.json" in files
     assert {"autograder/harness.py", "autograder/selfcheck.py", "pyproject.toml", "README.md"} <= files
     assert not [f for f in files if Path(f).name.startswith("student_") or re.search(r"lab\d_checks", f)]
     assert not [f for f in files if f.startswith("autograder/") and Path(f).name in ("runner.py", "jail.py", "grade.py")]
+    assert not [f for f in files if Path(f).name in release.INSTRUCTOR_ONLY]  # the generator, the secret's module
+    assert "autograder/labkit_answers.py" in files  # the public checks' ban, in the grader's words
     with tarfile.open(archive) as tf:
         names = {m.name for m in tf.getmembers() if m.isfile()}
     top = f"labkit-student-{release.version()}"
@@ -69,20 +87,26 @@ def test_every_hidden_check_is_a_needle_and_none_is_public():
     assert any("hidden probe value" in why for why in needles.values())
 
 
-def test_scan_finds_no_leak_in_the_folder_or_the_archive(built):
+def test_scan_finds_no_leak_in_the_folder_or_the_archive(built, secret_set):
     folder, archive = built
     assert release.scan(folder) == []
     assert release.scan(archive.parent) == []
 
 
-def test_scan_catches_each_kind_of_leak(built, tmp_path):
+def test_scan_catches_each_kind_of_leak(built, tmp_path, secret_set):
     folder, _ = built
     needles = release.needles()
     value = next(k for k, why in needles.items() if "hidden probe value" in why)
     line = next(k for k, why in needles.items() if "line of the trusted lab1_checks.py" in why)
+    generator = next(k for k, why in needles.items() if "variant generator" in why)
+    derived = next(k for k, why in needles.items() if "derived from the course secret" in why)
+    key = {k: v[0] for k, v in lab3_variants.answer_key(lab3_variants.spec_for(None)).items()}
     solution = "\n".join(sorted(release.solution_lines())[:release.SOLUTION_BLOCK])
     plants = {"### BEGIN SOLUTION": "solution region", solution: "solution code", "lab1.scaler_edge_cases": "hidden check",
-              "ANSWER_KEY = {}": "answer key", line: "trusted module", value: "hidden probe value"}
+              "ANSWER_KEY = {}": "answer key", line: "trusted module", value: "hidden probe value",
+              "kw, cases = hidden_edge_cases()": "hidden function", f"KEY = {SECRET!r}": "course secret",
+              'course_secret.rng("lab1.hidden/edge_cases")': "HMAC label", derived: "derived value",
+              generator: "variant generator", f"x = {key!r}": "common variant answer key"}
     for text, kind in plants.items():
         copy = tmp_path / kind.replace(" ", "_")
         shutil.copytree(folder / "labs", copy)
@@ -91,6 +115,71 @@ def test_scan_catches_each_kind_of_leak(built, tmp_path):
         cells["cells"][-1]["source"] = text.splitlines(keepends=True)  # as notebook JSON stores it
         nb.write_text(json.dumps(cells, indent=1))
         assert release.scan(copy), f"a planted {kind} went unnoticed"
+    assert "test_lab1_hidden_edge_cases" in (folder / "labs" / "lab1_loss_scaling" / "lab1_loss_scaling.ipynb"
+                                             ).read_text()  # a public cell id holds a hidden name: no leak
+
+
+def test_the_release_embeds_no_secret_and_ships_the_courses_common_lab3(built, secret_set):
+    folder, archive = built
+    assert release.needles()[SECRET] == "the course secret itself"
+    assert not [rel for rel, data in release._files(archive.parent) if SECRET.encode() in data]
+    common = lab3_variants.render(lab3_variants.spec_for(None))
+    assert (folder / release.LAB3_SLOW).read_text() == common != lab3_variants.render(lab3_variants.CLASSIC)
+    for s in ROSTER:  # each student's own, beside the release and outside it
+        assert (folder.parent / "lab3_handouts" / s / "slow_train.py").read_text() == \
+            lab3_variants.render(lab3_variants.spec_for(s))
+    with tarfile.open(archive) as tf:
+        assert not [m.name for m in tf.getmembers() if "lab3_handouts" in m.name]
+    assert not list(folder.rglob("lab3_handouts"))
+    # On Colab the lab 3 setup cell fetches the release's own copy (from the published student release).
+    url = notebooks.lab_file_url("lab3_profile_fix", "slow_train.py")
+    assert url.endswith(f"{notebooks.student_repo()[0]}/{notebooks.student_repo()[1]}/{release.LAB3_SLOW}")
+    assert url in notebooks.lab_setup_source("lab3_profile_fix")
+
+
+def test_a_roster_needs_the_course_secret_and_is_read_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(release, "assemble", lambda *a, **k: pytest.fail("work started"))
+    roster = tmp_path / "roster.csv"
+    roster.write_text("student_id\nalice\n")
+    with pytest.raises(LabkitError, match="need the course secret"):
+        release.build(tmp_path / "dist", roster=roster)
+    monkeypatch.setenv(course_secret.ENV, SECRET)
+    (tmp_path / "bad.csv").write_text("name\nalice\n")
+    with pytest.raises(LabkitError, match="student_id"):
+        release.build(tmp_path / "dist", roster=tmp_path / "bad.csv")
+
+
+# ---------------------------------------------------------------------------------- the public checks themselves
+
+
+def test_lab3_public_checks_compare_with_the_students_own_slow_train(tmp_path, secret_set):
+    """A variant's reference fix passes the public check run against that variant's slow_train.py; the check reads
+    the file beside the student's (a changed one changes the verdict), and says what to do when it is missing."""
+    ref = student_file_from_notebook(ROOT / "assignments" / "source" / "lab3_profile_fix" / "lab3_profile_fix.ipynb",
+                                     tmp_path).read_text()
+    alice = lab3_variants.spec_for("alice")
+    work = tmp_path / "alice"
+    lab3_variants.write(work, ["alice"])
+    fix = work / "student_fix.py"
+    fix.write_text(lab3_variants.reference_fix(ref, alice))
+    assert selfcheck.run_check("lab3.same_result", fix)["ok"]
+    slow = work / "slow_train.py"
+    slow.write_text(slow.read_text().replace("seed + epoch)", "seed + epoch + 1)"))  # another batch order
+    v = selfcheck.run_check("lab3.same_result", fix)
+    assert not v["ok"] and "the slow script gives" in v["message"], v
+    slow.unlink()
+    v = selfcheck.run_check("lab3.same_result", fix)
+    assert not v["ok"] and "slow_train.py not found beside student_fix.py" in v["message"], v
+
+
+def test_a_banned_labkit_import_fails_the_public_check_with_the_graders_words(tmp_path):
+    f = tmp_path / "student_scaler.py"
+    f.write_text("from labkit.loss_scaling import DynamicScaler, StaticScaler  # noqa\n")
+    want = labkit_answers.message("lab1", ["loss_scaling"])
+    public = selfcheck.run_checks(["lab1.static_scaler", "lab1.host_syncs"], f, timeout_s=5)
+    graded = harness.run_checks(["lab1.static_scaler"], f, timeout_s=5)
+    assert [v["message"] for v in public] == [want, want] == [want, graded[0]["message"]]
+    assert not any(v["ok"] for v in public)
 
 
 def test_build_refuses_an_unusable_out_before_any_work(tmp_path, monkeypatch):
@@ -138,9 +227,14 @@ def test_release_alone_in_a_fresh_venv_runs_each_labs_public_checks(built, tmp_p
     paths = where.stdout.split()
     assert where.returncode == 0 and len(paths) == 3, where.stderr[-1500:]
     assert all(str(tmp_path / "venv") in p for p in paths[:2]) and paths[2] == "autograder.selfcheck", paths
-    gone = subprocess.run([str(vpy), "-c", "import autograder.lab1_checks"], capture_output=True, text=True,
-                          env=_env(), cwd=tmp_path, timeout=120)
-    assert "ModuleNotFoundError" in gone.stderr
+    for mod in ("lab1_checks", "lab3_variants", "course_secret"):
+        gone = subprocess.run([str(vpy), "-c", f"import autograder.{mod}"], capture_output=True, text=True,
+                              env=_env(), cwd=tmp_path, timeout=120)
+        assert "ModuleNotFoundError" in gone.stderr, mod
+    (tmp_path / "banned.py").write_text("import labkit.amp\n")
+    out = subprocess.run([str(vpy), "-m", "autograder.harness", "lab1", "banned.py", "--json"], capture_output=True,
+                         text=True, env=_env(), cwd=tmp_path, timeout=120)
+    assert {v["message"] for v in json.loads(out.stdout)} == {labkit_answers.message("lab1", ["amp"])}
     for lab in release.LABS:
         prefix = PREFIX[lab]
         for kind, nb in [("reference", ROOT / "assignments" / "source" / lab / f"{lab}.ipynb"),
@@ -149,6 +243,7 @@ def test_release_alone_in_a_fresh_venv_runs_each_labs_public_checks(built, tmp_p
             shutil.copytree(folder / "labs" / lab, work)
             student = student_file_from_notebook(nb, work)
             assert student.name == STUDENT_FILES[prefix]
+            # The README's command, in the lab's folder (lab 3's: beside the release's slow_train.py).
             out = subprocess.run([str(vpy), "-m", "autograder.harness", prefix, student.name, "--json"],
                                  capture_output=True, text=True, env=_env(), cwd=work, timeout=600)
             verdicts = json.loads(out.stdout)
@@ -166,7 +261,9 @@ def test_student_facing_docs_point_at_the_release_never_at_the_solutions():
     assert not [name for name, text in texts.items() if "assignments/source" in text]
     readme = (ROOT / "README.md").read_text()
     assert "make student" in readme and "assignments/README.md#running-a-course" in readme
+    command = "python -m autograder.harness lab1 student_scaler.py"  # run as written by the fresh-venv test
+    assert command in readme and command in texts["release README"] and "lab3_handouts" in readme
     guide = (ROOT / "assignments" / "README.md").read_text()
     for needle in ("## Running a course", "Fork privately", "course secret", "make student", "_handin.zip",
-                   "instructor only", "MANIFEST.json"):
+                   "instructor only", "MANIFEST.json", "ROSTER=roster.csv", "lab3_handouts", "lab3_variants.py"):
         assert needle in guide
