@@ -76,6 +76,9 @@ def write_scores(db: Path, assignment: str, student: str, cells: list[dict]) -> 
         for c in cells:
             g = gb.find_grade(c["cell"], c["notebook"], assignment, student)
             g.auto_score = c["score"]
+            # nbgrader never writes a manual score while autograding: one here came from the submission's code,
+            # and nbgrader's feedback page would show it in place of the grader's score
+            g.manual_score = None
             if c.get("source", "").startswith("trusted"):
                 g.needs_manual_grade = False
             _manual_grade(g, c, graded=True)

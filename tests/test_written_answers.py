@@ -101,6 +101,9 @@ def test_a_student_cannot_grade_their_own_written_answer(written_class, name):
     assert row["provisional"] == "yes" and row["total"] == "5"
     if name == "self_graded_gradebook":
         assert any("claimed" in f and WID in f for f in r.flags), r.flags
+        # nor does nbgrader's own page under the summary show the scores it wrote
+        page = (written_class["base"] / "out" / "feedback" / name / AID / f"{AID}.html").read_text()
+        assert "100.0 /" not in page and "5.0 / 7.0" in page
 
 
 def test_instructor_scores_from_csv_and_formgrader_count_in_the_total(written_class, tmp_path):
@@ -109,6 +112,11 @@ def test_instructor_scores_from_csv_and_formgrader_count_in_the_total(written_cl
     base = written_class["base"]
     out = tmp_path / "out"
     shutil.copytree(base / "out", out)  # the class as graded; the fixture's folder stays pending
+    # formgrader writes nbgrader's manual score into the output's gradebook: the next run reads it back
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
+        gb.find_grade(WID, AID, AID, "self_graded_metadata").manual_score = 0.5
+        gb.find_grade(WID, AID, AID, "reference").manual_score = 0.25  # the CSV below wins over it
+        gb.db.commit()
     scores = tmp_path / "scores.csv"
     scores.write_text(f"student_id,cell,score\nreference,{WID},1.5\nself_graded_gradebook,{WID},\n")
     rep = grade.grade_class(AID, base / "subs", _cfg(base, out, manual_scores=str(scores)))
@@ -116,19 +124,12 @@ def test_instructor_scores_from_csv_and_formgrader_count_in_the_total(written_cl
     rows = _csv(out / "grades.csv")
     assert rows["reference"]["total"] == "6.5" and rows["reference"]["provisional"] == "no"
     assert rows["reference"]["manual_points"] == "1.5" and rows["reference"][WID] == "1.5"
-    assert rows["self_graded_gradebook"]["provisional"] == "yes"  # an empty score: not graded yet
-
-    # formgrader writes nbgrader's manual score into the output's gradebook; the next run reads it back
-    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
-        g = gb.find_grade(WID, AID, AID, "self_graded_metadata")
-        g.manual_score = 0.5
-        gb.db.commit()
-    grade.grade_class(AID, base / "subs", _cfg(base, out))
-    rows = _csv(out / "grades.csv")
-    assert rows["reference"]["total"] == "6.5"  # the CSV's score was kept in the gradebook
     assert rows["self_graded_metadata"]["total"] == "5.5" and rows["self_graded_metadata"]["provisional"] == "no"
-    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
+    assert rows["self_graded_gradebook"]["provisional"] == "yes"  # an empty score: not graded yet
+    assert "self_graded_gradebook" in (out / "summary.txt").read_text().split("NEEDS MANUAL GRADING")[1]
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:  # kept there for the next run, as formgrader's
         assert gb.find_grade(WID, AID, AID, "reference").manual_score == 1.5
+        assert not gb.find_grade(WID, AID, AID, "reference").needs_manual_grade
     lms.export(out, "gradescope", tmp_path / "gs")
     gs = json.loads((tmp_path / "gs" / "reference" / "results.json").read_text())
     assert gs["score"] == 6.5 and next(t for t in gs["tests"] if t["name"] == WID)["score"] == 1.5
