@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from autograder import course as courses
-from autograder import grade, lms, manual, rehearsal, suite
+from autograder import grade, lms, manual, merge, rehearsal, suite
 from labkit.errors import LabkitError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +130,10 @@ def test_instructor_scores_from_csv_and_formgrader_count_in_the_total(written_cl
     with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:  # kept there for the next run, as formgrader's
         assert gb.find_grade(WID, AID, AID, "reference").manual_score == 1.5
         assert not gb.find_grade(WID, AID, AID, "reference").needs_manual_grade
+    # a merge reads the same scores (here: the fixture's pending class, merged with the CSV)
+    merged = merge.merge([base / "out"], tmp_path / "merged", manual_scores=str(scores), progress=False)
+    assert {r.student_id: r.score for r in merged.results}["reference"] == 6.5
+    assert _csv(tmp_path / "merged" / "grades.csv")["self_graded_metadata"]["provisional"] == "yes"
     lms.export(out, "gradescope", tmp_path / "gs")
     gs = json.loads((tmp_path / "gs" / "reference" / "results.json").read_text())
     assert gs["score"] == 6.5 and next(t for t in gs["tests"] if t["name"] == WID)["score"] == 1.5
