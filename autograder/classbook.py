@@ -19,14 +19,14 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder import gpu_policy, late, review
+from autograder import gpu_policy, late, manual, review
 from labkit.bench import write_json
 
 MANIFEST = "class.json"
 FINAL = "final.json"
 MASTER_GRADEBOOK = "master_gradebook.db"  # the generated gradebook before any student: merges start from it
 EXTRA_COLUMNS = ["extra_credit", "submitted_at", "time_source", "days_late", "late_penalty", "total",
-                 "not_gradable_here", "review"]
+                 "not_gradable_here", "review", "manual_points", "pending_manual_points", "provisional"]
 
 
 @dataclass
@@ -79,6 +79,10 @@ def final_rows(info: ClassInfo, results: list, policy: late.LatePolicy | None,
         if policy is not None:
             row.update(late.assess(policy, r.student_id, times.get(r.student_id), r.max_score))
         row["total"] = round(max(0.0, r.score + ec - float(row["late_penalty"] or 0.0)), 4)
+        # written answers: the total counts the instructor's grades; it is provisional while any is missing
+        pending = manual.pending_points(r) if r.status == "graded" else 0.0
+        row.update(manual_points=manual.manual_points(r), pending_manual_points=pending, provisional=pending > 0,
+                   manual_scores={c["cell"]: c["score"] for c in r.cells if c.get("source") == manual.SOURCE})
         rows.append(row)
     return rows
 
@@ -115,7 +119,10 @@ def _extend_csv(path: Path, rows: list[dict]) -> None:
                   "time_source": r.get("time_source", ""), "days_late": r.get("days_late", ""),
                   "late_penalty": f"{r['late_penalty']:g}" if r.get("late_penalty") != "" and r else "",
                   "total": f"{r.get('total', 0):g}", "not_gradable_here": " ".join(r.get("not_gradable_here", [])),
-                  "review": " | ".join(f"{f['check']}: {f['kind']}" for f in r.get("review", []))})
+                  "review": " | ".join(f"{f['check']}: {f['kind']}" for f in r.get("review", [])),
+                  "manual_points": f"{r.get('manual_points', 0):g}",
+                  "pending_manual_points": f"{r.get('pending_manual_points', 0):g}",
+                  "provisional": "yes" if r.get("provisional") else "no"})
         w.writerow(o)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")
@@ -170,7 +177,7 @@ def summary_lines(rows: list[dict], policy: late.LatePolicy | None, shard: str |
         lines += ["", f"NOT GRADABLE ON THIS HARDWARE ({len(ungradable)} students; those checks scored 0, regrade on "
                       "a GPU machine with --only ... --force):"]
         lines += [f"  {r['student_id']}: {', '.join(r['not_gradable_here'])}" for r in ungradable]
-    return lines + review.summary_lines(rows)
+    return lines + review.summary_lines(rows) + manual.summary_lines(rows)
 
 
 def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], junk: list[str],
@@ -192,7 +199,8 @@ def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], j
     summary = out / "summary.json"
     if summary.exists():
         d = json.loads(summary.read_text())
-        d.update(final={r["student_id"]: {k: r[k] for k in ("total", "extra_credit", "days_late", "late_penalty")}
+        d.update(final={r["student_id"]: {k: r[k] for k in ("total", "extra_credit", "days_late", "late_penalty",
+                                                             "pending_manual_points", "provisional")}
                         for r in rows},
                  not_gradable_here={r["student_id"]: r["not_gradable_here"] for r in rows if r["not_gradable_here"]},
                  review={r["student_id"]: r["review"] for r in rows if r["review"]},

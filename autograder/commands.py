@@ -51,6 +51,13 @@ def add_grade_args(g: argparse.ArgumentParser) -> None:
                    help="grade a lab this machine cannot fully grade (its GPU checks score 0; students listed)")
     add_open_kit_arg(g)
     add_late_args(g)
+    add_manual_arg(g)
+
+
+def add_manual_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--manual-scores", default=None, metavar="CSV",
+                   help="instructor's grades of the written answers (columns student_id, cell, score); kept in the "
+                        "output's gradebook.db, as are grades given there in formgrader")
 
 
 def add_open_kit_arg(p: argparse.ArgumentParser) -> None:
@@ -66,7 +73,7 @@ def grade_changes(args) -> dict:
     if args.shard:
         shard.parse(args.shard)
     return {"shard": args.shard, "allow_ungradable": args.allow_ungradable, "late": late_policy(args),
-            "open_kit": args.open_kit}
+            "open_kit": args.open_kit, "manual_scores": args.manual_scores}
 
 
 def add_commands(sub) -> None:
@@ -78,6 +85,7 @@ def add_commands(sub) -> None:
     m.add_argument("--lms-regex", default=None, help="as for grade")
     m.add_argument("--no-progress", action="store_true")
     add_late_args(m)
+    add_manual_arg(m)
     m.set_defaults(func=_cli_merge)
 
     e = sub.add_parser("export", help="Canvas gradebook CSV, Gradescope results.json or feedback bundles")
@@ -133,7 +141,7 @@ def _cli_merge(args) -> int:
 
     rep = merge.merge(args.slices, args.out, submissions=args.submissions, roster=args.roster,
                       policy=late_policy(args), lms_regex=args.lms_regex or intake.LMS_REGEX,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, manual_scores=args.manual_scores)
     print((rep.out / "summary.txt").read_text(), end="")
     print("\n" + table([[s["shard"] or "-", len(s["students"]), s["folder"]] for s in rep.slices],
                        ["slice", "students", "folder"]), end="")

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder import report, trusted
+from autograder import manual, report, trusted
 from autograder.sandbox import Limits, run_limited, write_log
 from labkit.env import REPO_ROOT, LabkitError
 
@@ -176,6 +176,7 @@ def prepare_course(assignment: str, course: str | Path, work: Path, log_dir: Pat
             tail = " | ".join(out.output.strip().splitlines()[-3:])
             raise LabkitError(f"nbgrader generate_assignment {assignment} failed ({out.cause()}): {tail[-400:]}")
         cells, notebooks = report.gradebook_cells(db, assignment)
+        manual.mark(cells, manual.manual_ids(db, assignment))  # written answers: graded by a person, later
         calls = trusted.find_calls(master / "source" / assignment / f"{assignment}.ipynb") if find_calls else []
         return Course(assignment, root, config_text,
                       {k: v for k, v in source.items() if not k.endswith(".ipynb")}, db.read_bytes(),

@@ -33,7 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from autograder import classbook, course_secret, gpu_policy, intake, jail, report, shard, trusted
+from autograder import classbook, course_secret, gpu_policy, intake, jail, manual, report, shard, trusted
 from autograder import course as courses
 from autograder.course import Course
 from autograder.jail import Jail
@@ -73,6 +73,7 @@ class GradeConfig:
     allow_ungradable: bool = False  # grade a lab whose checks need hardware this machine lacks (they score 0)
     late: LatePolicy | None = None  # due date, grace and penalties applied to the total (autograder.late)
     open_kit: bool = False  # grade without a course secret, on the public open-kit default (rehearsals only)
+    manual_scores: str | None = None  # CSV student_id,cell,score: instructor's grades of written answers
 
 
 PRESETS = {
@@ -328,6 +329,8 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     try:
         report.check_integrity(db, course.structure, aid)
         cells = report.read_grades(db, aid, sid)
+        res.flags += manual.seal(cells, course.cells, {n: graded_dir / f"{n}.ipynb" for n in course.notebooks},
+                                 course.structure)
     except report.TamperedError as e:
         res.flags.append(str(e))
         return _fail(res, course, "tampered gradebook", "the gradebook was changed while the notebook ran")
@@ -356,6 +359,8 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     res.cells, res.cause = cells, kcause
     res.score = round(sum(c["score"] for c in cells), 4)
     res.message = f"{res.score:g} / {res.max_score:g} points"
+    if manual.pending_points(res):
+        res.message += f" (provisional: {manual.pending_points(res):g} points of written answers need manual grading)"
 
     if cfg.feedback:
         pages, flog = courses.render_feedback(root, aid, sid)
@@ -522,6 +527,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
                                         hide_hidden_tests=cfg.hide_hidden_tests, find_calls=cfg.trusted_recheck)
         if course.calls:
             courses.check_harness(cfg.harness_module)
+        scores = manual.collect(out, assignment, course.cells, cfg.manual_scores)  # bad CSV: stop before grading
         hardware = [dict(h) for h in courses.detect_hardware()]
         log.info("hardware: %s", "; ".join(f"{h['card']} ({h['class']})" for h in hardware))
         gpu_policy.refuse_ungradable(assignment, [c.check for c in course.calls], hardware, cfg.allow_ungradable)
@@ -538,7 +544,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         outputs = Outputs(out)
         results, todo, changed = _plan(found.submissions, course, cfg, outputs)
         graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
-        ordered = [results[s.student_id] for s in found.submissions if s.student_id in results]
+        ordered = manual.apply([results[s.student_id] for s in found.submissions if s.student_id in results], scores)
         report.write_outputs(out, course, ordered, found.junk, hardware, outputs.write)
         restored = outputs.restore_changed()
         for rel in restored:

@@ -26,7 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, grade, intake
+from autograder import classbook, grade, intake, manual
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -140,9 +140,12 @@ def gradescope_results(res, row: dict | None = None, calls: list[dict] | None = 
     row = row or {}
     by_check = {c["check"]: c for c in res.checks}
     tests = []
+    given = row.get("manual_scores") or {}  # the done-marker predates the instructor's grades of written answers
     for i, cell in enumerate(res.cells, 1):
+        if cell["cell"] in given:
+            cell = dict(cell, score=given[cell["cell"]], needs_manual=False, source=manual.SOURCE)
         names = [c["check"] for c in calls or [] if c["cell"] == cell["cell"]]
-        out = "\n".join(_check_output(by_check[n]) for n in names if n in by_check)
+        out = "\n".join(_check_output(by_check[n]) for n in names if n in by_check) or manual.cell_note(cell)
         tests.append({"name": cell["cell"], "number": str(i), "score": float(cell["score"]),
                       "max_score": float(cell["max_score"]), "output": out, "visibility": "visible"})
     if row.get("extra_credit"):
@@ -156,15 +159,32 @@ def gradescope_results(res, row: dict | None = None, calls: list[dict] | None = 
     if res.status != "graded":
         output.append(f"not graded: {res.cause}")
     output += [n for n in res.notes] + ([row["late_note"]] if row.get("late_note") else [])
+    if row.get("provisional"):
+        output.append(_provisional(row))
     return {"score": float(row.get("total", res.score)), "execution_time": round(res.wall_s),
             "output": "\n".join(output), "visibility": "visible", "stdout_visibility": "hidden",
-            "tests": tests, "extra_data": {"checks": res.checks, "hardware": res.hardware}}
+            "tests": tests, "extra_data": {"checks": res.checks, "hardware": res.hardware,
+                                           "provisional": bool(row.get("provisional")),
+                                           "pending_manual_points": row.get("pending_manual_points", 0.0)}}
+
+
+def _provisional(row: dict) -> str:
+    return (f"provisional total: {row['pending_manual_points']:g} points of written answers need manual grading "
+            "and are not counted yet")
 
 
 def _cell_points(source_nb: Path) -> dict[str, float]:
     cells = json.loads(source_nb.read_text())["cells"]
     return {c["metadata"]["nbgrader"]["grade_id"]: float(c["metadata"]["nbgrader"].get("points", 0))
             for c in cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+
+
+def _written_cells(source_nb: Path) -> dict[str, float]:
+    """grade_id -> points of the manually graded answer cells (grade and solution) of a source notebook."""
+    cells = json.loads(source_nb.read_text())["cells"]
+    meta = [c.get("metadata", {}).get("nbgrader", {}) for c in cells]
+    return {m["grade_id"]: float(m.get("points", 0)) for m, c in zip(meta, cells, strict=True)
+            if m.get("grade") and m.get("solution") and c["cell_type"] == "markdown"}
 
 
 GRADESCOPE_LABS = ("lab1", "lab2", "lab3")  # gradable without a GPU; lab 4's speed tiers need one
@@ -206,8 +226,15 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
         total += score
         tests.append({"name": f"{call.cell} ({call.check})", "number": str(i), "score": score, "max_score": pts,
                       "output": out, "visibility": "after_due_date" if "hidden" in call.cell else "visible"})
+    pending = _written_cells(source_nb)
+    for cell, pts in pending.items():  # graded by a person in Gradescope (a manually graded question)
+        tests.append({"name": f"{cell} (written answer)", "number": str(len(tests) + 1), "score": 0.0,
+                      "max_score": pts, "output": manual.cell_note({"manual": True, "needs_manual": True,
+                                                                    "max_score": pts}), "visibility": "visible"})
+    note = (f"; provisional: {sum(pending.values()):g} points of written answers need manual grading"
+            if pending else "")
     result = {"score": round(total, 4), "output": f"{aid}: {total:g} / {sum(t['max_score'] for t in tests):g} "
-                                                  "points from the grader's own run of the checks",
+                                                  "points from the grader's own run of the checks" + note,
               "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
     write_json(results_path, result)
     return result
@@ -240,6 +267,10 @@ def _bundle_box(res, row: dict) -> str:
         items.append(f"<li>extra credit (bonus tier): +{row['extra_credit']:g}</li>")
     if row.get("late_note"):
         items.append(f"<li>{e(row['late_note'])}</li>")
+    if row.get("provisional"):
+        items.append(f"<li><b>{e(_provisional(row))}</b></li>")
+    elif row.get("manual_points") is not None and any(c.get("manual") for c in res.cells):
+        items.append(f"<li>written answers, graded by an instructor: {row['manual_points']:g} points</li>")
     if row.get("not_gradable_here"):
         items.append(f"<li>not gradable on the grading machine: {e(', '.join(row['not_gradable_here']))} "
                      "(to be regraded on a GPU)</li>")
@@ -265,14 +296,16 @@ def feedback_bundles(out: str | Path, dest: str | Path, *, submissions: str | Pa
             sdir = dest / res.student_id
             sdir.mkdir(parents=True, exist_ok=True)
             pages = sorted((out / "feedback" / res.student_id).rglob("*.html"))
-            body = "".join(p.read_text(encoding="utf-8", errors="replace") for p in pages[:1])
+            body = manual.settle_page("".join(p.read_text(encoding="utf-8", errors="replace") for p in pages[:1]),
+                                      res, row)
             page = _bundle_box(res, row)
             m = re.search(r"<body[^>]*>", body)
             page = body[:m.end()] + page + body[m.end():] if m else \
                 f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{page}{body}</body></html>"
             meas = {"student_id": res.student_id, "assignment": res.assignment, "status": res.status,
                     "score": res.score, "max_score": res.max_score, "total": row.get("total", res.score),
-                    "extra_credit": row.get("extra_credit", 0), "late": {k: row.get(k) for k in (
+                    "extra_credit": row.get("extra_credit", 0), "provisional": bool(row.get("provisional")),
+                    "pending_manual_points": row.get("pending_manual_points", 0.0), "late": {k: row.get(k) for k in (
                         "submitted_at", "time_source", "days_late", "late_penalty", "late_note")},
                     "hardware": res.hardware, "checks": res.checks, "notes": res.notes}
             for name, data in ((f"{prefix}feedback.html", page.encode("utf-8")),
@@ -294,6 +327,10 @@ def export(out: str | Path, to: str, dest: str | Path, *, title: str | None = No
                                      names=lms_names(submissions, lms_regex))
         (dest / "canvas_grades.csv").write_text(text, encoding="utf-8")
         lines = [f"wrote {dest / 'canvas_grades.csv'}: {len(results)} students (Canvas: Grades > Import)"]
+        provisional = [r.student_id for r in results if rows.get(r.student_id, {}).get("provisional")]
+        if provisional:
+            lines.append(f"PROVISIONAL totals (written answers not graded yet; re-export after grading them): "
+                         f"{', '.join(provisional)}")
         if unmatched:
             lines.append(f"not identified for Canvas (no roster row / Canvas id): {', '.join(unmatched)}")
         return lines

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import classbook, grade, intake, report
+from autograder import classbook, grade, intake, manual, report
 from autograder.late import LatePolicy
 from labkit.env import LabkitError
 
@@ -88,7 +88,7 @@ def _copy_student(src: Path, out: Path, sid: str, assignment: str) -> None:
 
 def merge(folders: list[str | Path], out: str | Path, *, submissions: str | Path | None = None,
           roster: str | Path | None = None, policy: LatePolicy | None = None, lms_regex: str = intake.LMS_REGEX,
-          progress: bool = True) -> MergeReport:
+          progress: bool = True, manual_scores: str | Path | None = None) -> MergeReport:
     """Merge slice output folders into `out`; LabkitError before writing anything if they do not fit together."""
     from autograder.progress import bar, stage
 
@@ -118,6 +118,7 @@ def merge(folders: list[str | Path], out: str | Path, *, submissions: str | Path
     if overlaps:
         raise LabkitError(f"refusing to merge: {len(overlaps)} student(s) graded in two slices: "
                           + "; ".join(overlaps[:10]) + ". Were the slices run with different N? Regrade with one N")
+    scores = manual.collect(out, info.assignment, info.cells, manual_scores)  # before the gradebook is rebuilt
     out.mkdir(parents=True, exist_ok=True)
     key = grade.result_key(out)
     results, rejected, hardware, junk = [], [], [], []
@@ -150,6 +151,7 @@ def merge(folders: list[str | Path], out: str | Path, *, submissions: str | Path
         return ""
 
     stage("writing the merged gradebook, grades.csv and summary", progress)
+    results = manual.apply(results, scores)
     report.write_outputs(out, info, results, junk, hardware, write)
     classbook.finish(out, info, results, hardware=hardware, junk=junk, policy=policy, submissions=submissions,
                      lms_regex=lms_regex)

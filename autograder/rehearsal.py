@@ -42,8 +42,13 @@ def _meta(grade_id: str, *, grade: bool, solution: bool, locked: bool, points: f
     return {"nbgrader": nb}
 
 
-def toy_notebook():
-    """The source notebook (with solution and hidden tests) of the toy assignment, as an nbformat node."""
+WRITTEN_ID = "written_why"  # the toy's written answer (with `written=True`): graded by a person
+WRITTEN_POINTS = 2
+
+
+def toy_notebook(written: bool = False):
+    """The source notebook (with solution and hidden tests) of the toy assignment, as an nbformat node; with
+    `written`, also a written answer (a manually graded markdown cell holding the model answer and rubric)."""
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
     solution = "%%writefile pipeline.py\n" + REFERENCE.replace(
@@ -63,14 +68,22 @@ def toy_notebook():
         new_code_cell(correct, metadata=_meta("test_correct", grade=True, solution=False, locked=True, points=2)),
         new_code_cell(speed, metadata=_meta("test_speed", grade=True, solution=False, locked=True, points=3)),
     ])
+    if written:
+        nb.cells.append(new_markdown_cell(
+            "**Why is `np.dot` faster than the loop? Quote your ratio.**\n\n### BEGIN SOLUTION\n"
+            "Model answer: one call into compiled code instead of one interpreter step per element.\n\n"
+            "Rubric (2 points): 1 for the interpreter overhead per element, 1 for the measured ratio.\n"
+            "### END SOLUTION",
+            metadata=_meta(WRITTEN_ID, grade=True, solution=True, locked=False, points=WRITTEN_POINTS)))
     for i, cell in enumerate(nb.cells):
         cell.id = f"toy-{i}"  # stable ids: the same source must hash the same (finished students stay finished)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nb
 
 
-def build_toy_course(root: str | Path) -> Path:
-    """Write an nbgrader course root with the toy assignment's source; returns the root."""
+def build_toy_course(root: str | Path, written: bool = False) -> Path:
+    """Write an nbgrader course root with the toy assignment's source (`written`: with a written answer);
+    returns the root."""
     import nbformat
 
     root = Path(root)
@@ -78,7 +91,7 @@ def build_toy_course(root: str | Path) -> Path:
     # A test cell runs the harness in fresh processes: more than nbgrader's default 30 s on a busy machine.
     (root / "nbgrader_config.py").write_text("c = get_config()\nc.CourseDirectory.course_id = 'labkit-rehearsal'\n"
                                              "c.Execute.timeout = 300\n")
-    nbformat.write(toy_notebook(), root / "source" / TOY_ID / f"{TOY_ID}.ipynb")
+    nbformat.write(toy_notebook(written), root / "source" / TOY_ID / f"{TOY_ID}.ipynb")
     return root
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook
 
+from autograder import manual
 from labkit.bench import write_json
 
 
@@ -75,9 +76,23 @@ def write_scores(db: Path, assignment: str, student: str, cells: list[dict]) -> 
         for c in cells:
             g = gb.find_grade(c["cell"], c["notebook"], assignment, student)
             g.auto_score = c["score"]
+            # nbgrader never writes a manual score while autograding: one here came from the submission's code,
+            # and nbgrader's feedback page would show it in place of the grader's score
+            g.manual_score = None
             if c.get("source", "").startswith("trusted"):
                 g.needs_manual_grade = False
+            _manual_grade(g, c, graded=True)
         gb.db.commit()
+
+
+def _manual_grade(g, c: dict, graded: bool) -> None:
+    """A written answer in a gradebook: pending (no score, needs manual grading, as formgrader lists it) or the
+    instructor's score as nbgrader's manual score; nothing a submission wrote survives."""
+    if not c.get("manual"):
+        return
+    g.manual_score = c["score"] if c.get("source") == manual.SOURCE else None
+    g.auto_score = None if c.get("needs_manual") or c.get("source") == manual.SOURCE else c["score"]
+    g.needs_manual_grade = bool(c.get("needs_manual")) and graded
 
 
 def merge_gradebook(master: bytes, dest: Path, assignment: str, results: list) -> None:
@@ -94,6 +109,7 @@ def merge_gradebook(master: bytes, dest: Path, assignment: str, results: list) -
                 g = gb.find_grade(c["cell"], c["notebook"], assignment, r.student_id)
                 g.auto_score = c["score"]
                 g.needs_manual_grade = bool(c.get("needs_manual")) and r.status == "graded"
+                _manual_grade(g, c, graded=r.status == "graded")
         gb.db.commit()
     os.replace(tmp, dest)
 
@@ -126,16 +142,24 @@ def summary_box(res) -> str:
     table = ("<table border='1' cellpadding='4' style='border-collapse:collapse'><tr><th>check</th>"
              "<th>verdict</th><th>baseline per s</th><th>yours per s</th><th>ratio</th><th>message</th>"
              "<th>measured</th></tr>" + "".join(rows) + "</table>") if rows else ""
-    cells = "".join(f"<li>{e(c['notebook'])} / {e(c['cell'])}: {c['score']:g} of {c['max_score']:g}"
+    cells = "".join(f"<li>{e(c['notebook'])} / {e(c['cell'])}: "
+                    + (e(manual.cell_note(c)) or f"{c['score']:g} of {c['max_score']:g}")
                     + (" (checked again by the grader outside your notebook)" if c.get("source") == "trusted"
                        else "") + "</li>" for c in res.cells)
     notes = "".join(f"<li>{e(n)}</li>" for n in res.notes)
     cause = f"<p><b>Note:</b> {e(res.message)}</p>" if res.status != "graded" or res.cause else ""
+    cause += _pending_note(res)
     return ("<div id='labkit-grade-summary' style='border:2px solid #555;padding:10px;margin:10px;"
             "font-family:sans-serif'>"
             f"<h2>{e(res.assignment)}: {res.score:g} / {res.max_score:g} points</h2>{cause}"
             f"<p>Graded on {e(res.hardware.get('card', '?'))} ({e(res.hardware.get('class', '?'))}).</p>"
             f"{table}<ul>{cells}</ul>" + (f"<p>Also noticed:</p><ul>{notes}</ul>" if notes else "") + "</div>")
+
+
+def _pending_note(res) -> str:
+    pending = manual.pending_points(res) if res.status == "graded" else 0
+    return (f"<p><b>Provisional:</b> {pending:g} points of written answers need manual grading; the total above "
+            "does not count them yet.</p>") if pending else ""
 
 
 def feedback_path(res, notebook: str) -> str:
@@ -238,7 +262,7 @@ def write_csv(path: Path, course, results: list) -> None:
                "peak_memory_mib": f"{r.peak_rss_bytes / 2**20:.0f}", "flags": " | ".join(r.flags),
                "notes": " | ".join(r.notes), "finished_at": r.finished_at}
         for c in r.cells:
-            row[c["cell"]] = f"{c['score']:g}"
+            row[c["cell"]] = "pending" if c.get("manual") and c.get("needs_manual") else f"{c['score']:g}"
         w.writerow(row)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")

@@ -187,11 +187,31 @@ class SuiteBuilder:
                 "feedback file under the class folder", self._files(self.notebook(
                     before_tests=_VANDAL.replace("@ROOT@", repr(str(vandal_root))))), full)
         self._attacks(add, rel, canary, vandal_root)
+        self._self_graded(add)
         add("malformed", "a notebook file that is not JSON", {f"{self.assignment}.ipynb": b'{"cells": [ oops'},
             Expect(None, None, status="not graded", causes=("invalid notebook",)))
         add("no_notebook", "a folder with no notebook in it", {"README.txt": b"I could not get it to work"},
             Expect(None, None, status="not graded", causes=("no notebook",)))
         return v
+
+    def _self_graded(self, add) -> None:
+        """Written answers graded by their own author: points written into the gradebook from a cell, or the
+        answer cell's metadata turned into a passing test. Either way they stay pending for a person."""
+        written = [c for c in self.release["cells"] if _nbg(c).get("grade") and _nbg(c).get("solution")
+                   and c["cell_type"] == "markdown"]
+        if not written:
+            return
+        add("self_graded_gradebook", "the reference plus a cell that writes full manual scores into every "
+            "gradebook it can reach", self._files(self.notebook(before_tests=_SELF_GRADE)),
+            Expect(True, True, flagged=True))
+        nb = self.notebook()
+        for c in nb["cells"]:
+            if _nbg(c).get("grade_id") in {_nbg(w)["grade_id"] for w in written}:
+                # a code cell's last value is its score in nbgrader: a written answer that "scores" itself
+                c.update(cell_type="code", source="100.0\n", outputs=[], execution_count=None)
+                c["metadata"]["nbgrader"].update(points=100, locked=True)
+        add("self_graded_metadata", "the reference with each written answer turned into a code cell worth 100 "
+            "points that returns its own score", self._files(nb), Expect(True, True))
 
     def _attacks(self, add, rel: Expect, canary: Path | None, root: Path | None) -> None:
         """A hostile class: forge verdicts, reach the checks and the course, signal or outlive the grader."""
@@ -455,6 +475,23 @@ for _ in range(3):
 """
 
 
+# A written answer graded by the student: nbgrader keeps a manual score it finds in the gradebook.
+_SELF_GRADE = """import glob, os, sqlite3
+_hits = []
+for _p in sorted({os.path.abspath(p) for d in ('..', '../..', '../../..', '../../../..')
+                  for p in glob.glob(os.path.join(d, 'gradebook.db'))}):
+    try:
+        _c = sqlite3.connect(_p, timeout=5)
+        _c.execute('UPDATE grade SET manual_score = 100, auto_score = 100, needs_manual_grade = 0')
+        _c.commit()
+        _c.close()
+        _hits.append(_p)
+    except Exception as _e:
+        print('could not write', _p, type(_e).__name__)
+print('self-graded in', _hits)
+"""
+
+
 def write_submissions(variants: list[Variant], dest: Path) -> Path:
     """One folder per variant (named after it) under `dest`; returns `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -472,8 +509,9 @@ def expected_score(expect: Expect, cells: list[dict], speed_cells: set[str]) -> 
         return 0.0
     if expect.correct is None or expect.speed is None:
         return None
-    return sum(c["max_score"] for c in cells
-               if (c["cell"] in speed_cells and expect.speed) or (c["cell"] not in speed_cells and expect.correct))
+    # written answers are a person's to grade, never the grader's: they stay pending (0) here
+    return sum(c["max_score"] for c in cells if not c.get("manual")
+               and ((c["cell"] in speed_cells and expect.speed) or (c["cell"] not in speed_cells and expect.correct)))
 
 
 def check(variant: Variant, result, cells: list[dict], speed_cells: set[str]) -> list[str]:

@@ -221,6 +221,6 @@ def cell_scores(calls: list[HarnessCall], verdicts: dict[str, Verdict], cells: l
         cell["kernel_score"] = cell["score"]
         cell["score"] = round(cell["max_score"] * frac, 2)
         cell["source"] = "trusted"
-    unverified = [c["cell"] for c in cells if (c["notebook"], c["cell"]) not in by_cell]
+    unverified = [c["cell"] for c in cells if (c["notebook"], c["cell"]) not in by_cell and not c.get("manual")]
     return [f"{', '.join(unverified)}: scored inside the notebook (no harness check): a student's code could "
             "have faked it"] if unverified else []

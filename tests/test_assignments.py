@@ -31,8 +31,14 @@ def _cells(nb_path: Path):
 
 
 def _grade_cells(nb_path: Path) -> dict[str, dict]:
+    """The test cells (graded code); written answers (graded markdown solutions) are `_written_cells`."""
     return {c.metadata["nbgrader"]["grade_id"]: c for c in _cells(nb_path)
-            if c.metadata.get("nbgrader", {}).get("grade")}
+            if c.metadata.get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")}
+
+
+def _written_cells(nb_path: Path) -> dict[str, dict]:
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in _cells(nb_path) if c.cell_type == "markdown"
+            and c.metadata.get("nbgrader", {}).get("grade") and c.metadata["nbgrader"].get("solution")}
 
 
 def _run(args, cwd: Path) -> subprocess.CompletedProcess:
@@ -128,9 +134,14 @@ def test_generate_validate_autograde(course, lab):
         blank = gb.find_submission_notebook(lab, lab, "untouched")
         ref_scores = {g.name: (g.score, g.max_score) for g in ref.grades}
         blank_scores = {g.name: g.score for g in blank.grades}
+        pending = {g.name for g in ref.grades if g.needs_manual_grade}
     assert ref_scores and set(ref_scores) == set(blank_scores)
+    written = set(_written_cells(src))
+    assert written and written <= pending, f"{lab}: the written answers {written} are not left for manual grading"
     for name, (score, max_score) in ref_scores.items():
-        if name in NEEDS_CUDA and not cuda:
+        if name in written:  # graded by a person: nbgrader leaves it for manual grading
+            assert score is None or score == 0, f"{lab}/{name}: a written answer scored by the autograder"
+        elif name in NEEDS_CUDA and not cuda:
             assert score == 0, f"{lab}/{name}: an ungradable check must not earn points"
         else:
             assert score == max_score, f"{lab}/{name}: reference got {score} of {max_score}"
