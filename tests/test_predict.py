@@ -1,4 +1,4 @@
-"""labkit.predict, and the predict-then-measure exercises of weeks 1 and 2."""
+"""labkit.predict, and the predict-then-measure exercises of weeks 1, 2, 5 and 6."""
 
 import ast
 import json
@@ -40,8 +40,9 @@ def _cells(name):
             for c in nb["cells"]]
 
 
-@pytest.mark.parametrize("name", ["01_float_formats.ipynb", "02_tensor_cores.ipynb"])
-def test_weeks_1_and_2_predict_before_they_measure(name):
+@pytest.mark.parametrize("name", ["01_float_formats.ipynb", "02_tensor_cores.ipynb", "05_profiling.ipynb",
+                                  "06_resnet_ladder.ipynb"])
+def test_weeks_predict_before_they_measure(name):
     """At least two predictions per week, each a placeholder None that a later cell passes to predict.compare."""
     cells = _cells(name)
     placeholders = {}
@@ -64,5 +65,25 @@ def test_weeks_1_and_2_predict_before_they_measure(name):
             assert not (isinstance(last, ast.Expr) and "predict.compare" in ast.unparse(last)), src[:80]
     # No exercise is answered by a number printed just above it: the old look-ups are gone.
     text = "\n".join(src for src, _ in cells)
-    for gone in ("answer_2_1", "answer_2_2", "answer_2_3", "answer_2_4"):
+    for gone in ("answer_2_1", "answer_2_2", "answer_2_3", "answer_2_4", "answer_5_1", "answer_5_3", "Self-check",
+                 "biggest_step", "peak_tflops = 783"):
         assert gone not in text
+
+
+def test_week_5_reads_the_trace_before_the_verdict_and_week_6_measures_the_ablation():
+    """Week 5's predictions come before what they predict: the data share before the tour measures it, the
+    verdict before diagnose() reveals it; week 6 predicts the regressing rung before the recorded table, and
+    compares predictions with the ablation and both MFU peaks."""
+    w5 = [src for src, kind in _cells("05_profiling.ipynb") if kind == "code"]
+    at = lambda cells, text: next(i for i, s in enumerate(cells) if text in s)  # noqa: E731
+    assert at(w5, "prediction_data_share = None") < at(w5, "trace_tour.tour(prof.trace_path)")
+    assert at(w5, "prediction_kind = None") < at(w5, "diag = profiling.diagnose(prof)")
+    assert at(w5, "prediction_host_reads = None") < at(w5, "diags[w.cfg.name] = profiling.profile_steps")
+    assert at(w5, "prediction_graphs = None") < at(w5, "graph_breaks.explain(train_metric")
+    assert any("profiling.nvtx_range(" in s and "profiling.nsys_command(" in s for s in w5)
+    assert any("slow_decode_workers0" in s and "trace_tour.tour" in s for s in w5)  # a trace labkit did not make
+    assert any("profiling.diagnose(plain_trace)" in s for s in w5)
+    w6 = [src for src, kind in _cells("06_resnet_ladder.ipynb") if kind == "code"]
+    assert at(w6, "prediction_regressing_rung = None") < at(w6, 'rec = load_result("ladder")')
+    assert at(w6, "prediction_mfu_datasheet = None") < at(w6, "datasheet_peak(rec")
+    assert at(w6, "prediction_costliest_here = None") < at(w6, "T.ablation_from(result")
