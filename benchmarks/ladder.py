@@ -71,6 +71,10 @@ def main(argv=None) -> int:
     quick = args.quick or quick_mode()
     names = args.rungs.split(",") if args.rungs else None
     drop = args.drop.split(",") if args.drop else None
+    if (args.top or drop) and not args.ablation:
+        ap.error("--top and --drop go with --ablation")
+    if args.ablation and names:
+        ap.error("--rungs and --ablation do not mix: --ablation picks its runs (use --drop)")
     res = T.run_ladder(dev, quick=quick, names=names, epochs=args.epochs, repeats=args.repeats,
                        ablation=args.ablation, top=args.top, drop=drop)
     res["real_data"] = None if args.no_real_data or args.ablation else real_data_check(dev, quick)

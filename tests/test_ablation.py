@@ -113,3 +113,15 @@ def test_cli_ablation_flags_fail_clearly(capsys):
     assert "go with --ablation" in capsys.readouterr().err
     assert main(["ladder", "--ablation", "--top", "muon"]) != 0
     assert "cannot ablate from 'muon'" in capsys.readouterr().err
+
+
+def test_an_accuracy_curve_costs_no_training_time_and_ends_at_the_final_accuracy():
+    from labkit import data as D
+
+    ds = D.synthetic_cifar(128, 64, seed=0, cache=False)
+    small = T.with_changes(TINY, n_train=128)
+    r = T.train(T.with_changes(small, eval_every_epoch=True), "cpu", dataset=ds)
+    curve = r["accuracy_curve"]
+    assert [c["epoch"] for c in curve] == [1, 2] and curve[-1]["accuracy"] == r["accuracy"]
+    assert curve[-1]["train_s"] == pytest.approx(sum(r["epoch_s"]))  # evaluation time left out
+    assert T.train(small, "cpu", dataset=ds)["accuracy_curve"] is None
