@@ -1,6 +1,11 @@
 """The recorded ladder: every rung on this device, plus the real-data accuracy check; saves result `ladder`.
 
     python benchmarks/ladder.py [--epochs 5] [--repeats 3] [--quick] [--out benchmarks/results]
+    python benchmarks/ladder.py --ablation [--top muon] [--drop bf16,compile] [--quick]
+
+--ablation runs the leave-one-out ablation from the top rung instead (the baseline for the target accuracy,
+the top rung, then the top rung without each change) and saves result `ladder_ablation` (quick:
+`ladder_ablation_quick`) with ladder_ablation.png; no real-data check.
 
 Each rung runs --repeats times (default 3), in interleaved rounds whose order rotates by one rung per round;
 every run is recorded, and the table and chart show the median img/s with its spread (min-max).
@@ -57,14 +62,23 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None,
                     help=f"runs per rung, interleaved (default {T.REPEATS}; quick {T.QUICK_REPEATS})")
     ap.add_argument("--no-real-data", action="store_true", help="skip the real-data accuracy check")
+    ap.add_argument("--ablation", action="store_true", help="leave-one-out from the top rung instead of the ladder")
+    ap.add_argument("--top", help="with --ablation: the rung to ablate from (default: the highest that runs here)")
+    ap.add_argument("--drop", help="with --ablation: comma-separated changes to leave out (default: every one)")
     ap.add_argument("--out", default=None, help=f"results folder (default {RESULTS_DIR})")
     args = ap.parse_args(argv)
     dev = pick_device(args.device)
     quick = args.quick or quick_mode()
     names = args.rungs.split(",") if args.rungs else None
-    res = T.run_ladder(dev, quick=quick, names=names, epochs=args.epochs, repeats=args.repeats)
-    res["real_data"] = None if args.no_real_data else real_data_check(dev, quick)
-    name = "ladder_quick" if quick else "ladder"
+    drop = args.drop.split(",") if args.drop else None
+    if (args.top or drop) and not args.ablation:
+        ap.error("--top and --drop go with --ablation")
+    if args.ablation and names:
+        ap.error("--rungs and --ablation do not mix: --ablation picks its runs (use --drop)")
+    res = T.run_ladder(dev, quick=quick, names=names, epochs=args.epochs, repeats=args.repeats,
+                       ablation=args.ablation, top=args.top, drop=drop)
+    res["real_data"] = None if args.no_real_data or args.ablation else real_data_check(dev, quick)
+    name = ("ladder_ablation" if args.ablation else "ladder") + ("_quick" if quick else "")
     rungs = res.pop("rungs")
     path = save_result(name, {k: v for k, v in res.items() if k != "env"} | {"rungs": rungs}, out_dir=args.out,
                        device=dev)

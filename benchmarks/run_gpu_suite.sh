@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
 #   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
-# Steps: doctor ladder compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp
+# Steps: doctor ladder ablation compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp
 # coldstart (default: all but ddp, which needs a machine with several GPUs, and coldstart, which takes most of 10
 # minutes). corpus's folder is what benchmarks/results/trace_corpus/ holds.
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
 shift
-steps=${*:-doctor ladder compile matmul peers amp loaders profiling corpus grading reliability notebooks}
+steps=${*:-doctor ladder ablation compile matmul peers amp loaders profiling corpus grading reliability notebooks}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NCCL_NVLS_ENABLE=0
 run() {
@@ -26,6 +26,8 @@ for s in $steps; do
   case $s in
     doctor) run doctor 120 python -m labkit doctor --json "$out/doctor.json" ;;
     ladder) run ladder "${LADDER_LIMIT:-420}" python benchmarks/ladder.py --epochs "${EPOCHS:-4}" --out "$out" ;;
+    ablation) run ablation "${ABLATION_LIMIT:-590}" python benchmarks/ladder.py --ablation --epochs "${EPOCHS:-4}" \
+                --repeats "${ABLATION_REPEATS:-2}" --out "$out" ;;
     compile) run compile 420 python benchmarks/compile_time.py --out "$out" ;;
     matmul) run matmul 180 python benchmarks/week2_matmul.py --out "$out"
             run waves 180 python benchmarks/week2_matmul.py --waves --out "$out" ;;

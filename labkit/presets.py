@@ -58,6 +58,7 @@ class TrainConfig:
     seed: int = 0                        # model init, data order and augmentation
     max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
     evaluate: bool = True                # compute test accuracy after training
+    eval_every_epoch: bool = False       # test accuracy after every epoch too (time to a target accuracy); its time is not counted
     data_dir: str | None = None          # an existing image folder (<class>/<file>) for the pil loader; None: written from `data` into the cache
 
 
@@ -112,3 +113,50 @@ def quick_base() -> TrainConfig:
     128 steps is about the least that reliably lifts test accuracy far above chance (~50% vs 10%).
     """
     return TrainConfig(width=16, n_train=4096, n_test=512, epochs=2, batch_size=64)
+
+
+# ------------------------------------------------------------------------------------------------ ablation
+
+def without(rung: str, top: str = RUNG_NAMES[-1], base: TrainConfig | None = None) -> TrainConfig:
+    """The `top` rung's config with one rung's change left out: every rung up to `top` applied except `rung`.
+
+    A field that a later rung sets again keeps the later value (dropping `compile` under `cuda_graphs` changes
+    nothing: the CUDA-graphs rung sets the compile mode itself); `ablation` leaves such no-op variants out.
+    """
+    for n in (rung, top):
+        if n not in RUNG_NAMES:
+            raise LabkitError(f"unknown preset {n!r}: choose one of {', '.join(RUNG_NAMES)}")
+    if RUNG_NAMES.index(rung) > RUNG_NAMES.index(top) or rung == RUNG_NAMES[0]:
+        raise LabkitError(f"{rung!r} is not a change on the way to {top!r}: choose a rung after "
+                          f"{RUNG_NAMES[0]} and up to {top}")
+    cfg = base or TrainConfig()
+    for name, _, changes in LADDER[:RUNG_NAMES.index(top) + 1]:
+        if name != rung:
+            cfg = with_changes(cfg, **changes)
+    return with_changes(cfg, name=f"without_{rung}")
+
+
+def ablation(top: str = RUNG_NAMES[-1], base: TrainConfig | None = None, drop: list[str] | None = None
+             ) -> tuple[list[TrainConfig], list[tuple[str, str]]]:
+    """Leave-one-out from `top`: ([the top rung, then one `without(rung)` per change], [(rung, why skipped)]).
+
+    `drop` picks the rungs to leave out (default: every rung after the baseline up to `top`). A variant whose
+    config equals the top rung's (a later rung sets the same fields) is skipped with the reason, not run.
+    """
+    full = preset(top, base)
+    names = RUNG_NAMES[1:RUNG_NAMES.index(top) + 1] if drop is None else list(drop)
+    configs, skipped = [full], []
+    for rung in names:
+        cfg = without(rung, top, base)
+        if with_changes(cfg, name=full.name) == full:
+            later = [n for n, _, ch in LADDER[RUNG_NAMES.index(rung) + 1:RUNG_NAMES.index(top) + 1]
+                     if set(ch) & set(_changes(rung))]
+            skipped.append((f"without_{rung}", f"identical to {top}: {', '.join(later) or 'a later rung'} sets "
+                                               f"the same fields"))
+            continue
+        configs.append(cfg)
+    return configs, skipped
+
+
+def _changes(rung: str) -> dict:
+    return next(ch for n, _, ch in LADDER if n == rung)

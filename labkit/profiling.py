@@ -9,6 +9,7 @@
 - The Python profilers as plain functions (they also run in a script, no IPython magics): `cprofile`,
   `line_profile`, `memory_usage`, `memory_lines` (both after `release_freed_memory`), `py_spy_top` (optional
   tool), `cuda_memory_snapshot`, `nvidia_smi`.
+- For Nsight Systems: `nvtx_range(name)` (a no-op without CUDA) and `nsys_command(argv)`, the command to run.
 """
 
 from __future__ import annotations
@@ -428,6 +429,41 @@ def nvidia_smi(fields=("utilization.gpu", "memory.used", "memory.total", "power.
         return None
     return [dict(zip(fields, (v.strip() for v in line.split(",")), strict=False))
             for line in out.stdout.strip().splitlines()]
+
+
+# ----------------------------------------------------------------------------------------- NVTX and nsys
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str):
+    """Mark a range (a training phase, a step) for Nsight Systems: `torch.cuda.nvtx.range_push/pop` on a CUDA
+    machine, a no-op elsewhere, so the same code runs on a CPU. nsys shows the ranges on the NVTX row above the
+    host thread; torch.profiler does not (use `torch.profiler.record_function` for its traces)."""
+    if not isinstance(name, str) or not name:
+        raise LabkitError(f"nvtx_range needs a non-empty name, got {name!r}")
+    on = torch.cuda.is_available()
+    if on:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        if on:
+            torch.cuda.nvtx.range_pop()
+
+
+def nsys_command(argv: list[str], out: str = "runs/week5/nsys_report", *, python_sampling: bool = True) -> str:
+    """The `nsys profile` command line that records `argv` (a program and its arguments) with CUDA, NVTX and OS
+    runtime traces into `out`.nsys-rep; open that in the Nsight Systems GUI, or `nsys stats` it in a terminal.
+    Returns the command as a string (run it in a shell on the GPU machine)."""
+    import shlex
+
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise LabkitError(f"nsys_command needs the program to run as a list of strings, got {argv!r}")
+    opts = ["nsys", "profile", "--trace=cuda,nvtx,osrt", "--cuda-memory-usage=false", f"--output={out}",
+            "--force-overwrite=true"]
+    if python_sampling:
+        opts.append("--python-sampling=true")  # Python stacks beside the kernels (nsys 2023.3 and later)
+    return shlex.join(opts + list(argv))
 
 
 # -------------------------------------------------------------------------------------------------- CLI

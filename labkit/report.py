@@ -22,6 +22,10 @@ LADDER_COLUMNS = {
                    "cannot tell the rungs apart",
     "peak mem GiB": "peak GPU memory allocated (CUDA only)",
     "MFU": "model FLOP/s over the 16-bit matmul peak measured in the same run (GPU only)",
+    "MFU sheet": "model FLOP/s over the card's datasheet dense 16-bit peak (labkit.waves.DATASHEETS; GPU only)",
+    "to target s": "training seconds until the test accuracy, checked after each epoch, first reached the baseline "
+                   "rung's final accuracy, the first epoch's compilation and warm-up included / excluded (the first "
+                   "step counted as a steady one); \"-\" where it never did; median over the runs",
     "first step s": "seconds of the first step alone: compilation, CUDA-graph capture, autotuning",
     "final loss": "mean training loss over the last steps",
     "test acc": "top-1 accuracy on the test split after training",
@@ -50,9 +54,39 @@ def within_noise(a: dict, b: dict) -> bool | None:
     return sa[0] <= sb[1] and sb[0] <= sa[1]
 
 
-def ladder_rows(records: list[dict]) -> list[dict]:
+def time_to_target(run: dict, target: float) -> tuple[float, float] | None:
+    """(seconds with, seconds without compilation) until `run`'s accuracy curve first reached `target` (a
+    fraction), or None if it never did or has no curve (`TrainConfig.eval_every_epoch`).
+
+    "with" is the training time of the epochs up to that check, the first epoch's compile and warm-up included;
+    "without" replaces the first step's time by one steady step (batch / steady img/s). Epoch resolution:
+    the accuracy is only known at the end of each epoch.
+    """
+    curve = run.get("accuracy_curve") or []
+    hit = next((c for c in curve if c["accuracy"] >= target), None)
+    if hit is None:
+        return None
+    first = run.get("first_step_s") or 0.0
+    steady_step = run["config"]["batch_size"] / run["img_per_s"] if run.get("config") else 0.0
+    return hit["train_s"], hit["train_s"] - max(0.0, first - steady_step)
+
+
+def _median_tta(r: dict, target: float | None) -> tuple[float, float] | None:
+    """A rung's time to target, the median over its runs (each run's own first step and steady rate)."""
+    if target is None:
+        return None
+    runs = [{**r, **x} for x in r.get("runs", [])] or [r]
+    times = [t for t in (time_to_target(x, target) for x in runs) if t is not None]
+    if len(times) * 2 <= len(runs):  # most runs never got there
+        return None
+    times.sort()
+    return times[len(times) // 2]
+
+
+def ladder_rows(records: list[dict], target: float | None = None) -> list[dict]:
     """One row per rung: img/s (median of its runs) and spread, speedup vs the first rung and vs the previous one
-    (with whether that step is within noise), memory, MFU, loss, accuracy."""
+    (with whether that step is within noise), memory, MFU (measured and datasheet peak), loss, accuracy, and with
+    `target` (an accuracy) the seconds to reach it (`time_to_target`, with and without compilation)."""
     rows, base, prev = [], None, None
     for r in records:
         base = base or r["img_per_s"]
@@ -67,6 +101,8 @@ def ladder_rows(records: list[dict]) -> list[dict]:
             "within_noise": within_noise(prev, r) if prev else None,
             "peak_mem_gib": r["peak_mem_bytes"] / 2**30 if r.get("peak_mem_bytes") else None,
             "mfu": r.get("mfu"),
+            "mfu_datasheet": r.get("mfu_datasheet"),
+            "to_target_s": _median_tta(r, target),
             "first_step_s": r.get("first_step_s"),
             "final_loss": r["final_loss"],
             "accuracy": r["accuracy"],
@@ -75,27 +111,39 @@ def ladder_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-def ladder_table(records: list[dict]) -> str:
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def ladder_table(records: list[dict], target: float | None = None) -> str:
     """A Markdown table of the ladder (fits a terminal and a README).
 
     Rungs run more than once get a spread column and "within noise" on steps their spreads cannot resolve;
-    a ladder of single runs keeps the one-number table.
+    a ladder of single runs keeps the one-number table. Records with a datasheet MFU add an "MFU sheet" column;
+    a `target` accuracy and records with accuracy curves add "to target s" (with / without compilation).
     """
-    rows = ladder_rows(records)
+    rows = ladder_rows(records, target)
     spread = any(row["spread"] for row in rows)
+    sheet = any(row["mfu_datasheet"] for row in rows)
+    tta = target is not None and any(r.get("accuracy_curve") for r in records)
     head = ("| rung | img/s (steady) | " + ("spread | " if spread else "") + "img/s (all epochs) | speedup | "
-            "vs previous | peak mem GiB | MFU | first step s | final loss | test acc |")
-    lines = [head, "|" + "---|" * (11 if spread else 10)]
+            "vs previous | peak mem GiB | MFU | " + ("MFU sheet | " if sheet else "") + "first step s | final loss | "
+            "test acc |" + (" to target s |" if tta else ""))
+    lines = [head, "|" + "---|" * (10 + spread + sheet + tta)]
     for row in rows:
         cells = [row["rung"], f"{row['img_per_s']:,.0f}"]
         if spread:
             cells.append("-" if row["spread"] is None else f"{row['spread'][0]:,.0f}–{row['spread'][1]:,.0f}")
         gain = f"{row['step_gain']:.2f}x" + (" (within noise)" if row["within_noise"] else "")
         cells += [f"{row['img_per_s_all']:,.0f}", f"{row['speedup']:.2f}x", gain, _fmt(row['peak_mem_gib'], '.2f'),
-                  _fmt(None if row['mfu'] is None else 100 * row['mfu'], '.1f') + ("%" if row['mfu'] else ""),
-                  _fmt(row['first_step_s'], '.2f'), f"{row['final_loss']:.3f}",
+                  _fmt(None if row['mfu'] is None else 100 * row['mfu'], '.1f') + ("%" if row['mfu'] else "")]
+        cells += [_pct(row["mfu_datasheet"])] if sheet else []
+        cells += [_fmt(row['first_step_s'], '.2f'), f"{row['final_loss']:.3f}",
                   _fmt(None if row['accuracy'] is None else 100 * row['accuracy'], '.1f')
                   + ("%" if row['accuracy'] is not None else "")]
+        if tta:
+            t = row["to_target_s"]
+            cells.append("-" if t is None else f"{t[0]:.1f} / {t[1]:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -109,7 +157,15 @@ def ladder_markdown(result: dict) -> str:
         lines += [f"Mode: {result['mode']}.", ""]
     if result.get("wall_s"):
         lines += [f"The whole run took {fmt_duration(result['wall_s'])}, data preparation included.", ""]
-    lines += [ladder_table(result["rungs"]) if result["rungs"] else "(no rung finished)", ""]
+    target = result.get("target_accuracy")
+    if result.get("kind") == "ablation":
+        lines += ["Leave-one-out from the top rung: each without_X row is the top rung with change X left out; "
+                  "\"vs top\" is its img/s over the top rung's.", ""]
+        lines += [ablation_table(result["rungs"], target) if result["rungs"] else "(no run finished)", ""]
+    else:
+        lines += [ladder_table(result["rungs"], target) if result["rungs"] else "(no rung finished)", ""]
+    if target is not None:
+        lines += [f"Target accuracy (the baseline's): {100 * target:.1f}%.", ""]
     if not result.get("complete", True):
         done = {r["name"] for r in result["rungs"]}
         left = [n for n in result.get("planned", []) if n not in done]
@@ -120,11 +176,30 @@ def ladder_markdown(result: dict) -> str:
     if result.get("repeats", 1) > 1:
         lines += [f"Each rung ran {result['repeats']} times ({result.get('order', 'interleaved')}).", ""]
     lines += [f"- {name}: {what}" for name, what in result.get("columns", LADDER_COLUMNS).items()
-              if name in ("img/s (steady)", "spread", "vs previous", "speedup", "first step s")
+              if name in ("img/s (steady)", "spread", "vs previous", "speedup", "first step s", "MFU sheet",
+                          "to target s")
               and (name != "spread" or result.get("repeats", 1) > 1)]
     lines += [f"- note: {n}" for n in result.get("notes", [])]
     for s in result.get("skipped", []):
         lines.append(f"- skipped {s['rung']}: {s['why']}")
+    return "\n".join(lines)
+
+
+def ablation_table(records: list[dict], target: float | None = None) -> str:
+    """A Markdown table of a leave-one-out ablation (`labkit.train.plan_ablation`): per variant its img/s and
+    spread, img/s over the top rung's ("vs top": below 1 means the left-out change was worth that much), test
+    accuracy, seconds to the target accuracy (with / without compilation), MFU against the measured and the
+    datasheet peak. The first record is the baseline, the second the top rung."""
+    rows = ladder_rows(records, target)
+    top = rows[1]["img_per_s"] if len(rows) > 1 else rows[0]["img_per_s"]
+    lines = ["| run | img/s (steady) | spread | vs top | test acc | to target s | MFU | MFU sheet |",
+             "|" + "---|" * 8]
+    for row in rows:
+        sp = "-" if row["spread"] is None else f"{row['spread'][0]:,.0f}–{row['spread'][1]:,.0f}"
+        t = row["to_target_s"]
+        lines.append(f"| {row['rung']} | {row['img_per_s']:,.0f} | {sp} | {row['img_per_s'] / top:.2f}x | "
+                     f"{_pct(row['accuracy'])} | {'-' if t is None else f'{t[0]:.1f} / {t[1]:.1f}'} | "
+                     f"{_pct(row['mfu'])} | {_pct(row['mfu_datasheet'])} |")
     return "\n".join(lines)
 
 

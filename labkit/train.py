@@ -37,11 +37,13 @@ from labkit.presets import (  # noqa: F401  (re-exported: labkit.train is where 
     PRECISIONS,
     RUNG_NAMES,
     TrainConfig,
+    ablation,
     preset,
     quick_base,
     with_changes,
 )
 from labkit.progress import Stages, fmt_duration
+from labkit.waves import datasheet_peak
 
 # ------------------------------------------------------------------------------------------------ checks
 
@@ -279,13 +281,17 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     step = _make_step(cfg, model, net, lr, steps_total, dev)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    on_epoch = (lambda: evaluate(model, ds, cfg, dev)) if cfg.eval_every_epoch else None
     with _switches(cfg):
         model.train()
-        run = _run_epochs(cfg, step, batches, dev, steps_total, progress, on_step)
+        run = _run_epochs(cfg, step, batches, dev, steps_total, progress, on_step, on_epoch)
         if not all(math.isfinite(v) for v in run.losses):
             raise LabkitError(f"{cfg.name}: the loss became NaN/inf (lr {lr:.3g}, precision {cfg.precision}): "
                               f"lower lr or use bf16 / fp16 with GradScaler")
-        acc = evaluate(model, ds, cfg, dev) if cfg.evaluate else None
+        if run.curve and run.curve[-1]["steps"] == run.steps:
+            acc = run.curve[-1]["accuracy"]  # the last epoch's evaluation is the final one: not twice
+        else:
+            acc = evaluate(model, ds, cfg, dev) if cfg.evaluate else None
     if cfg.loader == "pil" and cfg.workers != 0:
         del batches.loader  # stop persistent workers now, not at interpreter exit
     return _record(cfg, dev, run, batches.steps_per_epoch * cfg.batch_size, flops, peak_tflops, acc)
@@ -363,13 +369,19 @@ class _Run:
     epoch_s: list[float] = field(default_factory=list)  # seconds per epoch, device synchronized at both ends
     first_step_s: float | None = None                   # seconds of the first step alone (compile, autotune)
     steps: int = 0                                      # optimizer steps taken
-    total_s: float = 0.0                                # seconds of the whole loop
+    total_s: float = 0.0                                # seconds of the whole loop, evaluations left out
+    curve: list[dict] = field(default_factory=list)     # per epoch (eval_every_epoch): train seconds so far, accuracy
 
 
 def _run_epochs(cfg: TrainConfig, step, batches: _Batches, dev: torch.device, steps_total: int, progress,
-                on_step) -> _Run:
-    """Run `step` over the epochs' batches until `steps_total` steps; times each epoch and the first step."""
+                on_step, on_epoch=None) -> _Run:
+    """Run `step` over the epochs' batches until `steps_total` steps; times each epoch and the first step.
+
+    `on_epoch()` (an evaluation returning accuracy) runs after each epoch, outside the timed span: its
+    accuracy joins `run.curve` beside the training seconds so far.
+    """
     run = _Run()
+    eval_s = 0.0
     t_start = time.perf_counter()
     for e in range(cfg.epochs):
         synchronize(dev)
@@ -396,9 +408,13 @@ def _run_epochs(cfg: TrainConfig, step, batches: _Batches, dev: torch.device, st
         synchronize(dev)
         run.epoch_s.append(time.perf_counter() - t0)
         run.losses += _epoch_losses(dev_losses)
+        if on_epoch is not None:
+            t_eval = time.perf_counter()
+            run.curve.append({"epoch": e + 1, "steps": run.steps, "train_s": sum(run.epoch_s), "accuracy": on_epoch()})
+            eval_s += time.perf_counter() - t_eval
         if run.steps >= steps_total:
             break
-    run.total_s = time.perf_counter() - t_start
+    run.total_s = time.perf_counter() - t_start - eval_s
     return run
 
 
@@ -438,6 +454,7 @@ def _record(cfg: TrainConfig, dev: torch.device, run: _Run, imgs_per_epoch: int,
         "losses": run.losses,
         "final_loss": float(np.mean(run.losses[-max(1, min(10, len(run.losses) // 5)):])),
         "accuracy": acc,
+        "accuracy_curve": run.curve or None,
         "device": str(dev),
         "processes": world()[1],
         "config": dataclasses.asdict(cfg),
@@ -462,6 +479,29 @@ class LadderPlan:
     notes: list[str] = field(default_factory=list)  # rungs run differently here than their presets say, and why
 
 
+def _skip_reason(name: str, device: torch.device, quick: bool) -> str | None:
+    """Why ladder rung `name` does not run on `device` (None: it runs)."""
+    if device.type == "cuda":
+        return None
+    return {"bf16": "no tensor cores: bf16 autocast only slows a CPU without bf16 matrix units",
+            "cuda_graphs": "CUDA graphs need a CUDA GPU",
+            "muon": "builds on the CUDA-graphs rung (Muon alone runs on CPU: labkit train --set optimizer=muon)",
+            "compile": "torch.compile's cold start (minutes on 2 cores) dwarfs a quick CPU run" if quick else None,
+            "cudnn_benchmark": "cuDNN exists only on CUDA GPUs"}.get(name)
+
+
+def _fit(cfg: TrainConfig, device: torch.device, quick: bool) -> TrainConfig:
+    """`cfg` as it runs on `device`: a quick CPU run caps the batch at 256, a CPU trains bf16 rungs in its
+    default precision, a GPU without bf16 tensor cores in fp16 with loss scaling."""
+    if quick and device.type == "cpu" and cfg.batch_size > 256:
+        cfg = with_changes(cfg, batch_size=256)
+    if device.type != "cuda":
+        return with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
+    if cfg.precision == "bf16" and not native_bf16(device):
+        return with_changes(cfg, precision="fp16")
+    return cfg
+
+
 def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = None,
                 base: TrainConfig | None = None) -> LadderPlan:
     """The rungs to run. On CPU the GPU-only rungs are skipped (and compile in quick mode, for its cold-start)."""
@@ -473,29 +513,11 @@ def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = Non
     for name in RUNG_NAMES:
         if names and name not in names:
             continue
-        cfg = preset(name, base)
-        if quick and device.type == "cpu" and cfg.batch_size > 256:
-            cfg = with_changes(cfg, batch_size=256)
-        why = None
-        if device.type != "cuda":
-            if name == "bf16":
-                why = "no tensor cores: bf16 autocast only slows a CPU without bf16 matrix units"
-            elif name == "cuda_graphs":
-                why = "CUDA graphs need a CUDA GPU"
-            elif name == "muon":
-                why = "builds on the CUDA-graphs rung (Muon alone runs on CPU: labkit train --set optimizer=muon)"
-            elif name == "compile" and quick:
-                why = "torch.compile's cold start (minutes on 2 cores) dwarfs a quick CPU run"
-            elif name == "cudnn_benchmark":
-                why = "cuDNN exists only on CUDA GPUs"
+        why = _skip_reason(name, device, quick)
         if why:
             plan.skipped.append((name, why))
             continue
-        if device.type != "cuda":
-            cfg = with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
-        elif cfg.precision == "bf16" and not native_bf16(device):
-            cfg = with_changes(cfg, precision="fp16")
-        plan.rungs.append(cfg)
+        plan.rungs.append(_fit(preset(name, base), device, quick))
     fp16 = [c.name for c in plan.rungs if c.precision == "fp16" and preset(c.name).precision == "bf16"]
     if fp16:
         major, minor = torch.cuda.get_device_capability(device)
@@ -505,6 +527,33 @@ def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = Non
     if not plan.rungs:
         why = "; ".join(f"{n}: {w}" for n, w in plan.skipped)
         raise LabkitError(f"no rung can run on this device with those names ({why}): see labkit ladder --list")
+    return plan
+
+
+def plan_ablation(device: torch.device, quick: bool, top: str | None = None, drop: list[str] | None = None,
+                  base: TrainConfig | None = None) -> LadderPlan:
+    """Leave-one-out from the top rung (`labkit.presets.ablation`): the baseline (its accuracy is the target),
+    the top rung, then the top rung without each change. `top` defaults to the highest rung this device runs;
+    a change that cannot run here, or that changes nothing here, is skipped with the reason."""
+    ladder = plan_ladder(device, quick, None, base)
+    fitted = {c.name: c for c in ladder.rungs}
+    top = top or ladder.rungs[-1].name
+    if top not in fitted:
+        why = dict(ladder.skipped).get(top, f"unknown rung (choose from {', '.join(RUNG_NAMES)})")
+        raise LabkitError(f"cannot ablate from {top!r} here: {why}")
+    for n in drop or []:
+        if n not in RUNG_NAMES[1:RUNG_NAMES.index(top) + 1]:
+            raise LabkitError(f"--drop {n!r}: choose changes on the way to {top}: "
+                              f"{', '.join(RUNG_NAMES[1:RUNG_NAMES.index(top) + 1])}")
+    variants, skipped = ablation(top, ladder.base, drop)
+    plan = LadderPlan(ladder.base, rungs=[fitted["baseline"], fitted[top]], skipped=skipped, notes=ladder.notes)
+    for cfg in variants[1:]:
+        why = _skip_reason(cfg.name.removeprefix("without_"), device, quick)
+        cfg = _fit(cfg, device, quick)
+        if with_changes(cfg, name=top) == fitted[top]:  # e.g. bf16 on a CPU, which trains it in fp32 anyway
+            plan.skipped.append((cfg.name, f"no effect on {device.type}: {why or 'the same config as ' + top}"))
+            continue
+        plan.rungs.append(cfg)
     return plan
 
 
@@ -530,7 +579,7 @@ def merge_runs(runs: list[dict]) -> dict:
     """One rung's record from its repeated runs: the first run's record (config, losses, accuracy) with img/s
     replaced by the median over the runs, its spread (min and max, img/s) and every run under "runs"."""
     keep = ("img_per_s", "img_per_s_all", "first_step_s", "final_loss", "accuracy", "peak_mem_bytes", "epoch_s",
-            "mfu", "round", "position")
+            "mfu", "mfu_datasheet", "accuracy_curve", "round", "position")
     rec = {k: v for k, v in runs[0].items() if k not in ("round", "position")}
     ips = [r["img_per_s"] for r in runs]
     rec.update(img_per_s=float(np.median(ips)), img_per_s_min=min(ips), img_per_s_max=max(ips), repeats=len(runs),
@@ -538,14 +587,16 @@ def merge_runs(runs: list[dict]) -> dict:
                runs=[{k: r.get(k) for k in keep} for r in runs])
     if rec.get("flops_per_image"):
         rec["achieved_tflops"] = rec["flops_per_image"] * rec["img_per_s"] / 1e12
-    if runs[0].get("mfu"):
-        rec["mfu"] = float(np.median([r["mfu"] for r in runs]))
+    for k in ("mfu", "mfu_datasheet"):
+        if runs[0].get(k):
+            rec[k] = float(np.median([r[k] for r in runs]))
     return rec
 
 
 def run_ladder(device=None, quick: bool = False, names: list[str] | None = None, epochs: int | None = None,
                data: str = "synthetic", out: str | os.PathLike | None = None, base: TrainConfig | None = None,
-               show_progress: bool = True, log=print, repeats: int | None = None) -> dict:
+               show_progress: bool = True, log=print, repeats: int | None = None, ablation: bool = False,
+               top: str | None = None, drop: list[str] | None = None) -> dict:
     """Run the ladder's rungs on one device, each `repeats` times (default REPEATS; quick: QUICK_REPEATS) in
     interleaved rounds (`ladder_order`); returns {"rungs": [...], "skipped": [...], ...}.
 
@@ -555,6 +606,11 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     JSON says whether every planned run finished, "stopped" why not. Progress: a bar per run in a terminal, else a
     line per run with the time spent and left (`labkit.progress`); `show_progress=False` prints only the results.
     "wall_s" is the whole run's time in seconds, data preparation included.
+
+    Every run evaluates after each epoch, so each record has an accuracy curve and the table the time to the
+    baseline's accuracy ("target_accuracy"); MFU is against the measured peak and, for a card in
+    `labkit.waves.DATASHEETS`, its datasheet peak ("datasheet_tflops"). `ablation=True` runs `plan_ablation`
+    (baseline, `top`, then `top` without each change in `drop`) instead of the rungs, into ablation.json/.md/.png.
     """
     t0 = time.perf_counter()
     dev = pick_device(device)
@@ -567,25 +623,21 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
         base = with_changes(base, n_train=max(1024, base.n_train // repeats))
     base = base or TrainConfig()
     base = with_changes(base, data=data, **({"epochs": epochs} if epochs else {}))
-    plan = plan_ladder(dev, quick, names, base)
+    plan = plan_ablation(dev, quick, top, drop, base) if ablation else plan_ladder(dev, quick, names, base)
+    plan.rungs = [with_changes(c, eval_every_epoch=c.evaluate) for c in plan.rungs]  # time to target accuracy
     for cfg in plan.rungs:
         check_config(cfg, dev)
     out = None if out is None else check_writable(out, "dir", "--out")
     env = environment(device=dev)
-    log(f"ladder on {env['device_name']}: {len(plan.rungs)} rungs x {repeats} runs (interleaved rounds), "
-        f"{base.epochs} epochs each, ResNet-18 width {base.width}, {data} data" + (" (quick mode)" if quick else ""))
-    if quick and repeats == QUICK_REPEATS:
-        log(f"  quick mode runs each rung {QUICK_REPEATS} times (not {REPEATS}), each run on {base.n_train} images, "
-            "so the demo takes as long as one full-size run per rung; a spread of 2 runs is a rough one")
-    for name, why in plan.skipped:
-        log(f"  skipped {name}: {why}")
-    for note in plan.notes:
-        log(f"  {note}")
+    _log_plan(plan, env, base, data, quick, repeats, "ablation" if ablation else "ladder", log)
     ds = D.load(data, base.n_train, base.n_test)
     peak, peak_format = _mfu_peak(dev)
+    sheet = datasheet_peak(env["device_name"], peak_format) if peak_format else None
     if peak:
-        log(f"  measured {peak_format} matmul peak: {peak:.0f} TFLOP/s (MFU denominator)")
-    result = {"kind": "ladder", "env": env, "peak_bf16_tflops": peak if peak_format == "bf16" else None,
+        log(f"  measured {peak_format} matmul peak: {peak:.0f} TFLOP/s (MFU denominator)"
+            + (f"; datasheet {sheet:.0f} TFLOP/s" if sheet else ""))
+    result = {"kind": "ablation" if ablation else "ladder", "env": env, "datasheet_tflops": sheet,
+              "target_accuracy": None, "peak_bf16_tflops": peak if peak_format == "bf16" else None,
               "peak_tflops": peak, "peak_format": peak_format, "quick": quick, "repeats": repeats,
               "order": "interleaved: every rung once per round, the order rotated by one rung each round",
               "mode": _mode_note(base, quick), "planned": [c.name for c in plan.rungs],
@@ -597,9 +649,10 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     try:
         for r in range(repeats):
             for i, name in enumerate(ladder_order(list(by_name), r)):
-                rec = _ladder_rung(by_name[name], dev, ds, peak, stages, log, run=(r, repeats))
+                rec = _ladder_rung(by_name[name], dev, ds, (peak, sheet), stages, log, run=(r, repeats))
                 runs[name].append({**rec, "round": r, "position": i})
                 result["rungs"] = [merge_runs(v) for v in runs.values() if v]
+                result["target_accuracy"] = _target_accuracy(runs.get("baseline", []))
                 if out is not None:
                     _save_ladder(out, result)
         result["complete"] = True
@@ -614,9 +667,58 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     log("\n" + report.ladder_markdown(result))
     if out is not None:
         _save_ladder(out, result)
-        log(f"wrote {out}/ladder.json, ladder.md, ladder.png")
+        log(f"wrote {out}/{result['kind']}.json, .md, .png")
     log(f"ladder finished in {fmt_duration(result['wall_s'])}")
     return result
+
+
+def ablation_from(result: dict, device=None, top: str | None = None, drop: list[str] | None = None,
+                  log=print) -> dict:
+    """A leave-one-out ablation built on a finished `run_ladder` result: a variant whose config equals a rung
+    the ladder ran (leaving out the top rung's own change gives the rung below it) reuses that rung's runs
+    under its new name; only the others are trained, once each. Returns {"rungs", "skipped", "target_accuracy",
+    "reused"}: the records in `plan_ablation`'s order, for `labkit.report.ablation_table`."""
+    dev = pick_device(device)
+    ran = {r["name"]: r for r in result["rungs"]}
+    if "baseline" not in ran:
+        raise LabkitError("ablation_from needs a ladder result with the baseline rung (its accuracy is the target)")
+    base = TrainConfig(**{**ran["baseline"]["config"], "name": "custom", "eval_every_epoch": False})
+    plan = plan_ablation(dev, result.get("quick", False), top or result["rungs"][-1]["name"], drop, base)
+    bare = lambda c: {**c, "name": None, "eval_every_epoch": None}  # noqa: E731  (same training, another label)
+    ds = None
+    rungs, reused = [], []
+    for cfg in plan.rungs:
+        cfg = with_changes(cfg, eval_every_epoch=cfg.evaluate)
+        same = next((r for r in result["rungs"] if bare(r["config"]) == bare(dataclasses.asdict(cfg))), None)
+        if same is not None:
+            rungs.append({**same, "name": cfg.name})
+            reused += [f"{cfg.name} = {same['name']}"] if same["name"] != cfg.name else []
+            continue
+        ds = ds or D.load(cfg.data, cfg.n_train, cfg.n_test)
+        rec = train(cfg, dev, dataset=ds)
+        log(f"  {cfg.name:<24} {rec['img_per_s']:>10,.0f} img/s")
+        rungs.append(rec)
+    target = _target_accuracy(ran["baseline"].get("runs") or [ran["baseline"]])
+    return {"rungs": rungs, "skipped": plan.skipped, "target_accuracy": target, "reused": reused}
+
+
+def _log_plan(plan: LadderPlan, env: dict, base: TrainConfig, data: str, quick: bool, repeats: int, what: str,
+              log) -> None:
+    log(f"{what} on {env['device_name']}: {len(plan.rungs)} rungs x {repeats} runs (interleaved rounds), "
+        f"{base.epochs} epochs each, ResNet-18 width {base.width}, {data} data" + (" (quick mode)" if quick else ""))
+    if quick and repeats == QUICK_REPEATS:
+        log(f"  quick mode runs each rung {QUICK_REPEATS} times (not {REPEATS}), each run on {base.n_train} images, "
+            "so the demo takes as long as one full-size run per rung; a spread of 2 runs is a rough one")
+    for name, why in plan.skipped:
+        log(f"  skipped {name}: {why}")
+    for note in plan.notes:
+        log(f"  {note}")
+
+
+def _target_accuracy(baseline_runs: list[dict]) -> float | None:
+    """The accuracy every rung's time-to-target aims at: the baseline's final test accuracy (median of its runs)."""
+    accs = [r["accuracy"] for r in baseline_runs if r.get("accuracy") is not None]
+    return float(np.median(accs)) if accs else None
 
 
 def _mfu_peak(dev: torch.device) -> tuple[float | None, str | None]:
@@ -637,24 +739,29 @@ def _mode_note(base: TrainConfig, quick: bool) -> str:
             "(the recorded H100 ladder: docs/results.md)")
 
 
-def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peak: float | None, stages: Stages,
-                 log, run: tuple[int, int] = (0, 1)) -> dict:
-    """Train one rung (run `run[0]` of `run[1]`) under a progress stage and log its result line; the record."""
+def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peaks: tuple[float | None, float | None],
+                 stages: Stages, log, run: tuple[int, int] = (0, 1)) -> dict:
+    """Train one rung (run `run[0]` of `run[1]`) under a progress stage and log its result line; the record.
+    `peaks`: (measured, datasheet) TFLOP/s, the two MFU denominators (None where unknown)."""
+    peak, sheet = peaks
     n_steps = (min(len(ds.y_train), cfg.n_train or len(ds.y_train)) // cfg.batch_size) * cfg.epochs
     label = cfg.name if run[1] == 1 else f"{cfg.name} (run {run[0] + 1}/{run[1]})"
     with stages.stage(label, n_steps) as bar:
         rec = train(cfg, dev, dataset=ds, peak_tflops=peak, progress=bar)
+    rec["mfu_datasheet"] = rec["achieved_tflops"] / sheet if sheet else None
     acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
     log(f"  {label:<24} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
     return rec
 
 
 def _save_ladder(out: Path, result: dict) -> None:
-    """(Re)write ladder.json, ladder.md and ladder.png in `out` from the rungs finished so far."""
-    write_json(out / "ladder.json", result)
-    write_text(out / "ladder.md", report.ladder_markdown(result) + "\n")
-    title = f"ResNet-18 ladder on {result['env']['device_name']}" + (" (quick mode)" if result["quick"] else "")
-    report.ladder_chart(result["rungs"], out / "ladder.png", title=title, note=report.ladder_chart_note(result))
+    """(Re)write ladder.json, ladder.md and ladder.png (ablation.*: an ablation) in `out` from the rungs finished
+    so far."""
+    kind = result["kind"]
+    write_json(out / f"{kind}.json", result)
+    write_text(out / f"{kind}.md", report.ladder_markdown(result) + "\n")
+    title = f"ResNet-18 {kind} on {result['env']['device_name']}" + (" (quick mode)" if result["quick"] else "")
+    report.ladder_chart(result["rungs"], out / f"{kind}.png", title=title, note=report.ladder_chart_note(result))
 
 
 def parse_sets(pairs: list[str]) -> dict:
@@ -717,6 +824,11 @@ def add_cli(sub) -> None:
     p.add_argument("--out", default="runs/ladder",
                    help="folder for ladder.json, ladder.md, ladder.png, rewritten after each rung (default runs/ladder)")
     p.add_argument("--list", action="store_true", help="list the rungs and what each changes, then exit")
+    p.add_argument("--ablation", action="store_true",
+                   help="leave-one-out from the top rung instead: baseline, top, then top without each change "
+                        "(writes ablation.json, .md, .png)")
+    p.add_argument("--top", help="the rung to ablate from (default: the highest this device runs)")
+    p.add_argument("--drop", help="comma-separated changes to leave out one at a time (default: every one)")
     CA.add_flag(p)
     p.set_defaults(func=_cli_ladder)
 
@@ -740,10 +852,18 @@ def _cli_ladder(args) -> int:
     if args.epochs is not None and args.epochs < 1:
         raise LabkitError("--epochs must be >= 1")
     names = [n.strip() for n in args.rungs.split(",") if n.strip()] if args.rungs else None
+    drop = [n.strip() for n in args.drop.split(",") if n.strip()] if args.drop else None
+    if (args.top or drop) and not args.ablation:
+        raise LabkitError("--top and --drop go with --ablation")
+    if args.ablation and names:
+        raise LabkitError("--rungs and --ablation do not mix: --ablation picks its runs (use --drop)")
+    if args.ablation:
+        plan_ablation(dev, quick, args.top, drop)  # a bad --top or --drop fails here, before anything loads
     CA.load_for_cli(args, dev, needed=_compiles(names))
     if args.repeats is not None and args.repeats < 1:
         raise LabkitError("--repeats must be >= 1")
-    run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out, repeats=args.repeats)
+    run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out, repeats=args.repeats,
+               ablation=args.ablation, top=args.top, drop=drop)
     return 0
 
 

@@ -84,7 +84,6 @@ TIES = {
         "15%": lambda: f"{100 * diagnosis.DATA_IDLE_LIMIT:.0f}%",
     },
     "06_resnet_ladder.ipynb": {
-        "783 TFLOP/s": lambda: f"{load('ladder')['peak_bf16_tflops']:.0f} TFLOP/s",
         "0.87x": lambda: ladder_gain("no_sync"),
         "1.24x": lambda: executed_table_gain("06_resnet_ladder", "no_sync"),
         "1.11x": lambda: ladder_gain("bf16"),

@@ -1,4 +1,4 @@
-"""labkit.predict, and the predict-then-measure exercises of weeks 1 to 4."""
+"""labkit.predict, and the predict-then-measure exercises of every week."""
 
 import ast
 import json
@@ -42,11 +42,13 @@ def _cells(name):
 
 # each week's look-up exercises (answered by a number printed just above them), gone since predictions replaced them
 GONE = {"01_float_formats.ipynb": (), "02_tensor_cores.ipynb": ("answer_2_1", "answer_2_2", "answer_2_3", "answer_2_4"),
-        "03_mixed_precision.ipynb": (), "04_data_loading.ipynb": ("answer_4_1",)}
+        "03_mixed_precision.ipynb": (), "04_data_loading.ipynb": ("answer_4_1",),
+        "05_profiling.ipynb": ("answer_5_1", "answer_5_3"),
+        "06_resnet_ladder.ipynb": ("Self-check", "biggest_step", "peak_tflops = 783")}
 
 
 @pytest.mark.parametrize("name", list(GONE))
-def test_weeks_1_to_4_predict_before_they_measure(name):
+def test_weeks_predict_before_they_measure(name):
     """At least two predictions per week, each a placeholder None that a later cell passes to predict.compare."""
     cells = _cells(name)
     placeholders = {}
@@ -78,3 +80,22 @@ def test_weeks_1_to_4_predict_before_they_measure(name):
 def test_weeks_3_and_4_measure_their_new_sections_live(name, uses):
     """The autocast dtype table and the copy-compute overlap are computed by labkit in the notebook, not pasted."""
     assert any(kind == "code" and uses in src for src, kind in _cells(name))
+
+
+def test_week_5_reads_the_trace_before_the_verdict_and_week_6_measures_the_ablation():
+    """Week 5's predictions come before what they predict: the data share before the tour measures it, the
+    verdict before diagnose() reveals it; week 6 predicts the regressing rung before the recorded table, and
+    compares predictions with the ablation and both MFU peaks."""
+    w5 = [src for src, kind in _cells("05_profiling.ipynb") if kind == "code"]
+    at = lambda cells, text: next(i for i, s in enumerate(cells) if text in s)  # noqa: E731
+    assert at(w5, "prediction_data_share = None") < at(w5, "trace_tour.tour(prof.trace_path)")
+    assert at(w5, "prediction_kind = None") < at(w5, "diag = profiling.diagnose(prof)")
+    assert at(w5, "prediction_host_reads = None") < at(w5, "diags[w.cfg.name] = profiling.profile_steps")
+    assert at(w5, "prediction_graphs = None") < at(w5, "graph_breaks.explain(train_metric")
+    assert any("profiling.nvtx_range(" in s and "profiling.nsys_command(" in s for s in w5)
+    assert any("slow_decode_workers0" in s and "trace_tour.tour" in s for s in w5)  # a trace labkit did not make
+    assert any("profiling.diagnose(plain_trace)" in s for s in w5)
+    w6 = [src for src, kind in _cells("06_resnet_ladder.ipynb") if kind == "code"]
+    assert at(w6, "prediction_regressing_rung = None") < at(w6, 'rec = load_result("ladder")')
+    assert at(w6, "prediction_mfu_datasheet = None") < at(w6, "datasheet_peak(rec")
+    assert at(w6, "prediction_costliest_here = None") < at(w6, "T.ablation_from(result")
