@@ -548,7 +548,9 @@ def test_lab2_submissions_get_what_they_deserve_with_the_real_harness(graded_lab
     assert problems == []
     speed = next(c for c in by["reference"].checks if c["check"] == "lab2.loader_speed")
     assert speed["ratio"] > 1 and speed["student_img_s"] > speed["baseline_img_s"]
-    assert all(c["source"] == "trusted" for c in by["patch_kernel"].cells)
+    # every auto-graded cell's score is the trusted run's; the written answer waits for its grader
+    assert all(c["source"] == "trusted" for c in by["patch_kernel"].cells if not c.get("manual"))
+    assert [c for c in by["reference"].cells if c.get("manual")] and by["reference"].cells
 
 
 def test_kernels_use_private_sockets_so_a_taken_port_cannot_kill_them(tmp_path):
