@@ -117,6 +117,10 @@ def _banned(names: list[str], path: Path) -> dict[str, dict]:
 def _spawn(names: list[str], path: Path, timeout_s: float) -> dict[str, dict]:
     """Verdicts of `names` on `path` from one fresh worker process (a failed one for each it did not report)."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
+    # The worker imports these same checks: from the installed release, or from a checkout that is not installed
+    # (its folder is then not on the worker's path, since the worker runs in a scratch folder).
+    home = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([home, *filter(None, [env.get("PYTHONPATH")])])
     cmd = [sys.executable, "-m", "autograder.selfcheck", "--worker", str(path), *names]
     # A scratch folder as the working directory: the probes write their data files (lab 2's images) there.
     with tempfile.TemporaryDirectory(prefix="selfcheck-") as cwd:
