@@ -121,6 +121,19 @@ def train(step_fn, scaler, device, steps: int, seed: int = 0, batch: int = 64):
     return torch.stack(losses) * LOSS_UNIT, counts, (model, opt, x, y)
 
 
+def torch_amp_step(model, optimizer, scaler, x, y):
+    """PyTorch's documented AMP recipe with the scaler handed in: fp16 autocast forward, fp32 loss, scaled
+    backward, scaler step and update (the reference step of lab 1's training checks, public and trusted)."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        out = model(x)
+    loss = nn.functional.mse_loss(out.float(), y)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
 def ref_style_step(step):
     return lambda *a: call("fp16_train_step", step, *a)
 
