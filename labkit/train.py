@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import os
 import time
@@ -748,10 +749,23 @@ def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peaks: tu
     label = cfg.name if run[1] == 1 else f"{cfg.name} (run {run[0] + 1}/{run[1]})"
     with stages.stage(label, n_steps) as bar:
         rec = train(cfg, dev, dataset=ds, peak_tflops=peak, progress=bar)
+    if cfg.compile:
+        _release_compiled(dev)
     rec["mfu_datasheet"] = rec["achieved_tflops"] / sheet if sheet else None
     acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
     log(f"  {label:<24} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
     return rec
+
+
+def _release_compiled(dev: torch.device) -> None:
+    """Drop the compiled graphs and their CUDA-graph memory pools after a compiled run. Each such run keeps a
+    private pool about its own peak, so an ablation's eight CUDA-graph runs in one process fill an 80 GB card;
+    the compile cache on disk stays, so the next run of the same graph reads it instead of compiling cold."""
+    if dev.type != "cuda":
+        return
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _save_ladder(out: Path, result: dict) -> None:
