@@ -26,6 +26,16 @@ Without a CUDA GPU the runner says so and exits with status 2, writing nothing. 
 runs the current `diagnose` over the traces already in the folder and rewrites only the verdicts (`diagnosed`,
 `correct`, `accuracy`, `why_missed` per miss, `diagnosed_with`, `disagreements`), keeping how and where they were
 recorded.
+
+    python benchmarks/trace_corpus.py --only sync_grad_norm_logging,mixed_loader_and_item --out /tmp/new
+    python benchmarks/trace_corpus.py --merge /tmp/new   # no GPU: into benchmarks/results/trace_corpus/
+
+To re-record a few programs, record them into a fresh folder and `--merge` it: each new trace and row replaces the
+one of the same name (the row keeps where it was recorded under "recorded"), the HTA cross-check is redone where
+HTA is installed (otherwise it says to run `--hta`), and the whole corpus is diagnosed again. Programs in
+REMOVABLE are also timed without the profiler as written and with their suspected cause taken out (reads dropped,
+an instant loader); the row's "intervention" sets the share of the step that saved beside the share the diagnosis
+gives that cause.
 """
 
 from __future__ import annotations
@@ -197,21 +207,37 @@ def sync_per_sample_metrics(step_done, steps, device):
         step_done()
 
 
-def sync_grad_norm_logging(step_done, steps, device):
-    """A deep MLP whose loop logs every parameter's gradient norm with .item() before the optimizer step
-    (a dict of floats for a logger): one host sync per parameter tensor."""
+# Estimate on an H100 (from the committed traces): under the profiler each .item() read costs the host about 65 us
+# during which the GPU, with nothing queued, is idle (sync_grad_norm_logging's first recording: 51 reads, 3.3 ms of
+# idle after syncs; sync_per_sample_metrics: 57 us per read), and each autograd layer of an MLP about 330 us of host
+# time for forward and backward (the same recording: 25 layers in 8.3 ms). Here 12 parameters x 5 statistics + the
+# loss = 61 reads = about 4 ms of GPU idle charged to sync per step. The six layers at batch 1024 in fp32 (no TF32
+# for matmuls by default) are about 45 GFLOP for forward and backward: about 1 ms at a realistic 45 TFLOP/s of
+# CUDA-core fp32, matmul kernels of about 50 us instead of 5; the host needs about 2 ms to launch them, so up to
+# 1 ms more idles as launch/Python. Expected: sync about 55-65%, compute and launch/Python 15-25% each.
+# Intervention: the same loop without the statistics (remove="reads").
+def sync_grad_norm_logging(step_done, steps, device, remove=None):
+    """An MLP (3072-1024x4-10, fp32, batch 1024) whose loop logs gradient statistics for every parameter before
+    the optimizer step (norm, mean, std, largest magnitude and share of zeros, read with .item() into a dict of
+    floats for a logger): 61 host syncs per step, each after a kernel of a few microseconds."""
     import torch
 
-    model = _mlp(device, width=512, depth=24)
+    model = _mlp(device, width=1024, depth=5)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(128, 3 * 32 * 32, device=device), torch.randint(0, 10, (128,), device=device)
+    x, y = torch.randn(1024, 3 * 32 * 32, device=device), torch.randint(0, 10, (1024,), device=device)
     log = []
     for _ in range(steps):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
-        norms = {name: p.grad.norm().item() for name, p in model.named_parameters()}
-        log.append({"loss": loss.item(), **norms})
+        if remove != "reads":
+            stats = {"loss": loss.item()}
+            for name, p in model.named_parameters():
+                g = p.grad
+                stats.update({f"{name}/norm": g.norm().item(), f"{name}/mean": g.mean().item(),
+                              f"{name}/std": g.std().item(), f"{name}/absmax": g.abs().max().item(),
+                              f"{name}/zeros": (g == 0).float().mean().item()})
+            log.append(stats)
         opt.step()
         step_done()
 
@@ -307,21 +333,43 @@ def transformer_block(step_done, steps, device):
         step_done()
 
 
-def mixed_loader_and_item(step_done, steps, device):
-    """The PIL loader with 3 workers feeding ResNet-18 at batch 64, and per-sample accuracy counted with
-    .item() in Python: waiting for data and host syncs."""
+# Estimate on an H100 (from the committed traces): the first recording (ResNet-18 at 224 px, batch 64, 3 workers)
+# waited 42 ms of a 62 ms step for data, about 3 ms per sample per worker; at 96 px the crop, ToTensor and
+# Normalize shrink, so about 2 ms per sample: 128 samples / 3 workers = about 80 ms per batch. Its per-sample
+# reads cost 27 us each (3.4 ms for 128); here 3 reads x 128 samples = 384 reads = about 10-20 ms per step, and the
+# small CNN about 2 ms of host launches and under 1 ms of GPU work (ResNet-18 had 10 ms and 7 ms: it outranked
+# the reads). Expected: data about 70% (a background loader the step waits on ranks first), sync about 15-20%,
+# launch/Python and compute a few % each. Interventions: the reads taken out (remove="reads") and an instant
+# loader, one batch already on the GPU (remove="data").
+def mixed_loader_and_item(step_done, steps, device, remove=None):
+    """A small CNN (three strided 3x3 convs with batch norm) on 96 px JPEGs decoded and cropped by PIL in 3
+    DataLoader workers, batch 128, whose loop records each sample's loss and correctness with .item() (3 reads
+    per sample) for a per-sample table: waiting for data and host syncs."""
     import torch
 
-    loader = torch.utils.data.DataLoader(_JpegFolder(10_000, heavy=False), batch_size=64, shuffle=True,
+    nn = torch.nn
+    loader = torch.utils.data.DataLoader(_JpegFolder(10_000, heavy=False, size=96), batch_size=128, shuffle=True,
                                          num_workers=3, pin_memory=True, drop_last=True)
-    _, step = _resnet_step(device, 64)
-    correct = 0
-    for i, (x, y) in enumerate(loader):
-        x, y = x.to(device, non_blocking=True).to(memory_format=torch.channels_last), y.to(device)
-        _, logits = step(x, y)
-        pred = logits.argmax(1)
-        for j in range(len(y)):
-            correct += int(pred[j].item() == y[j].item())
+    blocks = [m for cin, cout in ((3, 32), (32, 64), (64, 128))
+              for m in (nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())]
+    model = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = loader
+    if remove == "data":
+        x0, y0 = next(iter(loader))
+        batches = [(x0.to(device), y0.to(device))] * steps
+    table = []
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits = model(x)
+        losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+        opt.zero_grad()
+        losses.mean().backward()
+        opt.step()
+        if remove != "reads":
+            pred = logits.argmax(1)
+            for j in range(len(y)):
+                table.append((losses[j].item(), pred[j].item() == y[j].item()))
         step_done()
         if i + 1 == steps:
             break
@@ -376,28 +424,45 @@ def mixed_matmul_and_slow_loader(step_done, steps, device):
             break
 
 
-def mixed_transformer_and_sync(step_done, steps, device):
-    """Two transformer layers at batch 8 x 512 tokens whose loop reads every layer's activation norm and the loss
-    with .item() and stops on NaN: GPU compute interrupted by host syncs."""
+# Estimate on an H100 (from the committed traces): transformer_block (six of these layers at the same 16 x 1024
+# tokens, bf16, fused AdamW) ran 30 ms of kernels per step, about 5 ms per layer, with kernels of 71 us on average
+# and the GPU busy 97%; four layers here are about 20 ms of compute per step. The reads: 4 activation norms, the
+# loss and 48 gradient norms = 53 per step at about 65 us of GPU idle each (sync_grad_norm_logging's first
+# recording) = about 3.5 ms charged to sync; after each sync the host must fill the queue again, so some
+# launch/Python idle (about 1 ms, transformer_block had 0.8 ms without any sync). Expected: compute about 75-80%,
+# sync about 12-15%, launch/Python about 5%. Intervention: the same loop without the reads (remove="reads").
+def mixed_transformer_and_sync(step_done, steps, device, remove=None):
+    """Four transformer encoder layers (d_model 1024, 16 heads, pre-norm) at batch 16 x 1024 tokens, bf16
+    autocast, fused AdamW, whose loop reads every layer's activation norm, the loss (stopping on NaN) and every
+    parameter's gradient norm with .item() for its log: GPU compute interrupted by 53 host syncs per step."""
+    import math
+
     import torch
 
-    layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
-    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(8, 512, 512, device=device)
+    layer = torch.nn.TransformerEncoderLayer(1024, 16, 4096, dropout=0.0, batch_first=True, norm_first=True)
+    model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    x = torch.randn(16, 1024, 1024, device=device)
+    reads = remove != "reads"
+    log = []
     for _ in range(steps):
-        for _ in range(8):
-            h, stats = x, []
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                for lyr in model.layers:
-                    h = lyr(h)
-                    stats.append(h.float().norm().item())
-                loss = h.float().square().mean()
-            if torch.isnan(loss).item():
+        h, stats = x, {}
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            for k, lyr in enumerate(model.layers):
+                h = lyr(h)
+                if reads:
+                    stats[f"act_norm/{k}"] = h.float().norm().item()
+            loss = h.float().square().mean()
+        if reads:
+            stats["loss"] = loss.item()
+            if not math.isfinite(stats["loss"]):
                 break
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if reads:
+            stats.update({f"grad_norm/{n}": p.grad.norm().item() for n, p in model.named_parameters()})
+        opt.step()
+        log.append(stats)
         step_done()
 
 
@@ -441,6 +506,11 @@ PROGRAMS = {
     "mixed_transformer_and_sync": (mixed_transformer_and_sync, ["compute", "sync"], 2),
 }
 ACTIVE = 3  # steps recorded per trace: enough to average, few enough to keep traces small
+# Programs that can run with their suspected cause taken out (their `remove` argument): the recorder times each
+# variant without the profiler, so the label is confirmed by intervention as well as by reading the trace.
+REMOVABLE = {"sync_grad_norm_logging": ["reads"], "mixed_loader_and_item": ["reads", "data"],
+             "mixed_transformer_and_sync": ["reads"]}
+TIMED_STEPS, TIMED_WARMUP = 8, 2  # steps timed per variant, after warm-up steps: a few seconds per program
 
 
 # ------------------------------------------------------------------------------------ one program, profiled
@@ -464,6 +534,43 @@ def record(name: str, trace_path: Path) -> None:
         trace_path.parent.mkdir(parents=True, exist_ok=True)
         with open(raw, "rb") as f, gzip.open(trace_path, "wb", compresslevel=9) as g:
             shutil.copyfileobj(f, g)
+    if name in REMOVABLE:
+        intervention_path(trace_path).write_text(json.dumps(intervene(name)))
+
+
+def intervention_path(trace_path: Path) -> Path:
+    """Where the recording process leaves its intervention timings for the runner (beside the trace)."""
+    return trace_path.with_name(trace_path.name.replace(".pt.trace.json.gz", ".intervention.json"))
+
+
+def _step_ms(name: str, remove: str | None) -> float | None:
+    """Wall time of one step of program `name` (ms, no profiler), with `remove` taken out; None if it stopped
+    early (a NaN loss)."""
+    import torch
+
+    program, n, marks = PROGRAMS[name][0], TIMED_WARMUP + TIMED_STEPS, {}
+
+    def done():
+        marks["steps"] = marks.get("steps", 0) + 1
+        if marks["steps"] in (TIMED_WARMUP, n):
+            torch.cuda.synchronize()
+            marks[marks["steps"]] = time.perf_counter()
+
+    torch.manual_seed(0)
+    program(done, n, torch.device("cuda"), remove=remove)
+    return (marks[n] - marks[TIMED_WARMUP]) / TIMED_STEPS * 1e3 if n in marks else None
+
+
+def intervene(name: str) -> dict:
+    """Time program `name` as written and with each removable cause taken out (no profiler): step ms, speed-up
+    (x) and the share of the step saved, to set beside the share the diagnosis gives that cause."""
+    base = _step_ms(name, None)
+    out = {"step_ms": base, "steps_timed": TIMED_STEPS, "profiler": False, "removed": {}}
+    for cause in REMOVABLE[name]:
+        ms = _step_ms(name, cause)
+        out["removed"][cause] = ({"step_ms": ms, "speedup": base / ms, "saved_share": 1 - ms / base}
+                                 if ms and base else {"error": "stopped early"})
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- the runner
@@ -547,9 +654,11 @@ def _read_loop(path: Path) -> dict:
             "overhead_then": (cause["overhead"] - extra) / win.span}
 
 
-def _why_missed(name: str, path: Path, diagnosed: dict) -> str:
+def _why_missed(name: str, path: Path, diagnosed: dict, how: str | None = None) -> str:
     ev = diagnosed["evidence"]
-    if name not in WHY_MISSED:
+    # WHY_MISSED explains the programs as first written; a trace of a program since redesigned (its recorded
+    # `how` is no longer the program's description) keeps it, a trace of the current program does not.
+    if name not in WHY_MISSED or (name in REMOVABLE and how == " ".join(PROGRAMS[name][0].__doc__.split())):
         return "not yet explained: read the trace"
     return WHY_MISSED[name].format(**ev, **_read_loop(path), idle_overhead=ev["idle_by_cause"]["overhead"],
                                    idle_sync=ev["idle_by_cause"]["sync"])
@@ -665,7 +774,7 @@ def rediagnose(out: Path, log=print) -> Path:
         row["correct"] = _correct(row["intended"], [c["cause"] for c in row["diagnosed"]["causes"]])
         row.pop("why_missed", None)
         if not row["correct"]:
-            row["why_missed"] = _why_missed(row["name"], trace, row["diagnosed"])
+            row["why_missed"] = _why_missed(row["name"], trace, row["diagnosed"], row.get("how"))
         log(f"  {row['name']:<30} intended {'+'.join(row['intended']):<16} diagnosed "
             f"{row['diagnosed']['verdict']:<40} {'ok' if row['correct'] else 'WRONG'}")
     rec["accuracy"] = _accuracy(rec["traces"])
@@ -674,6 +783,61 @@ def rediagnose(out: Path, log=print) -> Path:
     write_json(path, rec)
     os.chmod(path, 0o644)  # write_json's temporary file is private; a results file is for everyone to read
     return path
+
+
+def _with_shares(iv: dict, diagnosed: dict) -> dict:
+    """The intervention timings with the diagnosed share of each removed cause beside the share it saved
+    ("reads" stands for the sync cause)."""
+    shares = {c["cause"]: c["share"] for c in diagnosed["causes"]}
+    for cause, r in iv["removed"].items():
+        r["diagnosed_share"] = shares["sync" if cause == "reads" else cause]
+    return iv
+
+
+def merge(src: Path, out: Path, log=print) -> Path:
+    """Move the traces recorded into `src` (`--only ... --out <fresh folder>`) into the corpus in `out`: each
+    replaces the row and trace of the same name, keeping where it was recorded under "recorded" (card, torch,
+    commit, time, command); then the HTA cross-check is redone where HTA is installed and every trace is
+    diagnosed again. No GPU needed; returns the path of trace_corpus.json."""
+    from labkit import hta
+    from labkit.bench import write_json
+    from labkit.env import LabkitError
+
+    src_index, index = src / f"{NAME}.json", out / f"{NAME}.json"
+    for p in (src_index, index):
+        if not p.exists():
+            raise LabkitError(f"no {p.name} in {p.parent}: record there first")
+    if src.resolve() == out.resolve():
+        raise LabkitError(f"--merge {src} is the corpus folder itself: give the folder --only recorded into")
+    new, rec = json.loads(src_index.read_text()), json.loads(index.read_text())
+    env = new.get("env", {})
+    recorded = {k: env.get(k) for k in ("timestamp", "device_name", "torch", "cuda", "git_commit", "command")}
+    rows = {r["name"]: i for i, r in enumerate(rec["traces"])}
+    moved = []
+    for row in new["traces"]:
+        if "error" in row or not (src / row["file"]).exists():
+            log(f"  {row['name']:<30} not merged: {row.get('error', 'no trace file')}")
+            continue
+        shutil.copyfile(src / row["file"], out / row["file"])
+        os.chmod(out / row["file"], 0o644)
+        merged = {**row, "recorded": recorded}
+        if row["name"] in rows:
+            rec["traces"][rows[row["name"]]] = merged
+        else:
+            rec["traces"].append(merged)
+        moved.append(row["name"])
+    if not moved:
+        raise LabkitError(f"nothing to merge from {src_index}: no trace recorded there")
+    rec.setdefault("merged", []).append({"names": moved, **recorded})
+    write_json(index, rec)
+    os.chmod(index, 0o644)
+    log(f"merged {', '.join(moved)} from {src}")
+    if hta.version() is not None:
+        hta_crosscheck(out, log=log)
+    elif (out / f"{HTA_NAME}.json").exists():
+        log(f"WARNING: {HTA_NAME}.json still reads the earlier traces of {', '.join(moved)}: run "
+            f"`python benchmarks/trace_corpus.py --hta` where HTA is installed (pip install 'labkit[hta]')")
+    return rediagnose(out, log=log)
 
 
 def run_corpus(names: list[str], out: Path, log=print) -> dict:
@@ -694,8 +858,14 @@ def run_corpus(names: list[str], out: Path, log=print) -> dict:
             continue
         row["bytes"] = trace.stat().st_size
         row["diagnosed"] = _diagnosed(trace)
+        side = intervention_path(trace)
+        if side.exists():
+            row["intervention"] = _with_shares(json.loads(side.read_text()), row["diagnosed"])
+            side.unlink()
         got = [c["cause"] for c in row["diagnosed"]["causes"]]
         row["correct"] = _correct(intended, got)
+        if not row["correct"]:
+            row["why_missed"] = _why_missed(name, trace, row["diagnosed"], row["how"])
         log(f"  {name:<30} intended {'+'.join(intended):<16} diagnosed {row['diagnosed']['verdict']:<40} "
             f"{'ok' if row['correct'] else 'WRONG'}  ({row['bytes'] / 1e3:.0f} kB)")
         rows.append(row)
@@ -726,15 +896,18 @@ def main(argv=None) -> int:
     ap.add_argument("--hta", action="store_true",
                     help="no GPU needed: cross-check the traces in --out with Holistic Trace Analysis (pip install "
                          "'labkit[hta]') and write hta_crosscheck.json")
+    ap.add_argument("--merge", metavar="DIR",
+                    help="no GPU needed: move the traces that --only recorded into DIR into the corpus in --out, "
+                         "replacing those of the same name, and diagnose the corpus again")
     args = ap.parse_args(argv)
     if args.hta:
         return _main_hta(Path(args.out))
-    if args.rediagnose:
+    if args.rediagnose or args.merge:
         sys.path.insert(0, str(ROOT))
         from labkit.env import LabkitError
 
         try:
-            path = rediagnose(Path(args.out))
+            path = merge(Path(args.merge), Path(args.out)) if args.merge else rediagnose(Path(args.out))
         except LabkitError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -768,15 +941,19 @@ def main(argv=None) -> int:
     res["too_big_to_commit"] = big
     from labkit import hta
 
-    if hta.version() is not None:
-        hta_crosscheck(out)
     res["disagreements"] = _hta_disagreements(out)
     path = bench.save_result(NAME, res, out_dir=out, device="cuda")
+    if hta.version() is not None:  # the cross-check reads the index just saved, then the index says what it found
+        hta_crosscheck(out)
+        res["disagreements"] = _hta_disagreements(out)
+        path = bench.save_result(NAME, res, out_dir=out, device="cuda")
     acc = res["accuracy"]
     print(f"accuracy: {100 * acc['all']:.0f}% of {acc['recorded']} traces (single cause "
           f"{100 * acc['single_cause']:.0f}%, mixed top two {100 * acc['mixed_top_two']:.0f}%); saved {path}")
     if big:
         print(f"WARNING: over {TRACE_LIMIT_BYTES / 1e6:.1f} MB, too big to commit: {', '.join(big)}")
+    if args.only and out.resolve() != DEFAULT_OUT.resolve():
+        print(f"to replace these traces in the committed corpus: python benchmarks/trace_corpus.py --merge {out}")
     return 0
 
 

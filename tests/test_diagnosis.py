@@ -273,3 +273,62 @@ def test_corpus_recorder_says_it_needs_a_gpu(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "c").exists()
+
+
+def _corpus_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trace_corpus", ROOT / "benchmarks" / "trace_corpus.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    return tc
+
+
+def test_merge_puts_rerecorded_traces_into_the_corpus_and_rediagnoses(tmp_path, monkeypatch):
+    """`--only ... --out <fresh>` then `--merge <fresh>`: the new trace and row replace the old ones, the row
+    says where it was recorded, the corpus keeps its own record and every verdict is redone."""
+    from labkit import hta
+    from labkit.env import LabkitError
+
+    monkeypatch.setattr(hta, "version", lambda: None)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    tc = _corpus_module()
+    rec = json.loads((CORPUS / "trace_corpus.json").read_text())
+    keep = [r for r in rec["traces"] if r["name"] in ("slow_decode_workers0", "big_matmul")]
+    out, new = tmp_path / "corpus", tmp_path / "new"
+    out.mkdir()
+    new.mkdir()
+    for r in keep:
+        (out / r["file"]).write_bytes((CORPUS / r["file"]).read_bytes())
+    (out / "trace_corpus.json").write_text(json.dumps({**rec, "traces": keep}))
+    with pytest.raises(LabkitError, match="record there first"):
+        tc.merge(new, out, log=lambda *a: None)
+    # a re-recording of one program, by a newer run on another card (here: the same trace file, relabelled)
+    row = {**keep[0], "how": "the program as redesigned", "record_s": 1.0}
+    (new / row["file"]).write_bytes((CORPUS / row["file"]).read_bytes())
+    (new / "trace_corpus.json").write_text(json.dumps({"env": {"device_name": "Card B", "torch": "9.9"},
+                                                       "traces": [row]}))
+    with pytest.raises(LabkitError, match="corpus folder itself"):
+        tc.merge(out, out, log=lambda *a: None)
+    assert tc.main(["--merge", str(new), "--out", str(out)]) == 0
+    got = json.loads((out / "trace_corpus.json").read_text())
+    assert [r["name"] for r in got["traces"]] == [r["name"] for r in keep]
+    merged = got["traces"][0]
+    assert merged["how"] == "the program as redesigned" and merged["recorded"]["device_name"] == "Card B"
+    assert got["env"] == rec["env"] and got["merged"][0]["names"] == [row["name"]]
+    assert got["accuracy"]["recorded"] == 2 and "rediagnosed" in got["diagnosed_with"]
+
+
+def test_redesigned_programs_can_take_their_cause_out_and_explain_only_their_first_recording():
+    import inspect
+
+    tc = _corpus_module()
+    for name, causes in tc.REMOVABLE.items():
+        program, intended, _ = tc.PROGRAMS[name]
+        assert "remove" in inspect.signature(program).parameters
+        assert set(causes) <= {"reads", "data"} and ("sync" in intended) == ("reads" in causes)
+    current = " ".join(tc.PROGRAMS["sync_grad_norm_logging"][0].__doc__.split())
+    assert tc._why_missed("sync_grad_norm_logging", None, {"evidence": {}}, current).startswith("not yet explained")
+    iv = tc._with_shares({"removed": {"reads": {"saved_share": 0.4}, "data": {"saved_share": 0.5}}},
+                         {"causes": [{"cause": "data", "share": 0.6}, {"cause": "sync", "share": 0.3}]})
+    assert iv["removed"]["reads"]["diagnosed_share"] == 0.3 and iv["removed"]["data"]["diagnosed_share"] == 0.6
