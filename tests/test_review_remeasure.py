@@ -99,3 +99,26 @@ def test_the_remeasurement_never_runs_longer_than_the_check_so_far():
     fake = Fake(near, near)
     remeasure.measured(fake, 10, TIERS, spent=lambda: 15.0, clock=lambda: next(t))
     assert fake.rounds == [10, 15]  # 1.5 s a round; 15 s spent so far: 15 rounds, not 20
+
+
+class _Res:
+    def __init__(self, m: dict):
+        self.checks = [{"check": "lab4.speed", "measurements": m}]
+
+
+def test_the_summary_lists_a_remeasured_verdict_in_one_line_and_keeps_the_flag_while_still_near():
+    near = [2.9, 3.0, 3.1, 2.95, 3.05]
+    pooled, _, rec = remeasure.measured(Fake(near, near), 5, TIERS)
+    m = {"speedup": round(pooled.ratio, 2), "speedup_iqr": round(pooled.ratio_iqr, 2), "tiers": TIERS.describe(), **rec}
+    kinds = {f["kind"]: f["why"] for f in review.flags(_Res(m))}
+    assert set(kinds) == {review.REMEASURED, review.NEAR_BOUNDARY}
+    assert "after one re-measurement" in kinds[review.NEAR_BOUNDARY] and "pooled 15 rounds" in kinds[review.REMEASURED]
+    lines = review.summary_lines([{"student_id": "ann", "review": review.flags(_Res(m))}])
+    assert sum(1 for ln in lines if ln.startswith("  ann: lab4.speed: first")) == 1
+    assert any(ln.startswith("RE-MEASURED BEFORE SCORING") for ln in lines)
+
+
+def test_a_remeasured_verdict_that_left_the_boundary_is_listed_but_not_flagged():
+    far = {"speedup": 3.2, "speedup_iqr": 0.05, "tiers": TIERS.describe(), "remeasured": True,
+           "first_measurement": {"ratio": 2.98, "iqr": 0.1, "rounds": 9}, "pooled": {"ratio": 3.2, "rounds": 27}}
+    assert [f["kind"] for f in review.flags(_Res(far))] == [review.REMEASURED]
