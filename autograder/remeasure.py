@@ -36,9 +36,8 @@ POLICY = Policy()
 
 def _pool(a, b):
     """One ABResult holding the rounds of both measurements (ratios, baseline and student seconds)."""
-    from labkit.bench import ABResult, Timing
-
-    return ABResult(Timing(a.a.samples + b.a.samples), Timing(a.b.samples + b.b.samples), a.ratios + b.ratios)
+    timing = type(a.a)  # labkit.bench's classes, taken from the results (this module imports no torch)
+    return type(a)(timing(a.a.samples + b.a.samples), timing(a.b.samples + b.b.samples), a.ratios + b.ratios)
 
 
 def _brief(ab, notes: dict | None = None) -> dict:
