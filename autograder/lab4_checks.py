@@ -208,6 +208,9 @@ class _Verifier:
     by the chain). The speed-up is the median of the R per-round ratios, so moving it needs a faster step in
     more than half the rounds: with R = 9 and v = 3 that is k >= 5, caught with probability at least 1 - 4/84
     (95%), and k >= 7 always; a cheat in fewer rounds leaves the median to the honest rounds.
+    A re-measurement near a tier boundary (autograder.remeasure) is a `phase` of its own on the same chain: its
+    warm-up and timed rounds get the same quotas, drawn the same way, so rounds timed a second time are spot-checked
+    like the first ones and the pooled median still needs a faster step in more than half of all timed rounds.
     """
 
     def __init__(self, ctx, hyper: dict, sz: dict, start: dict, warmup: int, rounds: int):

@@ -122,3 +122,11 @@ def test_a_remeasured_verdict_that_left_the_boundary_is_listed_but_not_flagged()
     far = {"speedup": 3.2, "speedup_iqr": 0.05, "tiers": TIERS.describe(), "remeasured": True,
            "first_measurement": {"ratio": 2.98, "iqr": 0.1, "rounds": 9}, "pooled": {"ratio": 3.2, "rounds": 27}}
     assert [f["kind"] for f in review.flags(_Res(far))] == [review.REMEASURED]
+
+
+def test_the_course_readme_states_the_policy():
+    from labkit.env import REPO_ROOT
+
+    text = " ".join((REPO_ROOT / "assignments" / "README.md").read_text().split())
+    assert remeasure.Policy().rounds_factor == 2.0 and "up to twice the timed rounds" in text
+    assert "At most one re-measurement per check" in text and "python benchmarks/grade_boundary.py" in text
