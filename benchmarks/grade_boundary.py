@@ -254,7 +254,11 @@ def main(argv=None) -> int:
     except LabkitError as e:
         print(f"grade_boundary: {e}", file=sys.stderr)
         return 2
-    body = run_gpu(device, args.attempts, args.target, args.budget_s)
+    try:
+        body = run_gpu(device, args.attempts, args.target, args.budget_s)
+    except RuntimeError as e:  # the reference's speed was not measured, or no boundary lies below it
+        print(f"grade_boundary: {e}; nothing written", file=sys.stderr)
+        return 1
     card = torch.cuda.get_device_name(torch.device(device))
     head = git_head()
     path = bench.save_result(f"grade_boundary_{card_tag(card)}", {
