@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import re
 import secrets
+import time
 
 import torch
 import torch.nn.functional as F
 
-from autograder import gpu_policy
+from autograder import gpu_policy, remeasure
 from autograder.harness import CheckFailed, NotGradable, Tiers, require
 from autograder.student import lab4 as scen
 from autograder.student.lab4 import HYPER, MEAN, STD, NaiveStep, make_batches  # noqa: F401  (public names)
@@ -207,6 +208,9 @@ class _Verifier:
     by the chain). The speed-up is the median of the R per-round ratios, so moving it needs a faster step in
     more than half the rounds: with R = 9 and v = 3 that is k >= 5, caught with probability at least 1 - 4/84
     (95%), and k >= 7 always; a cheat in fewer rounds leaves the median to the honest rounds.
+    A re-measurement near a tier boundary (autograder.remeasure) is a `phase` of its own on the same chain: its
+    warm-up and timed rounds get the same quotas, drawn the same way, so rounds timed a second time are spot-checked
+    like the first ones and the pooled median still needs a faster step in more than half of all timed rounds.
     """
 
     def __init__(self, ctx, hyper: dict, sz: dict, start: dict, warmup: int, rounds: int):
@@ -218,19 +222,27 @@ class _Verifier:
         self.mean = torch.tensor(MEAN, device=ctx.device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=ctx.device).view(1, 3, 1, 1)
         self.amp = _twin_dtype(ctx.device)
-        self.warmup, self.rounds = warmup, rounds  # warm-up rounds (untimed or discarded), then timed rounds
-        self.quota = {"warmup": min(SPEED_SPOT["warmup"], warmup), "timed": min(SPEED_SPOT["timed"], rounds)}
-        self.done = {"warmup": 0, "timed": 0}  # rounds verified so far
         self.seen = self.steps = 0
+        self.total = {"warmup": 0, "timed": 0}  # rounds verified over all measurements
+        self.phase(warmup, rounds)
         self.prev = None  # the previous round's params and commitment, for the chain check
         self.worst = {"loss_gap_share": 0.0, "update_cosine_margin": 1.0}
 
+    def phase(self, warmup: int, rounds: int, label: str = "") -> None:
+        """The next measurement's rounds: `warmup` (untimed or discarded), then `rounds` timed, each group with its
+        own quota of verified rounds; the chain goes on from the last round of the previous measurement."""
+        self.offset, self.label = self.seen, label  # rounds seen before this measurement; "re-measurement, "
+        self.warmup, self.rounds = warmup, rounds
+        self.quota = {"warmup": min(SPEED_SPOT["warmup"], warmup), "timed": min(SPEED_SPOT["timed"], rounds)}
+        self.done = {"warmup": 0, "timed": 0}  # rounds of this measurement verified so far
+
     def _pick(self) -> bool:
         """Whether to verify the round that just replied: drawn now, a uniform subset of each group's rounds."""
-        group = "warmup" if self.seen < self.warmup else "timed"
+        k = self.seen - self.offset
+        group = "warmup" if k < self.warmup else "timed"
         if self.seen == 0:
             return True
-        left = self.warmup - self.seen if group == "warmup" else self.warmup + self.rounds - self.seen
+        left = self.warmup - k if group == "warmup" else self.warmup + self.rounds - k
         return secrets.randbelow(max(left, 1)) < self.quota[group] - self.done[group]
 
     def _loss_and_grad(self, w, x, y, amp):
@@ -284,15 +296,16 @@ class _Verifier:
         return self.start["u"] if self.prev is None else rows[1] - rows[0]
 
     def __call__(self, result, params) -> None:
-        n = int(params["n"])
-        timed = self.seen >= self.warmup
-        where = f"timed round {self.seen - self.warmup + 1}" if timed else f"warm-up round {self.seen + 1}"
+        n, k = int(params["n"]), self.seen - self.offset
+        timed = k >= self.warmup
+        where = self.label + (f"timed round {k - self.warmup + 1}" if timed else f"warm-up round {k + 1}")
         require(isinstance(result, dict) and isinstance(result.get("losses"), torch.Tensor)
                 and result["losses"].numel() == n and isinstance(result.get("commit"), float),
                 f"{where}: the submission's process sent no {n} losses (a malformed answer)")
         if self._pick():
             self._verify(where, n, params, result)
             self.done["timed" if timed else "warmup"] += 1
+            self.total["timed" if timed else "warmup"] += 1
         self.prev = {"n": n, "batch": int(params["batch"]), "seed": int(params["seed"]), "commit": result["commit"]}
         self.seen += 1
 
@@ -350,6 +363,7 @@ def check_speed(ctx) -> dict:
 def _speed(ctx, tiers: Tiers) -> dict:
     """Correctness first, then the student's step against the naive step, each round on fresh batches, timed
     rounds spot-checked (`_Verifier`); the tiers decide the share of the points."""
+    t0 = time.monotonic()
     m, start = _correctness(ctx, HYPER, seed=SEEDS["speed"], keep=True)  # correctness gates speed
     sz = sizes(ctx)
     inner = SPEED_ROUNDS["inner"]
@@ -360,26 +374,38 @@ def _speed(ctx, tiers: Tiers) -> dict:
         params = {"n": inner, "batch": sz["batch"], "seed": secrets.randbelow(2**31)}
         verify(ctx.call("lab4.timed_student", params), params)
         _check_base(ctx.baseline_call("lab4.timed_naive", params), params)
-    seeds = [secrets.randbelow(2**31) for _ in range(SPEED_ROUNDS["warmup"] + SPEED_ROUNDS["rounds"])]
-    ab, notes = ctx.compare(lambda r: ("lab4.timed_naive", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
-                            lambda r: ("lab4.timed_student", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
-                            rounds=SPEED_ROUNDS["rounds"], warmup=SPEED_ROUNDS["warmup"], inner=inner,
-                            check_base=_check_base, check_student=verify)
+    measured = [0]
+
+    def timed(rounds: int):
+        """One interleaved measurement of `rounds` timed rounds on fresh seeds, spot-checked on one chain."""
+        if measured[0]:  # the re-measurement: its own warm-up and quota of verified rounds, the same chain
+            verify.phase(SPEED_ROUNDS["warmup"], rounds, label="re-measurement, ")
+        measured[0] += 1
+        seeds = [secrets.randbelow(2**31) for _ in range(SPEED_ROUNDS["warmup"] + rounds)]
+        return ctx.compare(lambda r: ("lab4.timed_naive", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
+                           lambda r: ("lab4.timed_student", {"n": inner, "batch": sz["batch"], "seed": seeds[r]}),
+                           rounds=rounds, warmup=SPEED_ROUNDS["warmup"], inner=inner,
+                           check_base=_check_base, check_student=verify)
+
+    ab, notes, record = remeasure.measured(timed, SPEED_ROUNDS["rounds"], tiers, time_left=ctx._left,
+                                           spent=lambda: time.monotonic() - t0)
     frac = tiers.fraction(ab.ratio)
-    m = {"speedup": round(ab.ratio, 2), "speedup_iqr": round(ab.ratio_iqr, 2), "batch": sz["batch"],
+    m = {"speedup": round(ab.ratio, 2), "speedup_iqr": round(ab.ratio_iqr, 2), "timed_rounds": len(ab.ratios),
+         **record, "batch": sz["batch"],
          "naive_img_per_s": round(sz["batch"] / ab.a.median), "student_img_per_s": round(sz["batch"] / ab.b.median),
          "tiers": tiers.describe(), "bonus": bool(tiers.bonus and ab.ratio >= tiers.bonus),
          "extra_credit": 1 if tiers.bonus and ab.ratio >= tiers.bonus else 0, **notes,
-         "timed_steps_verified": verify.steps, "timed_rounds_verified": verify.done["timed"],
-         "warmup_rounds_verified": verify.done["warmup"],
+         "timed_steps_verified": verify.steps, "timed_rounds_verified": verify.total["timed"],
+         "warmup_rounds_verified": verify.total["warmup"],
          "worst_timed_loss_gap_share": round(verify.worst["loss_gap_share"], 3),
          "worst_timed_update_cosine_margin": round(verify.worst["update_cosine_margin"], 4)}
     m.update(_tensor_core_evidence(ctx, sz))
+    again = remeasure.message(record)
     if frac == 0:
-        raise CheckFailed(f"{ab.ratio:.2f}x the naive step, below the first tier ({tiers.describe()})", **m)
+        raise CheckFailed(f"{ab.ratio:.2f}x the naive step, below the first tier ({tiers.describe()}).{again}", **m)
     bonus = " BONUS tier reached (+1 extra credit)" if m["bonus"] else ""
     return {"fraction": frac, "message": f"{ab.ratio:.2f}x the naive step ({m['student_img_per_s']} vs "
-                                         f"{m['naive_img_per_s']} img/s at batch {sz['batch']}).{bonus}",
+                                         f"{m['naive_img_per_s']} img/s at batch {sz['batch']}).{bonus}{again}",
             "measurements": m}
 
 

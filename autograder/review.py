@@ -6,6 +6,9 @@ Two kinds, neither a failure for the student (the points stand as measured until
   - "near a boundary: regrade recommended": the measured ratio lies within the check's own measured spread
     (the interquartile range of its per-round ratios) of a tier boundary, so another run could land on the
     other side of it.
+A speed verdict that was measured again before it was scored (autograder.remeasure: its first ratio was near a
+boundary) is listed too, as "re-measured before scoring" (nothing to do: it was scored on the pooled rounds), and
+its "regrade recommended" line, if the pooled ratio is still near, says that it was already re-measured once.
 Everything here reads the trusted verdict's measurements; nothing comes from the student's process.
 """
 
@@ -16,6 +19,7 @@ import statistics
 
 MEASURE_AGAIN = "measure again"
 NEAR_BOUNDARY = "near a boundary: regrade recommended"
+REMEASURED = "re-measured before scoring"
 _TIER = re.compile(r">=\s*([0-9]+(?:\.[0-9]+)?)x")  # harness.Tiers.describe(): ">=1.5x: 50%, ..., bonus >=4x"
 
 
@@ -63,6 +67,15 @@ def flags(res) -> list[dict]:
         if m.get("gpu_measure_again"):
             out.append({"check": c["check"], "kind": MEASURE_AGAIN, "why": str(m["gpu_measure_again"])})
         why = near_boundary(m)
+        if m.get("remeasured") is True:
+            first, pooled = m.get("first_measurement") or {}, m.get("pooled") or {}
+            out.append({"check": c["check"], "kind": REMEASURED,
+                        "why": f"first {first.get('ratio')}x (IQR {first.get('iqr')}, {first.get('rounds')} rounds) "
+                               f"was near a boundary; scored on the pooled {pooled.get('rounds')} rounds: "
+                               f"{pooled.get('ratio')}x"})
+            why = why and f"{why}, after one re-measurement (scored on the pooled rounds)"
+        elif why and m.get("remeasure_skipped"):
+            why = f"{why}; not re-measured: {m['remeasure_skipped']}"
         if why:
             out.append({"check": c["check"], "kind": NEAR_BOUNDARY, "why": why})
     return out
@@ -74,7 +87,9 @@ def summary_lines(rows: list[dict]) -> list[str]:
     for kind, head in ((MEASURE_AGAIN, "MEASURE AGAIN (the GPU throttled or its clocks moved while the rounds were "
                                        "timed; not a failure for the student: regrade with --only ... --force)"),
                        (NEAR_BOUNDARY, "NEAR A TIER BOUNDARY: regrade recommended (the ratio is within its measured "
-                                       "spread of a boundary; not a failure for the student)")):
+                                       "spread of a boundary; not a failure for the student)"),
+                       (REMEASURED, "RE-MEASURED BEFORE SCORING (the first ratio was within its spread of a tier "
+                                    "boundary: measured once more and scored on the pooled rounds; nothing to do)")):
         hits = [(r["student_id"], f) for r in rows for f in r.get("review", []) if f["kind"] == kind]
         if hits:
             lines += ["", f"{head}:"] + [f"  {sid}: {f['check']}: {f['why']}" for sid, f in hits]

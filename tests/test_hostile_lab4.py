@@ -267,8 +267,8 @@ def test_spot_checks_draw_a_uniform_subset_round_by_round():
     v = object.__new__(L._Verifier)
     counts = [0] * 14
     for _ in range(900):
-        v.warmup, v.rounds, v.seen = 5, 9, 0
-        v.quota, v.done = {"warmup": 1, "timed": 3}, {"warmup": 0, "timed": 0}
+        v.seen, v.total = 0, {"warmup": 0, "timed": 0}
+        v.phase(5, 9)
         for i in range(14):
             if v._pick():
                 counts[i] += 1
@@ -287,3 +287,74 @@ def test_importing_the_trusted_module_fails_cleanly(tmp_path):
     assert not v["ok"] and v["score"] == 0 and v["gradable"] and v["sandbox"] == "bwrap"
     assert "No module named 'autograder.lab4_checks'" in v["message"], v["message"]
     assert harness.CHECKS["lab4.correctness_hidden"].module == "autograder.lab4_checks"
+
+
+# Slower in every other step: its rounds jitter, so a ratio of it can sit near a boundary run after run.
+JITTER = """
+import time as _time
+
+_steady = build_train_step
+
+
+def build_train_step(model, **kw):
+    step, calls = _steady(model, **kw), [0]
+
+    def jittery(x, y):
+        calls[0] += 1
+        if calls[0] % 2:
+            _time.sleep(0.01)
+        return step(x, y)
+
+    return jittery
+"""
+
+# Honest through the first measurement (9 + 2 x 3 calls with the rounds below), then no work at all: a bet that the
+# re-measurement a near-boundary ratio earns is timed without the spot checks.
+STALE_IN_REMEASUREMENT = STALE.replace("calls[0] > 9", "calls[0] > 15")
+
+
+def _always_near(monkeypatch) -> list:
+    """Every first ratio counts as near a boundary (landing there on purpose is not reproducible on a busy CPU);
+    returns the list the measurements' round counts go to."""
+    monkeypatch.setattr(L.remeasure, "near", lambda ab, tiers, required_ratio=None: "near (forced by the test)")
+    counted, compare = [], Context.compare
+
+    def counting(self, *a, **kw):
+        counted.append(kw["rounds"])
+        return compare(self, *a, **kw)
+
+    monkeypatch.setattr(Context, "compare", counting)
+    return counted
+
+
+def test_a_jittery_submission_near_a_boundary_is_remeasured_once_and_gets_its_pooled_grade(tmp_path, monkeypatch):
+    counted = _always_near(monkeypatch)
+    tiers = Tiers(((0.01, 0.5), (50.0, 1.0)))
+    monkeypatch.setattr(L, "SPEED_ROUNDS", {"rounds": 2, "warmup": 1, "inner": 3})
+    monkeypatch.setattr(L, "SPEED_WARMUP_STEPS", 3)
+    box, work = tmp_path / "box", tmp_path / "work"
+    box.mkdir()
+    work.mkdir()
+    f = box / "student_speedrun.py"
+    f.write_text(reference(tmp_path).read_text() + JITTER)
+    ctx = Context(device=torch.device("cpu"), hardware="cpu", small=True, work_dir=work, student_file=f,
+                  sandbox=SANDBOX)
+    ctx.deadline = time.monotonic() + 300
+    try:
+        out = L._speed(ctx, tiers)
+    finally:
+        ctx.close()
+    m = out["measurements"]
+    assert len(counted) == 2 and counted[0] == 2 and counted[1] >= 2, counted  # exactly one re-measurement
+    assert m["remeasured"] and m["timed_rounds"] == 2 + counted[1] == m["pooled"]["rounds"], m
+    assert m["speedup"] == round(m["pooled"]["ratio"], 2) and out["fraction"] == tiers.fraction(m["speedup"]) == 0.5
+    assert m["first_measurement"]["rounds"] == 2 and "Re-measured" in out["message"], out["message"]
+    assert m["timed_rounds_verified"] == 2 + min(3, counted[1]), m  # each measurement spot-checks its own rounds
+
+
+def test_cheating_only_in_the_remeasurement_gets_no_speed_points(tmp_path, monkeypatch):
+    _always_near(monkeypatch)
+    text = reference(tmp_path).read_text() + STALE_IN_REMEASUREMENT
+    with pytest.raises(CheckFailed, match="no speed points") as e:
+        speed(tmp_path, monkeypatch, text)
+    assert "re-measurement, " in str(e.value) and "parameters did not change" in str(e.value), e.value

@@ -1,0 +1,111 @@
+"""Re-measure a speed ratio that lands within its own spread of a tier boundary, once, before it is scored.
+
+A speed check times its baseline and the student's code alternately and scores the median of the per-round
+ratios against its tiers. When that median lies within the rounds' own spread (IQR) of a tier boundary
+(autograder.review.near_boundary: the one definition of "near"), another run could land on the other side, so
+the trusted side times the check again, with more rounds and the same interleaving, verification and sandboxed
+runners as the first time, and scores the pooled rounds of both runs. At most one re-measurement per check
+(`measured` has no loop): a submission whose speed jitters wildly costs one more measurement of up to twice the
+timed rounds (`Policy.rounds_factor`), never longer than the check had run before it (so at most ~2x the check's
+time) and only within the check's own time budget; never a loop. A pooled ratio still within its spread of a boundary is scored as measured and keeps the
+summary's "regrade recommended" flag (review.flags reads the pooled `speedup`/`speedup_iqr`).
+
+Everything here runs in the trusted grading process; the student's process only answers timed requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from autograder import review
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """When and how much a near-boundary speed ratio is measured again."""
+
+    enabled: bool = True  # measure a near-boundary ratio again: once, never more (no student can make it loop)
+    rounds_factor: float = 2.0  # the re-measurement's timed rounds, as a multiple of the first measurement's
+    time_margin: float = 1.5  # re-measure only if the check's budget still holds this x the re-measurement's estimate
+
+
+POLICY = Policy()
+
+
+def _pool(a, b):
+    """One ABResult holding the rounds of both measurements (ratios, baseline and student seconds)."""
+    timing = type(a.a)  # labkit.bench's classes, taken from the results (this module imports no torch)
+    return type(a)(timing(a.a.samples + b.a.samples), timing(a.b.samples + b.b.samples), a.ratios + b.ratios)
+
+
+def _brief(ab, notes: dict | None = None) -> dict:
+    out = {"ratio": round(ab.ratio, 3), "iqr": round(ab.ratio_iqr, 3), "rounds": len(ab.ratios)}
+    for k in ("gpu_state", "gpu_measure_again", "baseline_interference", "baseline_after_student_slowdown"):
+        if notes and k in notes:
+            out[k] = notes[k]
+    return out
+
+
+def near(ab, tiers, required_ratio: float | None = None) -> str | None:
+    """Why ratio `ab` is too close to a boundary of `tiers` (harness.Tiers) to score as is; None when it is not."""
+    # rounded as the verdict records them, so this and the summary's flag (review.flags) agree on "near"
+    m = {"speedup": round(ab.ratio, 2), "speedup_iqr": round(ab.ratio_iqr, 2), "tiers": tiers.describe() if tiers else "",
+         "required_ratio": required_ratio}
+    return review.near_boundary(m)
+
+
+def measured(measure: Callable[[int], tuple], rounds: int, tiers, *, required_ratio: float | None = None,
+             time_left: Callable[[], float] | None = None, spent: Callable[[], float] | None = None,
+             policy: Policy = POLICY,
+             clock: Callable[[], float] = time.monotonic) -> tuple:
+    """Time a speed check, and once more if its ratio is near a tier boundary; returns (ABResult, notes, record).
+
+    `measure(rounds)` runs one interleaved measurement of `rounds` timed rounds (its warm-up included) and
+    returns (ABResult, notes) as harness.Context.compare does. The ABResult returned is what to score: the first
+    measurement, or both pooled. `record` goes into the verdict's measurements: `remeasured` (bool), and when
+    the first ratio was near a boundary `remeasure_reason`, `first_measurement` {ratio, iqr, rounds},
+    `remeasurement` (the same, with its own GPU state) and `pooled`, or `remeasure_skipped` (why not: no budget
+    left, or the policy allows none). `time_left()` gives the check's remaining budget in seconds; `spent()` the
+    seconds the check has run so far, which the re-measurement's estimated time may not exceed (fewer rounds then,
+    never fewer than the first measurement's).
+    """
+    t0 = clock()
+    ab, notes = measure(rounds)
+    why = near(ab, tiers, required_ratio)
+    if why is None:
+        return ab, notes, {"remeasured": False}
+    record = {"remeasured": False, "remeasure_reason": why, "first_measurement": _brief(ab, notes)}
+    took = max(clock() - t0, 1e-9)  # seconds of the first measurement
+    more = round(rounds * policy.rounds_factor)
+    if spent is not None:  # the whole check so far bounds the re-measurement: a check costs at most ~2x
+        more = min(more, int(rounds * spent() / took))
+    more = max(more, rounds)
+    estimate = took * more / rounds
+    if not policy.enabled:
+        return ab, notes, {**record, "remeasure_skipped": "re-measurement is switched off (remeasure.Policy)"}
+    if time_left is not None and time_left() < policy.time_margin * estimate:
+        return ab, notes, {**record, "remeasure_skipped": f"the check's time budget has {time_left():.0f} s left, "
+                                                          f"a re-measurement needs ~{estimate:.0f} s"}
+    ab2, notes2 = measure(more)  # the one re-measurement; whatever it shows, nothing times this check again
+    pooled = _pool(ab, ab2)
+    record.update(remeasured=True, remeasurement=_brief(ab2, notes2), pooled=_brief(pooled))
+    merged = dict(notes)
+    again = "; ".join(n["gpu_measure_again"] for n in (notes, notes2) if n.get("gpu_measure_again"))
+    if again:
+        merged["gpu_measure_again"] = again
+    if notes2.get("baseline_interference"):
+        merged["baseline_interference"] = True
+    return pooled, merged, record
+
+
+def message(record: dict) -> str:
+    """One line for the student's feedback about a re-measurement ("" when there was none)."""
+    if record.get("remeasured"):
+        f, p = record["first_measurement"], record["pooled"]
+        return (f" Re-measured: the first {f['ratio']:.2f}x (IQR {f['iqr']:.2f}, {f['rounds']} rounds) was within "
+                f"its spread of a tier boundary; scored on the pooled {p['rounds']} rounds: {p['ratio']:.2f}x.")
+    if record.get("remeasure_skipped"):
+        return f" Near a tier boundary, not re-measured ({record['remeasure_skipped']})."
+    return ""

@@ -1,0 +1,132 @@
+"""Re-measurement near a tier boundary (autograder.remeasure), with a stand-in measurement: no processes, no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder import remeasure, review
+from autograder.harness import Tiers
+from labkit.bench import ABResult, Timing
+
+TIERS = Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0)
+
+
+def ab(ratios: list[float]) -> ABResult:
+    """Baseline 1 s a round, the student's time set by each round's ratio."""
+    return ABResult(Timing([1.0] * len(ratios)), Timing([1.0 / r for r in ratios]), list(ratios))
+
+
+class Fake:
+    """A measurement that hands out the given per-round ratios, first call then second call, and counts calls."""
+
+    def __init__(self, *runs):
+        self.runs, self.calls, self.rounds = list(runs), 0, []
+
+    def __call__(self, rounds: int):
+        self.rounds.append(rounds)
+        ratios = self.runs[min(self.calls, len(self.runs) - 1)]
+        self.calls += 1
+        return ab([ratios[i % len(ratios)] for i in range(rounds)]), {"gpu_state": {"call": self.calls}}
+
+
+def test_a_near_boundary_ratio_is_measured_once_more_and_scored_on_the_pooled_rounds():
+    near = [2.85, 2.9, 2.95, 3.0, 3.05, 3.1, 2.8, 2.97, 3.02]  # median 2.97, IQR ~0.15: near 3x
+    fake = Fake(near, [3.2, 3.25, 3.3])
+    pooled, notes, rec = remeasure.measured(fake, 9, TIERS)
+    assert fake.calls == 2 and fake.rounds == [9, 18]
+    assert pooled.ratios == ab(near).ratios + [3.2, 3.25, 3.3] * 6 and len(pooled.ratios) == 27
+    assert rec["remeasured"] is True and "of the 3x boundary" in rec["remeasure_reason"]
+    assert rec["first_measurement"]["ratio"] == pytest.approx(2.97) and rec["first_measurement"]["rounds"] == 9
+    assert rec["remeasurement"]["rounds"] == 18 and rec["remeasurement"]["gpu_state"] == {"call": 2}
+    assert rec["pooled"] == {"ratio": round(pooled.ratio, 3), "iqr": round(pooled.ratio_iqr, 3), "rounds": 27}
+    assert TIERS.fraction(pooled.ratio) == 1.0 and TIERS.fraction(2.97) < 1.0  # the pooled rounds are scored
+    assert notes["gpu_state"] == {"call": 1}
+    line = remeasure.message(rec)
+    assert line.count("\n") == 0 and "Re-measured" in line and "pooled 27 rounds" in line
+
+
+def test_a_ratio_far_from_every_boundary_is_not_measured_again():
+    fake = Fake([2.7, 2.72, 2.75, 2.71, 2.74])
+    got, _, rec = remeasure.measured(fake, 5, TIERS)
+    assert fake.calls == 1 and rec == {"remeasured": False} and len(got.ratios) == 5
+    assert remeasure.message(rec) == ""
+
+
+def test_still_near_after_the_remeasurement_keeps_the_regrade_flag():
+    near = [2.9, 3.0, 3.1, 2.95, 3.05]
+    fake = Fake(near, near)
+    pooled, _, rec = remeasure.measured(fake, 5, TIERS)
+    assert fake.calls == 2 and rec["remeasured"]
+    m = {"speedup": round(pooled.ratio, 2), "speedup_iqr": round(pooled.ratio_iqr, 2), "tiers": TIERS.describe(), **rec}
+    assert review.near_boundary(m) is not None  # the summary still says "regrade recommended"
+
+
+def test_a_jittery_submission_cannot_buy_a_second_remeasurement():
+    """Fast and slow rounds alternating: every measurement is near (wide IQR), still exactly one re-measurement."""
+    jitter = [1.6, 3.9, 1.7, 4.1, 1.5, 3.8, 1.6, 4.0, 1.8]
+    fake = Fake(jitter, jitter, jitter)
+    pooled, _, rec = remeasure.measured(fake, 9, TIERS)
+    assert fake.calls == 2 and sum(fake.rounds) <= 3 * 9  # at most ~2x the timed rounds of one measurement
+    assert rec["remeasured"] and len(pooled.ratios) == 27
+    assert "pooled 27 rounds" in remeasure.message(rec)
+
+
+def test_no_budget_left_skips_the_remeasurement_and_says_so():
+    near = [2.9, 3.0, 3.1, 2.95, 3.05]
+    t = iter([0.0, 10.0])  # the first measurement took 10 s: 20 s more for twice the rounds
+    fake = Fake(near)
+    got, _, rec = remeasure.measured(fake, 5, TIERS, time_left=lambda: 25.0, clock=lambda: next(t))
+    assert fake.calls == 1 and not rec["remeasured"] and "25 s left" in rec["remeasure_skipped"]
+    assert "not re-measured" in remeasure.message(rec)
+
+
+def test_the_bonus_and_required_ratio_boundaries_count_too():
+    assert remeasure.near(ab([3.9, 4.0, 4.1, 3.95, 4.05]), TIERS) is not None  # the bonus tier's 4x
+    assert remeasure.near(ab([3.9, 4.0, 4.1, 3.95, 4.05]), None, required_ratio=4.0) is not None
+    assert remeasure.near(ab([3.5, 3.52, 3.55]), TIERS) is None
+
+
+def test_switched_off_it_only_records_why():
+    fake = Fake([2.9, 3.0, 3.1, 2.95, 3.05])
+    _, _, rec = remeasure.measured(fake, 5, TIERS, policy=remeasure.Policy(enabled=False))
+    assert fake.calls == 1 and "switched off" in rec["remeasure_skipped"]
+
+
+def test_the_remeasurement_never_runs_longer_than_the_check_so_far():
+    """Timed rounds were most of the check: the re-measurement gets as many rounds as the time spent allows."""
+    near = [2.9, 3.0, 3.1, 2.95, 3.05]
+    t = iter([0.0, 10.0])
+    fake = Fake(near, near)
+    remeasure.measured(fake, 10, TIERS, spent=lambda: 15.0, clock=lambda: next(t))
+    assert fake.rounds == [10, 15]  # 1.5 s a round; 15 s spent so far: 15 rounds, not 20
+
+
+class _Res:
+    def __init__(self, m: dict):
+        self.checks = [{"check": "lab4.speed", "measurements": m}]
+
+
+def test_the_summary_lists_a_remeasured_verdict_in_one_line_and_keeps_the_flag_while_still_near():
+    near = [2.9, 3.0, 3.1, 2.95, 3.05]
+    pooled, _, rec = remeasure.measured(Fake(near, near), 5, TIERS)
+    m = {"speedup": round(pooled.ratio, 2), "speedup_iqr": round(pooled.ratio_iqr, 2), "tiers": TIERS.describe(), **rec}
+    kinds = {f["kind"]: f["why"] for f in review.flags(_Res(m))}
+    assert set(kinds) == {review.REMEASURED, review.NEAR_BOUNDARY}
+    assert "after one re-measurement" in kinds[review.NEAR_BOUNDARY] and "pooled 15 rounds" in kinds[review.REMEASURED]
+    lines = review.summary_lines([{"student_id": "ann", "review": review.flags(_Res(m))}])
+    assert sum(1 for ln in lines if ln.startswith("  ann: lab4.speed: first")) == 1
+    assert any(ln.startswith("RE-MEASURED BEFORE SCORING") for ln in lines)
+
+
+def test_a_remeasured_verdict_that_left_the_boundary_is_listed_but_not_flagged():
+    far = {"speedup": 3.2, "speedup_iqr": 0.05, "tiers": TIERS.describe(), "remeasured": True,
+           "first_measurement": {"ratio": 2.98, "iqr": 0.1, "rounds": 9}, "pooled": {"ratio": 3.2, "rounds": 27}}
+    assert [f["kind"] for f in review.flags(_Res(far))] == [review.REMEASURED]
+
+
+def test_the_course_readme_states_the_policy():
+    from labkit.env import REPO_ROOT
+
+    text = " ".join((REPO_ROOT / "assignments" / "README.md").read_text().split())
+    assert remeasure.Policy().rounds_factor == 2.0 and "up to twice the timed rounds" in text
+    assert "At most one re-measurement per check" in text and "python benchmarks/grade_boundary.py" in text
