@@ -108,7 +108,7 @@ def test_lab4_speed_check_grades_a_t4_on_its_own_tiers(t4, monkeypatch):
     from autograder import lab4_checks
 
     seen = []
-    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers: seen.append(tiers) or {"fraction": 1.0})
+    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers, klass: seen.append(tiers) or {"fraction": 1.0})
     lab4_checks.check_speed(SimpleNamespace(device=t4, hardware="tensor_core_gpu"))
     from autograder import gpu_policy
 
@@ -119,7 +119,7 @@ def test_lab4_speed_check_on_an_h100_class_card_keeps_the_calibrated_tiers(a100,
     from autograder import gpu_policy, lab4_checks
 
     seen = []
-    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers: seen.append(tiers) or {"fraction": 1.0})
+    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers, klass: seen.append(tiers) or {"fraction": 1.0})
     lab4_checks.check_speed(SimpleNamespace(device=torch.device("cuda", 0), hardware="tensor_core_gpu"))
     assert seen == [gpu_policy.LAB4_SPEED_TIERS["bf16_tensor_core_gpu"]]
 
