@@ -19,7 +19,8 @@ import math
 import re
 from collections.abc import Sequence
 
-from labkit.env import LabkitError, gpu_facts, pick_device
+from labkit import env
+from labkit.env import LabkitError, pick_device
 from labkit.matmul import KINDS, bench_matmul
 
 # Dense (no sparsity) TFLOP/s and SM counts, keyed by a pattern of the name CUDA reports: H100 from NVIDIA's H100
@@ -56,7 +57,7 @@ def datasheet_peak(device_name: str, kind: str = "bf16") -> float | None:
 
 def sm_count(device=None) -> int | None:
     """Streaming multiprocessors of a CUDA device (labkit.env.gpu_facts); None on a CPU."""
-    facts = gpu_facts(device)
+    facts = env.gpu_facts(device)  # looked up at call time, so a test's faked card (tests/t4_fake.py) reaches it
     return None if facts is None else facts.multiprocessors
 
 
