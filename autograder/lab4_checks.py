@@ -377,10 +377,10 @@ def _speed(ctx, tiers: Tiers, klass: str | None = None) -> dict:
          "worst_timed_loss_gap_share": round(verify.worst["loss_gap_share"], 3),
          "worst_timed_update_cosine_margin": round(verify.worst["update_cosine_margin"], 4)}
     m.update(_tensor_core_evidence(ctx, sz))
-    if frac == 0:
-        raise CheckFailed(f"{ab.ratio:.2f}x the naive step, below the first tier ({tiers.describe()})", **m)
-    bonus = " BONUS tier reached (+1 extra credit)" if m["bonus"] else ""
     on = f" Tiers of the {klass} class ({m['tier_basis']})." if klass else ""
+    if frac == 0:
+        raise CheckFailed(f"{ab.ratio:.2f}x the naive step, below the first tier ({tiers.describe()}).{on}", **m)
+    bonus = " BONUS tier reached (+1 extra credit)" if m["bonus"] else ""
     return {"fraction": frac, "message": f"{ab.ratio:.2f}x the naive step ({m['student_img_per_s']} vs "
                                          f"{m['naive_img_per_s']} img/s at batch {sz['batch']}).{bonus}{on}",
             "measurements": m}

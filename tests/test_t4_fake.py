@@ -201,3 +201,33 @@ def test_the_fake_leaves_nothing_behind():
 
 def test_the_notebook_run_stays_cheap(t4_run):
     assert t4_run["_seconds"] < 120, f"{t4_run['_seconds']:.0f} s: select fewer cells (see the module docstring)"
+
+
+def test_lab4_grades_a_t4_on_its_own_tier_class_with_an_fp16_twin(t4, tmp_path, monkeypatch):
+    """Lab 4's trusted checks in this (trusted) process under the fake, on CPU-sized problems as
+    test_hostile_lab4.py runs them: the T4 tier class, the fp16 reference twin, and a verdict that names the class.
+    The student's sandboxed process never sees the fake: the grader reads the card itself."""
+    from autograder import gpu_policy, harness, jail
+    from autograder import lab4_checks as L
+
+    nb = ROOT / "assignments" / "source" / "lab4_speedrun" / "lab4_speedrun.ipynb"  # the reference solution
+
+    monkeypatch.setattr(L, "SPEED_ROUNDS", {"rounds": 2, "warmup": 1, "inner": 3})
+    monkeypatch.setattr(L, "SPEED_WARMUP_STEPS", 3)
+    box, work = tmp_path / "box", tmp_path / "work"
+    box.mkdir()
+    work.mkdir()
+    f = box / "student_speedrun.py"
+    f.write_text(harness.student_file_from_notebook(nb, tmp_path).read_text())
+    dev = env.pick_device()
+    ctx = harness.Context(device=dev, hardware=harness.hardware_class(dev), small=True, work_dir=work,
+                          student_file=f, sandbox="bwrap" if jail.probe() is None else "none")
+    try:
+        v = harness._run_in_worker(harness.CHECKS["lab4.speed"], ctx)
+    finally:
+        ctx.close()
+    m = v["measurements"]
+    assert v["gradable"] and v["hardware"] == "tensor_core_gpu" and v["device"] == "cpu", v
+    assert m["tier_class"] == "fp16_tensor_core_gpu" and m["twin_dtype"] == "torch.float16", m
+    assert m["tiers"] == gpu_policy.LAB4_SPEED_TIERS["fp16_tensor_core_gpu"].describe()
+    assert "Tiers of the fp16_tensor_core_gpu class (policy (T4 class, not yet calibrated on a T4))" in v["message"]
