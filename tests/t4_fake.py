@@ -13,6 +13,8 @@ CPU branch: those launch CUDA kernels, which no fake can run.
 
     with fake_t4():                     # in a test (or the `t4` fixture of tests/test_t4_fake.py)
         assert amp_precision() == "fp16"
+    with fake_t4(cuda_device=True):     # "cuda" resolves too: for decisions about a cuda device only
+        plan_ladder(torch.device("cuda", 0), quick=False)
 
     python tests/t4_fake.py SPEC.json OUT.json   # run notebook cells under the fake (see run_cells)
 """
@@ -42,24 +44,36 @@ def t4_facts():
 
 
 @contextlib.contextmanager
-def fake_t4():
-    """Within the block every device reports a Tesla T4's facts; tensors still compute on the CPU."""
+def fake_gpu(facts, *, cuda_device: bool = False):
+    """Within the block every device reports the card `facts` (a labkit.env.GpuFacts); tensors compute on the CPU.
+
+    cuda_device=True also makes torch.cuda.is_available() say yes, so that decisions about an explicit "cuda"
+    device (capabilities("cuda"), pick_device, doctor) can be asked; then nothing may put a tensor there, and
+    pick_device() picks "cuda": use it for decisions only, never to run a notebook.
+    """
     import torch
 
     from labkit import env
 
-    facts = t4_facts()
-    props = mock.Mock(name=T4_NAME, major=T4_CAPABILITY[0], minor=T4_CAPABILITY[1], total_memory=T4_MEMORY_BYTES,
-                      multi_processor_count=T4_SMS)
-    props.name = T4_NAME  # Mock(name=...) names the mock, not the attribute
+    props = mock.Mock(major=facts.capability[0], minor=facts.capability[1], total_memory=facts.memory_bytes,
+                      multi_processor_count=facts.multiprocessors)
+    props.name = facts.name  # Mock(name=...) would name the mock, not set the attribute
+    fakes = [("get_device_capability", lambda device=None: facts.capability),
+             ("get_device_name", lambda device=None: facts.name),
+             ("get_device_properties", lambda device=None: props),
+             ("is_bf16_supported", lambda *a, **k: True)]  # what torch answers on every card: it emulates bf16
+    if cuda_device:
+        fakes += [("is_available", lambda: True), ("device_count", lambda: 1), ("current_device", lambda: 0)]
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(env, "gpu_facts", lambda device=None: facts))
-        for attr, fake in (("get_device_capability", lambda device=None: T4_CAPABILITY),
-                           ("get_device_name", lambda device=None: T4_NAME),
-                           ("get_device_properties", lambda device=None: props),
-                           ("is_bf16_supported", lambda *a, **k: True)):  # torch says yes on a T4: it emulates bf16
+        for attr, fake in fakes:
             stack.enter_context(mock.patch.object(torch.cuda, attr, fake))
         yield facts
+
+
+def fake_t4(*, cuda_device: bool = False):
+    """`fake_gpu` with a Tesla T4: every device reports the T4's facts; tensors still compute on the CPU."""
+    return fake_gpu(t4_facts(), cuda_device=cuda_device)
 
 
 def run_cells(spec: dict) -> dict:

@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
+import t4_fake
 import torch
 
 from labkit import env, notebooks, waves
 from labkit import train as T
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import t4_fake  # noqa: E402
 
 # A cell reads a card fact when it calls one of labkit's fact functions or uses what a setup cell derived from them.
 HARDWARE = re.compile(r"\b(caps|capabilities|amp_precision|native_bf16|sm_count|AMP|SMS)\b|\bgpu_facts\(")
