@@ -1,7 +1,8 @@
 """What machine is this, what can it do, and which switches are on.
 
 `environment()` is attached to every result file; `doctor()` is the `labkit doctor` command;
-`torch_switches()` flips TF32 / cuDNN switches for a block and restores them afterwards.
+`torch_switches()` flips TF32 / cuDNN switches for a block and restores them afterwards. `gpu_facts()` is the one
+reader of the card's facts (name, compute capability, memory, SMs): tests fake a T4 through it (tests/t4_fake.py).
 Nothing here changes global state at import time.
 """
 

@@ -1,14 +1,16 @@
 """The free Colab GPU, a Tesla T4, faked on a CPU (tests/t4_fake.py): the notebooks' hardware decisions and lab 4's
 trusted checks take the T4's branches and say so.
 
-Why not run all seven notebooks again under the fake: their CPU quick paths take minutes on 2 cores and
-test_notebooks.py already runs every cell of them. The fake changes only what `labkit.env.gpu_facts` reports
-(tensors stay on the CPU), so a cell can behave differently under it only if it reads a card fact. This test finds
-those cells by name (HARDWARE), runs them with every earlier cell they need (found from the names they load) in
-one process under the fake, and asserts on what they print; `test_every_hardware_cell_is_covered` ties the
-selection to the notebooks, so a new hardware-branching cell is picked up. Cells that branch on where tensors live
-(ON_GPU, DEVICE.type) launch CUDA kernels in their GPU branch, which no fake can run: for those the test checks
-that the GPU branch asks the card for its 16-bit format instead of naming bf16.
+Why not run all seven notebooks again under the fake: test_notebooks.py already runs every cell of them on the
+CPU, and a second full run would cost as much again of the CI's budget. The fake changes only what
+`labkit.env.gpu_facts` reports (tensors stay on the CPU), so a cell can behave differently under it only if it
+reads a card fact. This test finds those cells by name (HARDWARE), runs them with every earlier cell they need
+(found from the names they load) in one process under the fake (about 3 s on an idle 2-core machine), and asserts
+on what they print; `test_every_hardware_cell_is_covered` ties the selection to the notebooks, so a new
+card-reading cell is picked up. Two kinds of cell cannot run under the fake, because they need the card itself:
+cells that train on DEVICE in the card's 16-bit format (AMP is fp16 here, and labkit refuses fp16 autocast on a
+CPU) and the GPU branches of cells that test where tensors live (ON_GPU, DEVICE.type), which launch CUDA kernels.
+For those the test checks the source: they take the format from AMP / caps["amp"], never "bf16" by name.
 """
 
 import ast
