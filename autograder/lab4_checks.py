@@ -369,8 +369,8 @@ def _speed(ctx, tiers: Tiers, klass: str | None = None) -> dict:
     frac = tiers.fraction(ab.ratio)
     m = {"speedup": round(ab.ratio, 2), "speedup_iqr": round(ab.ratio_iqr, 2), "batch": sz["batch"],
          "naive_img_per_s": round(sz["batch"] / ab.a.median), "student_img_per_s": round(sz["batch"] / ab.b.median),
-         "tiers": tiers.describe(), "tier_class": klass,
-         "tier_basis": gpu_policy.LAB4_TIER_BASIS.get(klass), "twin_dtype": str(_twin_dtype(ctx.device)), "bonus": bool(tiers.bonus and ab.ratio >= tiers.bonus),
+         "tiers": tiers.describe(), "tier_class": klass, "tier_basis": gpu_policy.LAB4_TIER_BASIS.get(klass),
+         "twin_dtype": str(_twin_dtype(ctx.device)), "bonus": bool(tiers.bonus and ab.ratio >= tiers.bonus),
          "extra_credit": 1 if tiers.bonus and ab.ratio >= tiers.bonus else 0, **notes,
          "timed_steps_verified": verify.steps, "timed_rounds_verified": verify.done["timed"],
          "warmup_rounds_verified": verify.done["warmup"],
