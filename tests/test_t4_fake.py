@@ -2,7 +2,8 @@
 trusted checks take the T4's branches and say so.
 
 Why not run all seven notebooks again under the fake: test_notebooks.py already runs every cell of them on the
-CPU, and a second full run would cost as much again of the CI's budget. The fake changes only what
+CPU (94 s for the seven on this 2-core machine, shared), a second full run would cost as much again, and it could
+not pass: week 3's training cells would train fp16 on the CPU, which labkit refuses. The fake changes only what
 `labkit.env.gpu_facts` reports (tensors stay on the CPU), so a cell can behave differently under it only if it
 reads a card fact. This test finds those cells by name (HARDWARE), runs them with every earlier cell they need
 (found from the names they load) in one process under the fake (about 3 s on an idle 2-core machine), and asserts
