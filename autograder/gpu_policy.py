@@ -43,16 +43,14 @@ def lab4_speed_class(device, hardware: str) -> str | None:
     for other accelerators, None where speed is not graded (`hardware`, harness.hardware_class, is "cpu")."""
     if hardware == "cpu":
         return None
-    import torch
+    from labkit.env import NATIVE_BF16_CAPABILITY, gpu_facts
 
-    dev = torch.device(device)
-    if dev.type != "cuda":
+    facts = gpu_facts(device)
+    if facts is None:
         return "gpu"
-    from labkit.env import native_bf16
-
-    if native_bf16(dev):
+    if facts.capability >= NATIVE_BF16_CAPABILITY:
         return "bf16_tensor_core_gpu"
-    return "fp16_tensor_core_gpu" if torch.cuda.get_device_capability(dev)[0] >= 7 else "gpu"
+    return "fp16_tensor_core_gpu" if facts.capability[0] >= 7 else "gpu"
 
 
 def lab4_speed_tiers(device, hardware: str) -> tuple[str, Tiers] | None:

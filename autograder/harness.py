@@ -341,10 +341,12 @@ def hardware_class(device) -> str:
     """'tensor_core_gpu' (CUDA, compute capability >= 7.0), 'gpu' (other accelerators) or 'cpu'."""
     import torch
 
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "tensor_core_gpu" if torch.cuda.get_device_capability(device)[0] >= 7 else "gpu"
-    return "cpu" if device.type == "cpu" else "gpu"
+    from labkit.env import gpu_facts
+
+    facts = gpu_facts(device)  # the card's facts, read here in the trusted process, never the student's
+    if facts is not None:
+        return "tensor_core_gpu" if facts.capability[0] >= 7 else "gpu"
+    return "cpu" if torch.device(device).type == "cpu" else "gpu"
 
 
 def _one_line(e: BaseException) -> str:

@@ -53,8 +53,7 @@ def sizes(ctx) -> dict:
 
 def _twin_dtype(device) -> torch.dtype:
     """bf16 where the device has it (CPU, Ampere and newer), else fp16 (older GPUs)."""
-    dev = torch.device(device)
-    return torch.float16 if dev.type == "cuda" and not native_bf16(dev) else torch.bfloat16
+    return torch.bfloat16 if native_bf16(device) else torch.float16
 
 
 def _student_trajectory(ctx, params: dict, n_params: int):
@@ -353,16 +352,18 @@ def _check_base(result, params) -> None:
 
 
 def check_speed(ctx) -> dict:
-    tiers = SPEED_TIERS.get(ctx.hardware) and gpu_policy.lab4_speed_tiers(ctx.device, ctx.hardware)[1]
-    if not tiers:
+    picked = SPEED_TIERS.get(ctx.hardware) and gpu_policy.lab4_speed_tiers(ctx.device, ctx.hardware)
+    if not picked:
         raise NotGradable("the ResNet-18 speed tiers need a CUDA GPU (they are calibrated on tensor-core GPUs); "
                           "correctness and host syncs are graded here, speed on a GPU machine")
-    return _speed(ctx, tiers)
+    klass, tiers = picked
+    return _speed(ctx, tiers, klass)
 
 
-def _speed(ctx, tiers: Tiers) -> dict:
+def _speed(ctx, tiers: Tiers, klass: str | None = None) -> dict:
     """Correctness first, then the student's step against the naive step, each round on fresh batches, timed
-    rounds spot-checked (`_Verifier`); the tiers decide the share of the points."""
+    rounds spot-checked (`_Verifier`); the tiers (of hardware class `klass`, gpu_policy) decide the share of
+    the points, and the verdict names the class and its basis (calibrated, or a policy)."""
     t0 = time.monotonic()
     m, start = _correctness(ctx, HYPER, seed=SEEDS["speed"], keep=True)  # correctness gates speed
     sz = sizes(ctx)
@@ -393,7 +394,8 @@ def _speed(ctx, tiers: Tiers) -> dict:
     m = {"speedup": round(ab.ratio, 2), "speedup_iqr": round(ab.ratio_iqr, 2), "timed_rounds": len(ab.ratios),
          **record, "batch": sz["batch"],
          "naive_img_per_s": round(sz["batch"] / ab.a.median), "student_img_per_s": round(sz["batch"] / ab.b.median),
-         "tiers": tiers.describe(), "bonus": bool(tiers.bonus and ab.ratio >= tiers.bonus),
+         "tiers": tiers.describe(), "tier_class": klass, "tier_basis": gpu_policy.LAB4_TIER_BASIS.get(klass),
+         "twin_dtype": str(_twin_dtype(ctx.device)), "bonus": bool(tiers.bonus and ab.ratio >= tiers.bonus),
          "extra_credit": 1 if tiers.bonus and ab.ratio >= tiers.bonus else 0, **notes,
          "timed_steps_verified": verify.steps, "timed_rounds_verified": verify.total["timed"],
          "warmup_rounds_verified": verify.total["warmup"],
@@ -401,11 +403,13 @@ def _speed(ctx, tiers: Tiers) -> dict:
          "worst_timed_update_cosine_margin": round(verify.worst["update_cosine_margin"], 4)}
     m.update(_tensor_core_evidence(ctx, sz))
     again = remeasure.message(record)
+    on = f" Tiers of the {klass} class ({m['tier_basis']})." if klass else ""
     if frac == 0:
-        raise CheckFailed(f"{ab.ratio:.2f}x the naive step, below the first tier ({tiers.describe()}).{again}", **m)
+        raise CheckFailed(f"{ab.ratio:.2f}x the naive step, below the first tier ({tiers.describe()}).{on}{again}",
+                          **m)
     bonus = " BONUS tier reached (+1 extra credit)" if m["bonus"] else ""
     return {"fraction": frac, "message": f"{ab.ratio:.2f}x the naive step ({m['student_img_per_s']} vs "
-                                         f"{m['naive_img_per_s']} img/s at batch {sz['batch']}).{bonus}{again}",
+                                         f"{m['naive_img_per_s']} img/s at batch {sz['batch']}).{bonus}{on}{again}",
             "measurements": m}
 
 

@@ -1,13 +1,15 @@
 """What machine is this, what can it do, and which switches are on.
 
 `environment()` is attached to every result file; `doctor()` is the `labkit doctor` command;
-`torch_switches()` flips TF32 / cuDNN switches for a block and restores them afterwards.
+`torch_switches()` flips TF32 / cuDNN switches for a block and restores them afterwards. `gpu_facts()` is the one
+reader of the card's facts (name, compute capability, memory, SMs): tests fake a T4 through it (tests/t4_fake.py).
 Nothing here changes global state at import time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import importlib
 import importlib.metadata
@@ -44,8 +46,6 @@ OPTIONAL_PACKAGES = [("lightning", "lightning"), ("py-spy", None)]
 
 def replace_fields(cfg, **changes):
     """A copy of dataclass instance `cfg` with fields replaced; unknown field names raise a LabkitError."""
-    import dataclasses
-
     names = [f.name for f in dataclasses.fields(cfg)]
     bad = sorted(set(changes) - set(names))
     if bad:
@@ -119,15 +119,38 @@ def _version(dist: str) -> str | None:
 NATIVE_BF16_CAPABILITY = (8, 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuFacts:
+    """What the kit reads about a CUDA card: one record, so that a test can fake a card (tests/t4_fake.py)."""
+
+    name: str  # as torch.cuda.get_device_name() reports it, e.g. "Tesla T4"
+    capability: tuple[int, int]  # CUDA compute capability (major, minor)
+    memory_bytes: int  # total device memory, bytes
+    multiprocessors: int  # streaming multiprocessors (SMs)
+    bf16_emulated: bool  # torch runs bf16 here without bf16 tensor cores (capability < 8.0)
+    simulated: bool = False  # True only for a test's faked card: nothing measured under it is a GPU number
+
+
+def gpu_facts(device: torch.device | str | None = None) -> GpuFacts | None:
+    """The card behind `device` (None for a CPU or MPS device): the one place the kit asks torch.cuda about
+    hardware, for native_bf16, capabilities, environment, waves.sm_count and the grader's hardware classes."""
+    dev = pick_device(device)
+    if dev.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(dev)
+    cap = tuple(torch.cuda.get_device_capability(dev))
+    return GpuFacts(name=torch.cuda.get_device_name(dev), capability=cap, memory_bytes=props.total_memory,
+                    multiprocessors=props.multi_processor_count,
+                    bf16_emulated=cap < NATIVE_BF16_CAPABILITY and bool(torch.cuda.is_bf16_supported()))
+
+
 def native_bf16(device: torch.device | str | None = None) -> bool:
     """Whether bf16 runs on this device's matrix units: CUDA compute capability 8.0+, or a CPU (autocast's bf16).
 
     Not `torch.cuda.is_bf16_supported()`, which counts emulation (a T4, capability 7.5, answers yes).
     """
-    dev = pick_device(device)
-    if dev.type != "cuda":
-        return True
-    return tuple(torch.cuda.get_device_capability(dev)) >= NATIVE_BF16_CAPABILITY
+    facts = gpu_facts(device)
+    return facts is None or facts.capability >= NATIVE_BF16_CAPABILITY
 
 
 def amp_precision(device: torch.device | str | None = None) -> str:
@@ -139,7 +162,8 @@ def capabilities(device: torch.device | str | None = None) -> dict:
     """What the device supports: tensor cores, bf16/fp16/fp8 math, TF32, and the current switch settings.
 
     "bf16" is native bf16 only (compute capability 8.0+); "bf16_emulated" says torch runs it anyway, without
-    tensor cores; "amp" is the 16-bit format the course uses here (`amp_precision`).
+    tensor cores; "amp" is the 16-bit format the course uses here (`amp_precision`). "device_type" is where
+    tensors compute; the card's fields come from `gpu_facts` (under a test's faked card: that card, on a CPU).
     """
     dev = pick_device(device)
     caps = {
@@ -151,24 +175,26 @@ def capabilities(device: torch.device | str | None = None) -> dict:
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
-    if dev.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(dev)
+    facts = gpu_facts(dev)
+    if facts is not None:
+        major, minor = facts.capability
         cc = major + minor / 10
-        native = native_bf16(dev)
-        props = torch.cuda.get_device_properties(dev)
+        native = facts.capability >= NATIVE_BF16_CAPABILITY
         caps.update(
-            name=torch.cuda.get_device_name(dev),
+            name=facts.name,
             capability=f"{major}.{minor}",
             tensor_cores=major >= 7,
             fp16_tensor_cores=major >= 7,
             bf16=native,
-            bf16_emulated=not native and bool(torch.cuda.is_bf16_supported()),
+            bf16_emulated=facts.bf16_emulated,
             tf32=major >= 8,
             fp8=cc >= 8.9 and hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm"),
-            amp=amp_precision(dev),
-            memory_bytes=props.total_memory,
-            multiprocessors=props.multi_processor_count,
+            amp="bf16" if native else "fp16",
+            memory_bytes=facts.memory_bytes,
+            multiprocessors=facts.multiprocessors,
         )
+        if facts.simulated:
+            caps["simulated"] = True
     else:
         caps.update(name=platform.processor() or platform.machine(), capability=None, tensor_cores=False,
                     fp16_tensor_cores=False, bf16=True, bf16_emulated=False, tf32=False, fp8=False, amp="bf16")
@@ -203,12 +229,14 @@ def environment(command: str | list[str] | None = None, device: torch.device | s
         # NCCL settings change multi-GPU numbers (protocol, algorithm, NVLink multicast): keep them with the result
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
     }
-    if dev.type == "cuda":
-        props = torch.cuda.get_device_properties(dev)
-        rec.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
-                   gpu_memory_bytes=props.total_memory, driver=_nvidia_driver())
-    else:
+    facts = gpu_facts(dev)
+    if dev.type == "cuda" and facts is not None:
+        rec.update(device_name=facts.name, capability="{}.{}".format(*facts.capability),
+                   gpu_memory_bytes=facts.memory_bytes, driver=_nvidia_driver())
+    else:  # timings made on the CPU are CPU numbers, whatever card a test fakes
         rec.update(device_name=f"CPU ({platform.machine()}, {os.cpu_count()} cores)", capability=None)
+    if facts is not None and facts.simulated:
+        rec["simulated_gpu"] = facts.name
     return rec
 
 

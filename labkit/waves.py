@@ -19,8 +19,7 @@ import math
 import re
 from collections.abc import Sequence
 
-import torch
-
+from labkit import env
 from labkit.env import LabkitError, pick_device
 from labkit.matmul import KINDS, bench_matmul
 
@@ -57,10 +56,9 @@ def datasheet_peak(device_name: str, kind: str = "bf16") -> float | None:
 
 
 def sm_count(device=None) -> int | None:
-    """Streaming multiprocessors of a CUDA device (torch.cuda.get_device_properties(...).multi_processor_count);
-    None on a CPU."""
-    dev = pick_device(device)
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+    """Streaming multiprocessors of a CUDA device (labkit.env.gpu_facts); None on a CPU."""
+    facts = env.gpu_facts(device)  # looked up at call time, so a test's faked card (tests/t4_fake.py) reaches it
+    return None if facts is None else facts.multiprocessors
 
 
 def tile_waves(m: int, n: int, sms: int, tile: tuple[int, int] = (128, 128)) -> dict:

@@ -1,13 +1,15 @@
 """A faked T4 (compute capability 7.5, the free Colab GPU): bf16 is emulated there, so every path that would use
 it (capabilities, the ladder's rungs, the notebooks' precision choice, lab 4's reference twin and speed tiers)
-must fall back to fp16 with loss scaling and say so. torch.cuda is monkeypatched in-process; nothing runs on a
-GPU, only the decisions are checked."""
+must fall back to fp16 with loss scaling and say so. The card is faked by tests/t4_fake.py with a "cuda" device
+that resolves; nothing runs on a GPU, only the decisions are checked. tests/test_t4_fake.py runs the notebooks'
+card-reading cells and lab 4's speed check under the same fake."""
 
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import t4_fake
 import torch
 
 from labkit import env
@@ -17,29 +19,18 @@ from labkit.env import LabkitError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _fake_gpu(monkeypatch, capability, name):
-    props = SimpleNamespace(name=name, major=capability[0], minor=capability[1], total_memory=15 * 2**30,
-                            multi_processor_count=40)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
-    # what torch answers on a real T4: yes, because it can emulate bf16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+@pytest.fixture
+def t4():
+    with t4_fake.fake_t4(cuda_device=True):
+        yield torch.device("cuda", 0)
 
 
 @pytest.fixture
-def t4(monkeypatch):
-    _fake_gpu(monkeypatch, (7, 5), "Tesla T4")
-    return torch.device("cuda", 0)
-
-
-@pytest.fixture
-def a100(monkeypatch):
-    _fake_gpu(monkeypatch, (8, 0), "NVIDIA A100")
-    return torch.device("cuda", 0)
+def a100():
+    facts = env.GpuFacts(name="NVIDIA A100", capability=(8, 0), memory_bytes=40 * 2**30, multiprocessors=108,
+                         bf16_emulated=False, simulated=True)
+    with t4_fake.fake_gpu(facts, cuda_device=True):
+        yield torch.device("cuda", 0)
 
 
 def test_capabilities_count_only_native_bf16(t4):
@@ -108,7 +99,7 @@ def test_lab4_speed_check_grades_a_t4_on_its_own_tiers(t4, monkeypatch):
     from autograder import lab4_checks
 
     seen = []
-    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers: seen.append(tiers) or {"fraction": 1.0})
+    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers, klass: seen.append(tiers) or {"fraction": 1.0})
     lab4_checks.check_speed(SimpleNamespace(device=t4, hardware="tensor_core_gpu"))
     from autograder import gpu_policy
 
@@ -119,7 +110,7 @@ def test_lab4_speed_check_on_an_h100_class_card_keeps_the_calibrated_tiers(a100,
     from autograder import gpu_policy, lab4_checks
 
     seen = []
-    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers: seen.append(tiers) or {"fraction": 1.0})
+    monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers, klass: seen.append(tiers) or {"fraction": 1.0})
     lab4_checks.check_speed(SimpleNamespace(device=torch.device("cuda", 0), hardware="tensor_core_gpu"))
     assert seen == [gpu_policy.LAB4_SPEED_TIERS["bf16_tensor_core_gpu"]]
 
