@@ -717,9 +717,10 @@ def _log_plan(plan: LadderPlan, env: dict, base: TrainConfig, data: str, quick: 
 
 
 def _target_accuracy(baseline_runs: list[dict]) -> float | None:
-    """The accuracy every rung's time-to-target aims at: the baseline's final test accuracy (median of its runs)."""
+    """The accuracy every rung's time-to-target aims at (`report.target_accuracy`): the lowest final test accuracy
+    among the baseline's runs."""
     accs = [r["accuracy"] for r in baseline_runs if r.get("accuracy") is not None]
-    return float(np.median(accs)) if accs else None
+    return float(min(accs)) if accs else None
 
 
 def _mfu_peak(dev: torch.device) -> tuple[float | None, str | None]:

@@ -315,7 +315,7 @@ def test_merge_puts_rerecorded_traces_into_the_corpus_and_rediagnoses(tmp_path, 
     assert [r["name"] for r in got["traces"]] == [r["name"] for r in keep]
     merged = got["traces"][0]
     assert merged["how"] == "the program as redesigned" and merged["recorded"]["device_name"] == "Card B"
-    assert got["env"] == rec["env"] and got["merged"][0]["names"] == [row["name"]]
+    assert got["env"] == rec["env"] and got["merged"][-1]["names"] == [row["name"]]
     assert got["accuracy"]["recorded"] == 2 and "rediagnosed" in got["diagnosed_with"]
 
 

@@ -62,8 +62,13 @@ def test_results_page_states_the_crosscheck_as_recorded():
     assert f"on {q['bound by']['agree']} of {q['bound by']['of']}:" in page
     host = [r["theirs"]["idle"]["split"]["host_wait"] for r in rows.values() if r["ours"]["causes"][0]["cause"] != "compute"]
     assert f"puts {100 * min(host):.0f}–{max(host):.0%} of the GPU's idle time down to host wait" in page
-    compute = [r for r in rows.values() if r["ours"]["causes"][0]["cause"] == "compute"]
-    assert len(compute) == 3 and all(r["theirs"]["idle"]["split"]["kernel_wait"] == 1.0 for r in compute)
+    alone = [r for r in rows.values() if r["ours"]["causes"][0]["cause"] == "compute" and r["ours"]["causes"][1]["share"] < 0.1]
+    assert len(alone) == 3 and all(r["theirs"]["idle"]["split"]["kernel_wait"] == 1.0 for r in alone)
+    assert s["disagreements"]["bound by"] == ["mixed_transformer_and_sync"]
+    mt = rows["mixed_transformer_and_sync"]
+    assert f"ranks compute first ({mt['ours']['causes'][0]['share']:.0%}) with sync second " \
+           f"({mt['ours']['causes'][1]['share']:.0%})" in page
+    assert f"finds the GPU idle {mt['theirs']['temporal']['idle_share']:.0%} of its span" in page
     idle, exact = q["GPU idle share"], q["GPU idle share, HTA without its us rounding"]
     assert f"within 10 points on {idle['agree']} of {idle['of']}, and within 1 point on {exact['agree']} of " \
            f"{exact['of']}" in page
@@ -150,3 +155,18 @@ def test_with_hta_installed_the_reading_matches_the_committed_one():
     d = D.diagnose(SMALL, hta=True)
     assert d.evidence["hta"]["host_wait"] == pytest.approx(row["theirs_without_rounding"]["idle"]["split"]["host_wait"])
     assert any(n.startswith("Holistic Trace Analysis") for n in d.notes)
+
+
+def test_results_page_states_the_corpus_accuracy_and_interventions_as_recorded():
+    corpus, _ = _records()
+    page = results_page()
+    acc = corpus["accuracy"]
+    assert acc["all"] == 1.0 and acc["recorded"] == 14 and "it names the intended cause of all 14" in page
+    rows = {t["name"]: t for t in corpus["traces"]}
+    sp = lambda name, what: rows[name]["intervention"]["removed"][what]["speedup"]  # noqa: E731
+    assert f"sync_grad_norm_logging up {sp('sync_grad_norm_logging', 'reads'):.2f}x and mixed_transformer_and_sync " \
+           f"{sp('mixed_transformer_and_sync', 'reads'):.2f}x" in page
+    assert f"mixed_loader_and_item up {sp('mixed_loader_and_item', 'data'):.2f}x" in page
+    assert f"gains nothing ({sp('mixed_loader_and_item', 'reads'):.2f}x)" in page
+    share = rows["mixed_loader_and_item"]["intervention"]["removed"]["reads"]["diagnosed_share"]
+    assert f"the reads' {share:.0%} of the step" in page

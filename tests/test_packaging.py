@@ -368,3 +368,40 @@ def test_results_page_cold_start_numbers_match_their_record():
     assert d["rung"] == "muon" and len(cold) == len(art) == 2
     assert (f"first `muon` step takes {min(art):.1f}–{max(art):.1f} s, against {min(cold):.1f}–{max(cold):.1f} s "
             "with nothing cached") in " ".join(results_page().split())
+
+
+def test_results_page_ablation_and_boundary_remeasurement_match_their_records():
+    """The leave-one-out table and its time to target, and the H100 record of a near-boundary re-measurement."""
+    import json
+
+    from labkit import report
+
+    res = ROOT / "benchmarks" / "results"
+    page = results_page()
+    ab = json.loads((res / "ladder_ablation.json").read_text())
+    target = report.target_accuracy(ab)
+    assert " ".join(report.ablation_table(ab["rungs"], target).split()) in page
+    assert ab["complete"] and ab["repeats"] == 2 and f"first reached {100 * target:.2f}%" in page
+    rows = {r["rung"]: r for r in report.ladder_rows(ab["rungs"], target)}
+    assert f"reaches it is the top rung without Muon (batch 512, SGD): {rows['without_muon']['to_target_s'][0]:.1f} s " \
+           f"with compilation, {rows['without_muon']['to_target_s'][1]:.1f} s without, against " \
+           f"{rows['baseline']['to_target_s'][0]:.1f} s for the baseline" in page
+    assert all(rows[n]["to_target_s"] is None for n in rows if n != "without_muon" and n != "baseline")
+
+    g = json.loads((res / "grade_boundary_h100.json").read_text())
+    v = {x["submission"].split(" ")[0]: x for x in g["verdicts"]}
+    ref, bd = v["reference"], v["borderline"]
+    assert ref["remeasured"] and bd["remeasured"] and bd["regrade_recommended"] and not ref["regrade_recommended"]
+    for x, boundary in ((ref, 4), (bd, 3)):
+        first = x["first_measurement"]
+        assert abs(first["ratio"] - boundary) <= first["iqr"]
+    assert f"first measured {ref['first_measurement']['ratio']:.2f}x (IQR {ref['first_measurement']['iqr']:.2f})" in page
+    assert f"pooled {ref['pooled']['rounds']} rounds at {ref['pooled']['ratio']:.2f}x" in page
+    assert f"measured {bd['first_measurement']['ratio']:.2f}x (IQR {bd['first_measurement']['iqr']:.2f}), pooled " \
+           f"{bd['pooled']['ratio']:.2f}x over {bd['pooled']['rounds']} rounds" in page
+    states = [m["gpu_state"][k] for x in (ref, bd) for m in (x["first_measurement"], x["remeasurement"])
+              for k in ("start", "end")]
+    assert {s["sm_clock_mhz"] for s in states} == {1980.0} and {s["mem_clock_mhz"] for s in states} == {2619.0}
+    assert not any(s["throttle_reasons"] for s in states)
+    temps = [s["temperature_c"] for s in states]
+    assert f"SM clock 1980 MHz, memory clock 2619 MHz, no throttle reasons, {min(temps):.0f}–{max(temps):.0f} °C" in page
