@@ -89,7 +89,7 @@ def test_ablation_run_writes_its_own_files_with_the_target(tmp_path, monkeypatch
     saved = json.loads((tmp_path / "ablation.json").read_text())
     assert saved["kind"] == "ablation" and saved["target_accuracy"] == pytest.approx(0.3)
     md = (tmp_path / "ablation.md").read_text()
-    assert "| without_channels_last |" in md and "Target accuracy (the baseline's): 30.0%." in md
+    assert "| without_channels_last |" in md and "Target accuracy (the lowest of the baseline's runs): 30.00%." in md
     assert (tmp_path / "ablation.png").exists() and not (tmp_path / "ladder.json").exists()
 
 
