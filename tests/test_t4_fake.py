@@ -233,3 +233,19 @@ def test_lab4_grades_a_t4_on_its_own_tier_class_with_an_fp16_twin(t4, tmp_path, 
     assert m["tier_class"] == "fp16_tensor_core_gpu" and m["twin_dtype"] == "torch.float16", m
     assert m["tiers"] == gpu_policy.LAB4_SPEED_TIERS["fp16_tensor_core_gpu"].describe()
     assert "Tiers of the fp16_tensor_core_gpu class (policy (T4 class, not yet calibrated on a T4))" in v["message"]
+
+
+def test_lab4_states_every_tier_class_it_grades_with():
+    """The lab's instructions quote each hardware class's tiers as gpu_policy sets them (T4 class included)."""
+    import json
+    from pathlib import Path
+
+    from autograder import gpu_policy
+
+    nb = Path(__file__).resolve().parents[1] / "assignments" / "source" / "lab4_speedrun" / "lab4_speedrun.ipynb"
+    text = " ".join("".join(json.loads(nb.read_text())["cells"][0]["source"]).split())
+    t4 = gpu_policy.LAB4_SPEED_TIERS["fp16_tensor_core_gpu"]
+    quoted = ", ".join(f"{b:g}x: {round(6 * f)}" for b, f in t4.steps[:-1])
+    assert f"7.x: the free Colab GPU): {quoted}, **{t4.steps[-1][0]:g}x: 6**, bonus at {t4.bonus:g}x" in text
+    h100 = gpu_policy.LAB4_SPEED_TIERS["bf16_tensor_core_gpu"]
+    assert f"**{h100.steps[-1][0]:g}x: 6**" in text and f"at {h100.bonus:g}x" in text
