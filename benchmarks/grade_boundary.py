@@ -218,6 +218,11 @@ def summary_lines(verdicts: list[dict]) -> list[str]:
     return out
 
 
+def _command(argv) -> str:
+    """The command as run: this script's name and its arguments (those given to main(), else the process's)."""
+    return " ".join(["grade_boundary.py", *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="folder for the record (default benchmarks/results/; --quick: "
@@ -238,7 +243,7 @@ def main(argv=None) -> int:
         print("grade_boundary: --attempts must be at least 1", file=sys.stderr)
         return 2
     if args.quick:
-        return _quick(args)
+        return _quick(args, argv)
     import torch
 
     if not torch.cuda.is_available():
@@ -263,13 +268,13 @@ def main(argv=None) -> int:
     head = git_head()
     path = bench.save_result(f"grade_boundary_{card_tag(card)}", {
         "kind": "grade_boundary", "card": card, "torch": torch.__version__, "git_head": head,
-        "measured_commit": args.commit or head, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "measured_commit": args.commit or head, "command": _command(argv),
         "device": device, "quick": False, **body}, out_dir=args.out, device=device)
     print("\n".join(summary_lines(body["verdicts"])) + f"\nsaved {path}")
     return 0
 
 
-def _quick(args) -> int:
+def _quick(args, argv=None) -> int:
     """The dry path: two synthetic verdicts (one far from a boundary, one near it) through the same record code."""
     from autograder.harness import Tiers
     from labkit import bench
@@ -283,7 +288,7 @@ def _quick(args) -> int:
                 (("reference", [[3.8, 3.81, 3.82]]), ("borderline (attempt 1)", [[2.9, 3.0, 3.1], [3.0, 3.05, 2.95]]))]
     head = git_head()
     body = {"kind": "grade_boundary", "card": "none (--quick: synthetic timings)", "torch": None, "git_head": head,
-            "measured_commit": args.commit or head, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "measured_commit": args.commit or head, "command": _command(argv),
             "device": "cpu", "quick": True, "calibration": None, "verdicts": verdicts}
     path = bench.save_result("grade_boundary_quick", body, out_dir=args.out, device="cpu")
     print("\n".join(summary_lines(verdicts)) + f"\nsaved {path} (synthetic, no GPU)")
