@@ -405,3 +405,20 @@ def test_results_page_ablation_and_boundary_remeasurement_match_their_records():
     assert not any(s["throttle_reasons"] for s in states)
     temps = [s["temperature_c"] for s in states]
     assert f"SM clock 1980 MHz, memory clock 2619 MHz, no throttle reasons, {min(temps):.0f}–{max(temps):.0f} °C" in page
+
+
+def test_results_page_ladder_paragraph_matches_the_ladder_record():
+    """The measured matmul peak and the cold / warm first steps quoted beside the ladder table."""
+    import json
+
+    from labkit import report
+
+    ladder = json.loads((ROOT / "benchmarks" / "results" / "ladder.json").read_text())
+    page = results_page()
+    assert f"commit {ladder['measured_commit'][:12]}, {ladder['env']['timestamp']}" in page
+    assert f"{ladder['peak_bf16_tflops']:.0f} TFLOP/s (the MFU denominator)" in page
+    rows = {r["rung"]: r for r in report.ladder_rows(ladder["rungs"])}
+    m, g = rows["muon"], rows["cuda_graphs"]
+    assert f"{m['first_step_s']:.2f} s for `muon`, {g['first_step_s']:.2f} s for `cuda_graphs`" in page
+    assert f"reuse the graphs the first run compiled ({m['first_step_warm_s']:.2f} s and {g['first_step_warm_s']:.2f} s)" \
+        in page
