@@ -206,15 +206,17 @@ def test_results_page_cold_compile_times_and_executed_notebooks_match_their_reco
             f"{r['cuda_graphs'][0]:.1f} s and {r['cuda_graphs'][1]:.1f} s for `cuda_graphs`, {r['muon'][0]:.1f} s and "
             f"{r['muon'][1]:.1f} s for `muon`") in page
     runs = json.loads((res / "notebooks" / "notebook_runs.json").read_text())["notebooks"]
-    # the week-6 appendix (06b) only prints committed records: it has nothing to execute on a GPU
-    notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb")
-                       if not p.name.startswith("06b_"))
+    notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert sorted(n["path"] for n in runs) == notebooks  # every notebook has an executed copy, and all ran clean
     assert all(n["status"] == "ok" and not n["quick"] and n["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
                for n in runs)
     week6 = (res / "notebooks" / "06_resnet_ladder.md").read_text()
-    row = re.search(r"^\| muon \| ([\d,]+) \| [\d,]+ \| ([\d.]+)x \|", week6, re.M)
+    # the live table has a spread column: | rung | img/s | spread | img/s (all epochs) | speedup | ...
+    row = re.search(r"^\| muon \| ([\d,]+) \| [\d,–]+ \| [\d,]+ \| ([\d.]+)x \|", week6, re.M)
     assert row and f"gives the `muon` rung {row[1]} img/s, {row[2]}x its baseline" in page
+    base = re.search(r"^\| baseline \| ([\d,]+) \| ([\d,]+–[\d,]+) \|", week6, re.M)
+    assert base and f"({base[1]} img/s, spread {base[2]}, against" in page
+    assert all(n["env"]["git_commit"] == runs[0]["env"]["git_commit"] for n in runs)  # one commit, one refresh
 
 
 def test_results_page_top_rung_peers_and_muon_numbers_match_their_results():
