@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.env import LabkitError, replace_fields
+from labkit.env import LabkitError, gpu_facts, native_bf16, replace_fields
 
 PRECISIONS = ("fp32", "default", "tf32", "fp16", "bf16")
 LOADERS = ("pil", "tensor", "resident")
@@ -113,6 +113,52 @@ def quick_base() -> TrainConfig:
     128 steps is about the least that reliably lifts test accuracy far above chance (~50% vs 10%).
     """
     return TrainConfig(width=16, n_train=4096, n_test=512, epochs=2, batch_size=64)
+
+
+# ------------------------------------------------------------------------------------------------ live ladder
+
+LIVE_SIZES = ("auto", "full", "short")
+FULL_SIZE_SMS = 100  # the full live ladder is sized for A100/H100-class cards: bf16 tensor cores and 100+ SMs
+# Short keeps every image (the large-batch rungs still take 12+ steps an epoch) and cuts epochs: the second epoch
+# is still a whole steady-state epoch to time, and each rung still has two runs for a spread.
+SHORT_EPOCHS, SHORT_REPEATS, FULL_REPEATS = 2, 2, 3
+QUICK_RUNGS = ["baseline", "resident_data", "channels_last"]  # the rungs that mean something on a 2-core CPU
+
+
+def live_ladder_size(device=None, quick: bool = False, size: str = "auto"
+                     ) -> tuple[TrainConfig | None, list[str] | None, int, str]:
+    """How big a ladder a notebook runs live on `device`: (base config or None for the full size, rung names or
+    None for all, runs per rung, a line saying what was chosen and why).
+
+    "full": every rung 3 times for 5 epochs (about a quarter of an hour on an H100); "short": 2 times for 2
+    epochs, 4/15 of the images trained; "auto": full on a card with bf16 tensor cores and at least FULL_SIZE_SMS
+    SMs, short on any other GPU (a T4 has 40 SMs and fp16 only). Quick mode (a CPU) always runs the quick
+    ladder: 3 rungs, 2 runs of 512 images, 2 epochs.
+    """
+    if size not in LIVE_SIZES:
+        raise LabkitError(f"live ladder size {size!r}: choose one of {', '.join(LIVE_SIZES)}")
+    if quick:
+        base = with_changes(quick_base(), n_train=512, epochs=2)  # two runs of 512 images: one of 1024's time
+        return base, QUICK_RUNGS, SHORT_REPEATS, (f"quick mode: rungs {', '.join(QUICK_RUNGS)}, {SHORT_REPEATS} "
+                                                 f"runs each on 512 images")
+    facts = gpu_facts(device)
+    card = f"{facts.name}, {facts.multiprocessors} SMs" if facts else "no GPU"
+    if size != "auto":
+        why = f"LIVE_SIZE = {size!r}"
+    elif facts is None:
+        size, why = "full", "full size asked for on a CPU"
+    elif native_bf16(device) and facts.multiprocessors >= FULL_SIZE_SMS:
+        size, why = "full", f"bf16 tensor cores and {FULL_SIZE_SMS}+ SMs"
+    else:
+        size, why = "short", f"fewer than {FULL_SIZE_SMS} SMs or no bf16 tensor cores"
+    full = TrainConfig()
+    if size == "full":
+        return None, None, FULL_REPEATS, (f"live ladder: full size, every rung {FULL_REPEATS} times for "
+                                          f"{full.epochs} epochs ({card}: {why})")
+    return (with_changes(full, epochs=SHORT_EPOCHS), None, SHORT_REPEATS,
+            f"live ladder: short, every rung {SHORT_REPEATS} times for {SHORT_EPOCHS} epochs, "
+            f"{SHORT_REPEATS * SHORT_EPOCHS}/{FULL_REPEATS * full.epochs} of the full size's images ({card}: {why}); "
+            f"LIVE_SIZE = \"full\" runs the recorded size")
 
 
 # ------------------------------------------------------------------------------------------------ ablation

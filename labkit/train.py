@@ -31,6 +31,7 @@ from labkit.models import resnet18, train_flops_per_image
 from labkit.outputs import check_writable, write_json, write_text
 from labkit.presets import (  # noqa: F401  (re-exported: labkit.train is where users find the configs)
     COMPILE_MODES,
+    FULL_REPEATS,
     GRAPH_MODES,
     LADDER,
     LOADERS,
@@ -39,6 +40,7 @@ from labkit.presets import (  # noqa: F401  (re-exported: labkit.train is where 
     RUNG_NAMES,
     TrainConfig,
     ablation,
+    live_ladder_size,
     preset,
     quick_base,
     with_changes,
@@ -565,7 +567,7 @@ def plan_ablation(device: torch.device, quick: bool, top: str | None = None, dro
 # workers), as much as some rungs change it; one number per rung cannot tell a gain from noise. Quick CPU mode
 # runs 2, each on half the images, so `make demo` takes as long as with one run; 3 at that size would leave too
 # few steps per run to learn anything.
-REPEATS = 3
+REPEATS = FULL_REPEATS
 QUICK_REPEATS = 2
 
 

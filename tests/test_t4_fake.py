@@ -30,11 +30,13 @@ import torch
 
 from labkit import env, notebooks, waves
 from labkit import train as T
+from labkit.env import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # A cell reads a card fact when it calls one of labkit's fact functions or uses what a setup cell derived from them.
-HARDWARE = re.compile(r"\b(caps|capabilities|amp_precision|native_bf16|sm_count|AMP|SMS)\b|\bgpu_facts\(")
+HARDWARE = re.compile(r"\b(caps|capabilities|amp_precision|native_bf16|sm_count|AMP|SMS|live_ladder_size)\b"
+                      r"|\bgpu_facts\(")
 # A claim of bf16 tensor cores, as opposed to "no bf16 tensor cores".
 BF16_CLAIM = re.compile(r"(?<!no )(?<!without )bf16 tensor cores", re.I)
 
@@ -184,6 +186,26 @@ def test_week6_picks_fp16_and_its_ladder_falls_back_and_says_so(t4_run, t4):
     plan = T.plan_ladder(torch.device("cuda", 0), quick=False)  # the plan the notebook's ladder runs on a T4
     assert {c.name: c.precision for c in plan.rungs}["bf16"] == "fp16"
     assert "compute capability 7.5 has no bf16 tensor cores" in plan.notes[0] and "GradScaler" in plan.notes[0]
+
+
+def test_week6_runs_a_short_live_ladder_on_a_t4_and_the_full_one_on_an_h100():
+    """The live ladder's size follows the card: a T4 (40 SMs, fp16 only) gets 2 runs of 2 epochs per rung and is
+    told how to ask for the recorded size; an H100-class card gets the recorded 3 runs of 5 epochs."""
+    from labkit.env import GpuFacts
+
+    with t4_fake.fake_t4(cuda_device=True):
+        base, names, repeats, why = T.live_ladder_size(torch.device("cuda", 0))
+        assert (base.epochs, base.n_train, names, repeats) == (2, None, None, 2)
+        assert "Tesla T4, 40 SMs" in why and 'LIVE_SIZE = "full"' in why
+        assert T.live_ladder_size(torch.device("cuda", 0), size="full")[:3] == (None, None, 3)
+    h100 = GpuFacts(name="NVIDIA H100 80GB HBM3", capability=(9, 0), memory_bytes=85 * 2**30, multiprocessors=132,
+                    bf16_emulated=False, simulated=True)
+    with t4_fake.fake_gpu(h100, cuda_device=True):
+        base, names, repeats, why = T.live_ladder_size(torch.device("cuda", 0))
+        assert (base, names, repeats) == (None, None, T.REPEATS) and "132 SMs" in why
+        assert T.live_ladder_size(torch.device("cuda", 0), size="short")[0].epochs == 2
+    with pytest.raises(LabkitError, match="choose one of auto, full, short"):
+        T.live_ladder_size("cpu", size="tiny")
 
 
 def test_the_fake_reports_a_t4_while_tensors_stay_on_the_cpu(t4):
