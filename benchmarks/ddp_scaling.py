@@ -3,23 +3,28 @@
     python benchmarks/ddp_scaling.py [--nproc 2] [--epochs 6] [--repeats 2] [--out benchmarks/results]
     python benchmarks/ddp_scaling.py --quick --cpu          # CPU smoke test with gloo
     python benchmarks/ddp_scaling.py --variant "bf16 grads:ddp_bf16_grads=true" --profile   # and a variant
+    python benchmarks/ddp_scaling.py --repeats 3 --variant "numa:launch.numa_binding=node" \
+        --variant "4 threads:env.OMP_NUM_THREADS=4"       # where the spread comes from: binding, threads
 
 Alternates 1-process and N-process runs of one preset (`labkit.ddp.scaling`): weak scaling keeps each GPU's
 batch at the rung's 512, strong scaling splits the rung's global batch. If a preset cannot run under DDP on this
 machine, the next one in --presets is tried and the failure is recorded. NCCL_NVLS_ENABLE=0 in every launch.
-Saves result `ddp_scaling` (every run's img/s, accuracy, the efficiencies, the environment).
+A variant changes TrainConfig fields, the launch's environment (env.NAME=VALUE) or binds each worker to the CPUs
+near its GPU (launch.numa_binding=node|socket|exclusive|core-complex). Saves result `ddp_scaling` after every
+run ("complete": false until the last): every run's img/s, accuracy and per-rank epoch times, CPU sets and
+threads, the efficiencies with each round's own (the spread), and the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import ddp  # noqa: E402
-from labkit import train as T  # noqa: E402
 from labkit.bench import RESULTS_DIR, save_result  # noqa: E402
 from labkit.env import LabkitError, pick_device  # noqa: E402
 
@@ -42,15 +47,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dev = pick_device("cpu" if args.cpu else "auto")
     try:
-        variants = dict(T.parse_variant(v) for v in args.variant)
+        variants = dict(ddp.parse_variant(v) for v in args.variant)
     except LabkitError as e:
         ap.error(str(e))
     failures = {}
     for preset in args.presets:
         try:
             sets = [f"epochs={args.epochs}", *args.set] + (["max_steps=6", "n_train=1024", "width=8"] if args.quick else [])
+            def partial(runs, preset=preset):  # each finished run is on disk before the next starts
+                save_result("ddp_scaling", {"kind": "ddp_scaling", "preset": preset, "nproc": args.nproc,
+                                            "complete": False, "runs": runs, "failed_presets": failures,
+                                            "epochs": args.epochs}, out_dir=args.out, device=dev)
+
             r = ddp.scaling(preset, args.nproc, repeats=args.repeats, quick=args.quick, sets=sets,
-                            variants=variants, cpu=args.cpu)
+                            variants=variants, cpu=args.cpu, on_run=partial)
             break
         except LabkitError as e:
             failures[preset] = str(e)
@@ -60,15 +70,21 @@ def main(argv=None) -> int:
         return 2
     r["failed_presets"] = failures
     r["epochs"] = args.epochs
+    r["complete"] = True
     path = save_result("ddp_scaling", {"kind": "ddp_scaling", **r}, out_dir=args.out, device=dev)
     ips, n = r["img_per_s"], args.nproc
     print(f"{r['preset']}: 1 process {ips['1']:,.0f} img/s, {n} processes {ips[f'{n} weak']:,.0f} img/s "
           f"(weak scaling efficiency {100 * r['weak_efficiency']:.1f}%)"
           + (f", strong {100 * r['strong_efficiency']:.1f}%" if r["strong_efficiency"] else "")
           + f"\nsaved {path}")
+    print(spread_line("weak scaling by round", r["weak_efficiency_rounds"]))
+    for run in r["runs"]:
+        print(f"  {run['processes']} process(es){', ' + run['variant'] if run.get('variant') else ''}, round "
+              f"{run['round']}: {run['img_per_s']:,.0f} img/s; " + ranks_line(run.get("ranks") or []))
     for label, v in r["variants"].items():
         print(f"  {label} ({', '.join(v['changes'])}): " + (v["error"] if "error" in v else
-              f"{n} processes {v['img_per_s']:,.0f} img/s, weak scaling efficiency {100 * v['weak_efficiency']:.1f}%"))
+              f"{n} processes {v['img_per_s']:,.0f} img/s, weak scaling efficiency {100 * v['weak_efficiency']:.1f}%; "
+              + spread_line("by round", v["weak_efficiency_rounds"])))
     if args.profile:
         sets = [f"batch_size={n * r['per_process_batch']}", *args.set] + (["width=8"] if args.quick else [])
         for label, changes in {"preset": [], **variants}.items():
@@ -76,6 +92,25 @@ def main(argv=None) -> int:
                             profile_dir=str(Path(args.out) / "ddp_profile" / label.replace(" ", "_")))
             print(f"profile of {label}: exit {rc}", flush=True)
     return 0
+
+
+def spread_line(what: str, effs: list[float]) -> str:
+    """"what: 88.1% 91.0% 90.2% (median 90.2%, spread 88.1-91.0%)" for per-round efficiencies."""
+    if not effs:
+        return f"{what}: no complete round"
+    pct = [f"{100 * e:.1f}%" for e in effs]
+    return (f"{what}: {' '.join(pct)} (median {100 * statistics.median(effs):.1f}%, "
+            f"spread {100 * min(effs):.1f}-{100 * max(effs):.1f}%)")
+
+
+def ranks_line(ranks: list[dict]) -> str:
+    """Each rank's median epoch (seconds) and its CPU set: a rank that is slower, or shares CPUs, shows here."""
+    parts = []
+    for k in ranks:
+        ep = (k.get("epoch_s") or [])[1:] or (k.get("epoch_s") or [])  # after the first epoch (compile, warm-up)
+        parts.append(f"rank {k['rank']} {statistics.median(ep):.2f} s/epoch on CPUs {k['cpus']} "
+                     f"({k['torch_threads']} threads)" if ep else f"rank {k['rank']}: no epochs")
+    return "; ".join(parts) or "no per-rank record"
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -51,7 +52,10 @@ def _worker(args) -> int:
             _profile_worker(cfg, dev, args.profile)
         else:
             rec = T.train(cfg, dev)
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, _rank_facts(rec, dev))  # a slow or badly bound rank shows up here
             if dist.get_rank() == 0:
+                rec["ranks"] = ranks
                 print(f"{cfg.name} on {dist.get_world_size()} processes: {rec['img_per_s']:,.0f} img/s, "
                       f"final loss {rec['final_loss']:.3f}, accuracy {rec['accuracy']}", flush=True)
                 if args.json:
@@ -65,6 +69,27 @@ def _worker(args) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] as "0-2,5" (how taskset and numactl write CPU sets)."""
+    spans: list[list[int]] = []
+    for c in sorted(cpus):
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+
+
+def _rank_facts(rec: dict, dev: torch.device) -> dict:
+    """What one rank saw of its own run: its epoch times (seconds), the CPUs it may run on, its threads."""
+    import torch.distributed as dist
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return {"rank": dist.get_rank(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "device": str(dev),
+            "epoch_s": rec.get("epoch_s"), "cpus": _cpu_ranges(cpus), "cpu_count": len(cpus),
+            "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def _profile_worker(cfg, dev, out: str) -> None:
@@ -137,13 +162,59 @@ def torchrun_args(nodes: Nodes) -> list[str]:
     return args + ([f"--node-rank={nodes.node_rank}"] if backend == "static" else [])
 
 
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun --numa-binding's modes
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def split_changes(changes: list[str]) -> tuple[list[str], dict[str, str], list[str]]:
+    """A variant's changes as (TrainConfig FIELD=VALUE sets, environment for the launch, torchrun flags).
+
+    Besides TrainConfig fields, a change may be env.NAME=VALUE (an environment variable of every process, e.g.
+    env.OMP_NUM_THREADS=4 or env.NCCL_ALGO=Ring) or launch.numa_binding=MODE (torchrun binds each worker to
+    the CPUs near its GPU). Bad names fail here with one line, before any process starts.
+    """
+    from labkit import train as T
+
+    sets, env, flags = [], {}, []
+    for c in changes:
+        key, sep, value = c.partition("=")
+        where, dot, name = key.partition(".")
+        if not sep:
+            raise LabkitError(f"change {c!r}: write FIELD=VALUE, env.NAME=VALUE or launch.numa_binding=MODE")
+        if dot and where == "env":
+            if not _ENV_NAME.fullmatch(name):
+                raise LabkitError(f"change {c!r}: an environment variable name is upper case, e.g. env.OMP_NUM_THREADS=4")
+            env[name] = value
+        elif dot and where == "launch":
+            if name != "numa_binding" or value not in NUMA_BINDINGS:
+                raise LabkitError(f"change {c!r}: the launcher takes launch.numa_binding="
+                                  f"{' | '.join(NUMA_BINDINGS)}")
+            flags.append(f"--numa-binding={value}")
+        else:
+            sets.append(c)
+    T.parse_sets(sets)  # a typo in a TrainConfig field fails here too
+    return sets, env, flags
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """"LABEL:CHANGE[,CHANGE]" (each CHANGE as `split_changes` reads it) as (label, [CHANGE, ...])."""
+    label, sep, changes = text.partition(":")
+    if not sep or not label.strip() or not changes:
+        raise LabkitError(f"variant {text!r}: write LABEL:FIELD=VALUE[,env.NAME=VALUE,launch.numa_binding=MODE]")
+    pairs = changes.split(",")
+    split_changes(pairs)
+    return label.strip(), pairs
+
+
 def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
            json_path: str | None = None, cpu: bool = False, timeout_s: float | None = None,
-           profile_dir: str | None = None, nodes: Nodes | None = None) -> int:
+           profile_dir: str | None = None, nodes: Nodes | None = None, env: dict[str, str] | None = None,
+           torchrun_flags: list[str] | None = None) -> int:
     """Run `preset` on `nproc` processes through torchrun; returns torchrun's exit code.
     With `profile_dir`, profile a few steps instead (rank 0 writes its trace and diagnosis there).
     With `nodes`, this machine is one of several: `nproc` processes here, the run's rank 0 writes `json_path`
-    on whichever machine holds it (node 0 under static rendezvous)."""
+    on whichever machine holds it (node 0 under static rendezvous). `env` adds environment variables to every
+    process; `torchrun_flags` adds launcher flags (e.g. --numa-binding=node)."""
     from labkit import train as T
 
     if nproc < 1:
@@ -154,18 +225,18 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
     use_cuda = torch.cuda.is_available() and not cpu
     if use_cuda and nproc > torch.cuda.device_count():
         raise LabkitError(f"--nproc {nproc} but this machine has {torch.cuda.device_count()} GPU(s)")
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, *(torchrun_flags or []), f"--nproc_per_node={nproc}",
            "-m", "labkit.ddp", "--worker", "--preset", preset]
     cmd += ["--quick"] if quick else []
     cmd += ["--cpu"] if cpu else []
     cmd += ["--json", json_path] if json_path else []
     cmd += ["--profile", profile_dir] if profile_dir else []
     cmd += ["--set", *sets] if sets else []
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    run_env = dict(os.environ, **(env or {}), NCCL_NVLS_ENABLE="0")
     if not use_cuda:
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        run_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     try:
-        return subprocess.run(cmd, env=env, timeout=timeout_s).returncode
+        return subprocess.run(cmd, env=run_env, timeout=timeout_s).returncode
     except subprocess.TimeoutExpired as e:
         raise LabkitError(f"the {nproc}-process run took longer than {timeout_s:.0f} s") from e
     # (a machine whose peers never join waits in torchrun's rendezvous until torchrun gives up, then exits non-zero)
@@ -173,7 +244,7 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
 
 def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, strong: bool = True,
             quick: bool = False, sets: list[str] | None = None, variants: dict[str, list[str]] | None = None,
-            cpu: bool = False, timeout_s: float | None = 600) -> dict:
+            cpu: bool = False, timeout_s: float | None = 600, on_run=None) -> dict:
     """Scaling efficiency from 1 to `nproc` processes, measured by alternating runs in this one call.
 
     Weak scaling keeps each process's batch at the preset's `batch_size` (the global batch grows N-fold):
@@ -182,8 +253,12 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
     Runs alternate 1, N, 1, N, ... so drift on the machine hits both sides; medians are reported.
     `variants` ({label: FIELD=VALUE changes}) adds N-process runs with other DDP settings to every round
     (1, N, N variant a, N variant b, 1, N, ...), each compared with the same 1-process runs.
-    Returns {"runs": [...], "weak_efficiency", "strong_efficiency", "img_per_s": {...}, "variants": {...}}
-    (img/s: steady state; the headline numbers are the runs without variant changes).
+    A variant's changes may also set the launch's environment or bind workers to CPUs (`split_changes`).
+    Returns {"runs": [...], "weak_efficiency", "weak_efficiency_rounds", "strong_efficiency", "img_per_s": {...},
+    "variants": {...}} (img/s: steady state; the headline numbers are the runs without variant changes;
+    "weak_efficiency_rounds" pairs each round's N-process run with that round's 1-process run, for the spread).
+    Each run's record keeps every rank's epoch times, CPU set and threads ("ranks"). `on_run(runs)` is called
+    after every finished run, so a caller can save what was measured before a call is cut short.
     """
     import json
     import statistics
@@ -195,8 +270,12 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
     base = T.with_changes(T.preset(preset, T.quick_base() if quick else T.TrainConfig()), **T.parse_sets(sets or []))
     sets = list(sets or [])
     variants = dict(variants or {})
-    for changes in variants.values():  # bad field names fail here, before any process starts
-        T.with_changes(base, **T.parse_sets(changes))
+    split = {v: split_changes(c) for v, c in variants.items()}  # bad names fail here, before any process starts
+    for v, (v_sets, _, flags) in split.items():
+        T.with_changes(base, **T.parse_sets(v_sets))
+        if flags and (cpu or not torch.cuda.is_available()):
+            raise LabkitError(f"variant {v!r}: launch.numa_binding binds each worker to its GPU's CPUs, so it needs "
+                              f"GPUs; drop it for a CPU run")
     rnd = [(1, base.batch_size, "weak", None), (nproc, nproc * base.batch_size, "weak", None)]
     rnd += [(nproc, nproc * base.batch_size, "weak", v) for v in variants]
     plan = rnd * repeats + ([(nproc, base.batch_size, "strong", None)] if strong else [])
@@ -208,9 +287,14 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
             if v in failed:
                 continue
             out = Path(d) / f"run{i}.json"
-            extra = variants[v] if v else []
-            rc = launch(preset, n, quick=quick, sets=sets + extra + [f"batch_size={batch}"], json_path=str(out),
-                        cpu=cpu, timeout_s=timeout_s)
+            extra, env, flags = split[v] if v else ([], {}, [])
+            for attempt in range(2):  # once more after a failure: a rendezvous port taken meanwhile has been seen
+                rc = launch(preset, n, quick=quick, sets=sets + extra + [f"batch_size={batch}"],
+                            json_path=str(out), cpu=cpu, timeout_s=timeout_s, env=env, torchrun_flags=flags)
+                if rc == 0 and out.exists():
+                    break
+                print(f"the {n}-process run{' (' + v + ')' if v else ''} failed (exit {rc})"
+                      + ("; trying it once more" if attempt == 0 else ""), file=sys.stderr, flush=True)
             if rc != 0 or not out.exists():
                 msg = (f"the {n}-process run of {preset} (global batch {batch}{', ' + v if v else ''}) failed "
                        f"(exit {rc}); its error is printed above")
@@ -221,7 +305,10 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
             rec = json.loads(out.read_text())
             kept = ("img_per_s", "steps", "images", "epoch_s", "first_step_s", "accuracy", "final_loss", "device")
             runs.append({"processes": n, "global_batch": batch, "scaling": kind, **({"variant": v} if v else {}),
-                         **{k: rec[k] for k in kept}})
+                         "round": i // len(rnd) if kind == "weak" else None, **{k: rec[k] for k in kept},
+                         "ranks": rec.get("ranks")})
+            if on_run is not None:
+                on_run(runs)
 
     def med(n, kind, v=None):
         x = [r["img_per_s"] for r in runs if r["processes"] == n and r["scaling"] == kind and r.get("variant") == v]
@@ -230,11 +317,24 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
     one, weak, strong_v = med(1, "weak"), med(nproc, "weak"), med(nproc, "strong")
     return {"preset": preset, "nproc": nproc, "per_process_batch": base.batch_size, "runs": runs,
             "img_per_s": {"1": one, f"{nproc} weak": weak, f"{nproc} strong": strong_v},
-            "weak_efficiency": weak / (nproc * one),
+            "weak_efficiency": weak / (nproc * one), "weak_efficiency_rounds": round_efficiencies(runs, nproc),
             "strong_efficiency": strong_v / (nproc * one) if strong_v else None,
             "variants": {v: {"changes": c, "error": failed[v]} if v in failed else
                          {"changes": c, "img_per_s": med(nproc, "weak", v),
-                          "weak_efficiency": med(nproc, "weak", v) / (nproc * one)} for v, c in variants.items()}}
+                          "weak_efficiency": med(nproc, "weak", v) / (nproc * one),
+                          "weak_efficiency_rounds": round_efficiencies(runs, nproc, v)} for v, c in variants.items()}}
+
+
+def round_efficiencies(runs: list[dict], nproc: int, variant: str | None = None) -> list[float]:
+    """Weak-scaling efficiency of each round: its N-process run (of `variant`) against its own 1-process run."""
+    out = []
+    for r in sorted({x["round"] for x in runs if x.get("round") is not None}):
+        one = [x["img_per_s"] for x in runs if x["round"] == r and x["processes"] == 1]
+        many = [x["img_per_s"] for x in runs if x["round"] == r and x["processes"] == nproc
+                and x["scaling"] == "weak" and x.get("variant") == variant]
+        if one and many:
+            out.append(many[0] / (nproc * one[0]))
+    return out
 
 
 def add_cli(sub) -> None:

@@ -64,18 +64,55 @@ def test_scaling_alternates_one_and_n_processes_with_the_same_per_process_batch(
 
 
 def test_scaling_variants_share_the_one_process_runs_and_a_broken_one_is_reported():
+    seen = []
     r = ddp.scaling("resident_data", 2, repeats=1, strong=False, quick=True, sets=SETS, cpu=True,
-                    variants={"bf16 grads": ["ddp_bf16_grads=true"], "no bucket": ["ddp_bucket_mb=0"]})
+                    variants={"bf16 grads": ["ddp_bf16_grads=true", "env.OMP_NUM_THREADS=2"],
+                              "no bucket": ["ddp_bucket_mb=0"]}, on_run=lambda runs: seen.append(len(runs)))
     runs = r["runs"]
     assert [(x["processes"], x.get("variant")) for x in runs] == [(1, None), (2, None), (2, "bf16 grads")]
+    assert seen == [1, 2, 3]  # the caller heard of every finished run, in time to save it
+    # every rank reports its own epochs, CPU set and threads; the variant's environment reached each worker
+    assert [k["rank"] for k in runs[1]["ranks"]] == [0, 1] and all(k["epoch_s"] and k["cpus"] for k in runs[1]["ranks"])
+    assert all(k["omp_num_threads"] == "2" and k["torch_threads"] == 2 for k in runs[2]["ranks"])
+    assert r["weak_efficiency_rounds"] == [pytest.approx(runs[1]["img_per_s"] / (2 * runs[0]["img_per_s"]))]
     assert "failed" in r["variants"]["no bucket"]["error"]  # its run exited with the config error; no number
     v = r["variants"]["bf16 grads"]
-    assert v["changes"] == ["ddp_bf16_grads=true"]
+    assert v["changes"] == ["ddp_bf16_grads=true", "env.OMP_NUM_THREADS=2"]
     assert v["weak_efficiency"] == pytest.approx(runs[2]["img_per_s"] / (2 * runs[0]["img_per_s"]))
     # Gradients averaged in bf16 instead of fp32 (8 bits of mantissa): the same optimization to about 1%.
     assert runs[2]["final_loss"] == pytest.approx(runs[1]["final_loss"], rel=0.02)
     with pytest.raises(LabkitError, match="unknown"):
         ddp.scaling("resident_data", 2, cpu=True, quick=True, variants={"typo": ["ddp_bucket=5"]})
+
+
+def test_variant_changes_reach_the_launcher_and_bad_ones_fail_before_any_process(monkeypatch):
+    sets, env, flags = ddp.split_changes(["ddp_bucket_mb=50", "env.NCCL_ALGO=Ring", "launch.numa_binding=node"])
+    assert (sets, env, flags) == (["ddp_bucket_mb=50"], {"NCCL_ALGO": "Ring"}, ["--numa-binding=node"])
+    assert ddp.parse_variant("numa:launch.numa_binding=socket") == ("numa", ["launch.numa_binding=socket"])
+    for bad, match in [("env.omp=1", "upper case"), ("launch.cpus=0-3", "numa_binding"),
+                       ("launch.numa_binding=all", "numa_binding"), ("ddp_bucket=5", "unknown"),
+                       ("env.OMP_NUM_THREADS", "FIELD=VALUE")]:
+        with pytest.raises(LabkitError, match=match):
+            ddp.parse_variant(f"x:{bad}")
+    monkeypatch.setattr(ddp, "launch", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(LabkitError, match="needs GPUs"):  # binding to a GPU's CPUs means nothing on a CPU run
+        ddp.scaling("resident_data", 2, cpu=True, quick=True, variants={"numa": ["launch.numa_binding=node"]})
+
+
+def test_ddp_scaling_saves_each_finished_run_before_the_next(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import ddp_scaling
+
+    def cut_short(preset, nproc, on_run=None, **kw):
+        on_run([{"processes": 1, "img_per_s": 100.0, "round": 0}])
+        raise KeyboardInterrupt  # the call's time ran out
+    monkeypatch.setattr(ddp_scaling.ddp, "scaling", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        ddp_scaling.main(["--cpu", "--quick", "--out", str(tmp_path)])
+    rec = json.loads((tmp_path / "ddp_scaling.json").read_text())
+    assert rec["complete"] is False and rec["runs"][0]["img_per_s"] == 100.0 and rec["env"]["command"]
 
 
 def test_profiled_ddp_steps_leave_rank_zeros_trace_and_diagnosis(tmp_path, capfd):
