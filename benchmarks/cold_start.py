@@ -14,9 +14,12 @@ a new Colab machine, and the runs alternate within one call so drift on the mach
   whole run, eager rungs    the same command for the fastest eager rungs (default batch_fused, cudnn_benchmark)
 With --variants (or --variant LABEL:KEY=VALUE,...) each variant times the cold first step with one thing
 about compiling changed: env.NAME=VALUE (environment, e.g. TORCHINDUCTOR_COMPILE_THREADS),
-inductor.KEY=VALUE / dynamo.KEY=VALUE (torch._inductor.config / torch._dynamo.config), or warm_pool=true
-(start inductor's compile workers before the data and model are set up, so they start while those load).
-Every first-step run also records how much dynamo compiled (frames, graphs, graph breaks, cache hits).
+inductor.KEY=VALUE / dynamo.KEY=VALUE (torch._inductor.config / torch._dynamo.config), warm_pool=true
+(start inductor's compile workers before the data and model are set up, so they start while those load), or
+set.FIELD=VALUE (a TrainConfig field, e.g. set.cudnn_benchmark=false: no cuDNN autotuning in the first step);
+artifact=true times the variant's first step with the artifact loaded instead of cold.
+Every first-step run also records how much dynamo compiled (frames, graphs, graph breaks, cache hits) and
+where compile time went (torch._dynamo's timed phases, seconds).
 
 The result `cold_start` is saved after every run, so a call cut short keeps what it measured. On a machine
 without a CUDA GPU nothing is measured: the top rung needs CUDA graphs. Sized by the cold first steps recorded
@@ -55,12 +58,17 @@ VARIANTS = {
     "no pointwise autotuning": ["inductor.triton.autotune_pointwise=false"],
     "no pattern matcher": ["inductor.pattern_matcher=false"],
     "combo kernels": ["inductor.combo_kernels=true"],
+    # the ablation measured the top rung without cudnn.benchmark within 1% (ladder_ablation.json): if its
+    # autotuning is much of the first step, the top rung could do without it
+    "no cuDNN autotuning": ["set.cudnn_benchmark=false"],
+    "artifact, no cuDNN autotuning": ["artifact=true", "set.cudnn_benchmark=false"],
 }
 GOALS = {"first_step_cold_s": 12.0, "first_step_artifact_s": 3.0}  # issue 26, H100
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """LABEL:KEY=VALUE[,KEY=VALUE] as (label, {"env": {}, "inductor": {}, "dynamo": {}, "warm_pool": bool})."""
+    """LABEL:KEY=VALUE[,KEY=VALUE] as (label, {"env": {}, "inductor": {}, "dynamo": {}, "warm_pool": bool,
+    "sets": [FIELD=VALUE], "artifact": bool})."""
     label, sep, rest = text.partition(":")
     if not sep or not label.strip() or not rest:
         raise LabkitError(f"variant {text!r}: write LABEL:KEY=VALUE[,KEY=VALUE]")
@@ -72,17 +80,22 @@ def changes(pairs: list[str]) -> dict:
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
-    out = {"env": {}, "inductor": {}, "dynamo": {}, "warm_pool": False}
+    out = {"env": {}, "inductor": {}, "dynamo": {}, "warm_pool": False, "sets": [], "artifact": False}
     known = {"inductor": inductor_config.get_config_copy(), "dynamo": dynamo_config.get_config_copy()}
+    flags = ("warm_pool", "artifact")
     for p in pairs:
         key, sep, value = p.partition("=")
         where, _, name = key.partition(".")
-        if not sep or (where not in out) or (where != "warm_pool" and not name):
-            raise LabkitError(f"variant change {p!r}: write env.NAME=V, inductor.KEY=V, dynamo.KEY=V or warm_pool=true")
+        if not sep or (where not in (*out, "set")) or where == "sets" or (where not in flags and not name):
+            raise LabkitError(f"variant change {p!r}: write env.NAME=V, inductor.KEY=V, dynamo.KEY=V, set.FIELD=V, "
+                              f"warm_pool=true or artifact=true")
         if where == "env":
             out["env"][name] = value
-        elif where == "warm_pool":
-            out["warm_pool"] = value.lower() in ("1", "true", "yes", "on")
+        elif where == "set":
+            T.parse_sets([f"{name}={value}"])  # an unknown TrainConfig field fails here
+            out["sets"].append(f"{name}={value}")
+        elif where in flags:
+            out[where] = value.lower() in ("1", "true", "yes", "on")
         else:
             if name not in known[where]:
                 raise LabkitError(f"variant change {p!r}: torch._{where}.config has no {name!r}")
@@ -124,8 +137,20 @@ def child(spec: dict) -> int:
                 **{k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
                 **{k: v for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache")}}
     Path(spec["record"]).write_text(json.dumps({**rec, "ready_s": ready_s, "result_s": time.time() - spec["t0"],
-                                                "compiled": compiled, "loaded": loaded}))
+                                                "compiled": compiled, "loaded": loaded,
+                                                "compile_phases_s": compile_phases()}))
     return 0
+
+
+def compile_phases(top: int = 12) -> dict[str, float]:
+    """The longest of torch._dynamo's timed compile phases in this process, seconds each (phases nest, so they
+    overlap: read them as where the time went, not as parts of a sum)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return {}
+    total = {k: round(sum(v), 3) for k, v in compilation_time_metrics.items() if v}
+    return dict(sorted(total.items(), key=lambda kv: -kv[1])[:top])
 
 
 def fresh_env(folder: Path, artifacts: str | None, extra: dict | None = None) -> dict:
@@ -160,7 +185,7 @@ def first_steps_job(rung: str, dev, steps: int, artifacts: str | None, variant: 
     with tempfile.TemporaryDirectory(prefix="labkit-cold-") as d:
         record = Path(d) / "record.json"
         spec = {"rung": rung, "device": str(dev), "steps": steps, "artifacts": artifacts, "record": str(record),
-                "sets": sets,
+                "sets": sets + variant.get("sets", []),
                 "warm_pool": variant.get("warm_pool", False), "inductor": variant.get("inductor", {}),
                 "dynamo": variant.get("dynamo", {}), "t0": time.time()}
         cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
@@ -202,7 +227,8 @@ def plan_jobs(rung: str, eager: list[str], variants: dict, parts: list[str]) -> 
     jobs = []
     if "first" in parts:
         jobs += [("first step, cold", "first", {}), ("first step, artifact", "first", {"artifact": True})]
-        jobs += [(f"first step, cold, {v}", "first", {"variant": c}) for v, c in variants.items()]
+        jobs += [(f"first step, {'artifact' if c.get('artifact') else 'cold'}, {v}", "first",
+                  {"variant": c, **({"artifact": True} if c.get("artifact") else {})}) for v, c in variants.items()]
     if "run" in parts:
         jobs += [(f"whole run {rung}, cold", "run", {"rung": rung}),
                  (f"whole run {rung}, artifact", "run", {"rung": rung, "artifact": True})]
@@ -221,8 +247,8 @@ def summarize(res: dict, rung: str, eager: list[str]) -> dict:
          "run_cold_wall_s": med(f"whole run {rung}, cold", "wall_s"),
          "run_artifact_wall_s": med(f"whole run {rung}, artifact", "wall_s"),
          "eager_wall_s": {e: med(f"whole run {e}", "wall_s") for e in eager},
-         "variants_first_step_s": {k[len("first step, cold, "):]: med(k, "first_step_s") for k in res["jobs"]
-                                   if k.startswith("first step, cold, ")}}
+         "variants_first_step_s": {k.split(", ", 2)[2]: med(k, "first_step_s") for k in res["jobs"]
+                                   if k.startswith(("first step, cold, ", "first step, artifact, "))}}
     walls = {e: w for e, w in s["eager_wall_s"].items() if w is not None}
     if walls:
         s["fastest_eager"] = min(walls, key=walls.get)

@@ -31,10 +31,15 @@ def test_every_default_variant_names_real_settings_and_bad_ones_fail_before_any_
     label, c = cs.parse_variant("mine:env.TORCHINDUCTOR_COMPILE_THREADS=8,inductor.triton.autotune_pointwise=0,"
                                 "warm_pool=true")
     assert label == "mine" and c == {"env": {"TORCHINDUCTOR_COMPILE_THREADS": "8"}, "dynamo": {},
-                                     "inductor": {"triton.autotune_pointwise": False}, "warm_pool": True}
+                                     "inductor": {"triton.autotune_pointwise": False}, "warm_pool": True,
+                                     "sets": [], "artifact": False}
+    _, c = cs.parse_variant("warm, no autotune:set.cudnn_benchmark=false,artifact=true")
+    assert c["sets"] == ["cudnn_benchmark=false"] and c["artifact"] is True
     for argv, needle in [(["--variant", "no colon"], "write LABEL:KEY=VALUE"),
                          (["--variant", "x:inductor.turbo=1"], "torch._inductor.config has no 'turbo'"),
                          (["--variant", "x:cuda.graphs=1"], "write env.NAME=V"),
+                         (["--variant", "x:set.turbo=1"], "unknown TrainConfig field"),
+                         (["--variant", "x:sets=1"], "write env.NAME=V"),
                          (["--rung", "batch_fused"], "does not compile"),
                          (["--eager", "compile"], "not an eager rung"),
                          (["--parts", "first,warm"], "--parts"),
@@ -45,17 +50,28 @@ def test_every_default_variant_names_real_settings_and_bad_ones_fail_before_any_
 
 
 def test_a_round_runs_the_top_rung_beside_its_variants_and_the_eager_rungs_and_sums_up(cs):
-    jobs = cs.plan_jobs("muon", ["batch_fused"], {"v": {}}, ["first", "run"])
+    jobs = cs.plan_jobs("muon", ["batch_fused"], {"v": {}, "a, w": {"artifact": True}}, ["first", "run"])
     assert [j[0] for j in jobs] == ["first step, cold", "first step, artifact", "first step, cold, v",
+                                    "first step, artifact, a, w",
                                     "whole run muon, cold", "whole run muon, artifact", "whole run batch_fused"]
+    assert jobs[3][2]["artifact"] is True and "artifact" not in jobs[2][2]  # the variant's first step loads it
     runs = {"first step, cold": [{"first_step_s": 20.0}, {"first_step_s": 30.0}],
             "first step, artifact": [{"first_step_s": 2.0}, {"error": "exit 1: boom"}],
-            "first step, cold, v": [{"first_step_s": 11.0}],
+            "first step, cold, v": [{"first_step_s": 11.0}], "first step, artifact, a, w": [{"first_step_s": 1.5}],
             "whole run muon, cold": [{"wall_s": 60.0}], "whole run muon, artifact": [{"wall_s": 35.0}],
             "whole run batch_fused": [{"wall_s": 40.0}]}
     s = cs.summarize({"jobs": {k: {"runs": v} for k, v in runs.items()}}, "muon", ["batch_fused"])
     assert s["first_step_cold_s"] == 25.0 and s["first_step_artifact_s"] == 2.0  # the failed run has no number
-    assert s["variants_first_step_s"] == {"v": 11.0} and s["fastest_eager"] == "batch_fused"
+    assert s["variants_first_step_s"] == {"v": 11.0, "a, w": 1.5} and s["fastest_eager"] == "batch_fused"
     assert s["top_with_artifact_finishes_first"] is True
     assert s["goals"] == {"first_step_cold_s": {"goal": 12.0, "met": False},
                           "first_step_artifact_s": {"goal": 3.0, "met": True}}
+
+
+def test_a_first_step_record_says_where_compile_time_went(cs):
+    """compile_phases: torch._dynamo's timed phases after a compile, longest first, in seconds."""
+    fn = torch.compile(lambda x: (x * 2).relu().sum(), backend="eager")
+    fn(torch.randn(8))
+    phases = cs.compile_phases()
+    assert phases and all(isinstance(v, float) and v >= 0 for v in phases.values())
+    assert list(phases.values()) == sorted(phases.values(), reverse=True)
