@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from labkit.bench import unwritable
-from labkit.env import git_commit
+from labkit.env import git_commit, gpu_facts
 
 MAGIC = b"labkit compile cache v1\n"  # then one line of JSON (the header), then the blob
 SUFFIX = ".compile-cache"
@@ -49,8 +49,8 @@ def card(device: torch.device | str) -> str:
     """What compiled code depends on besides torch: the GPU model and compute capability, or the CPU's ISA."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(dev)
-        return f"{torch.cuda.get_device_name(dev)} sm{major}{minor}"
+        facts = gpu_facts(dev)
+        return f"{facts.name} sm{facts.capability[0]}{facts.capability[1]}"
     return f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
 
 
