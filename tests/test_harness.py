@@ -72,7 +72,11 @@ def test_data_pipeline_speedup_is_measured_and_fake_fast_gets_nothing(tmp_path, 
     assert good["ok"] and good["gradable"] and good["score"] == good["max_score"] == 4
     m = good["measurements"]
     assert m["speedup"] >= 8 and m["packed_samples_per_s"] > m["baseline_samples_per_s"]
-    assert m["rounds"] == 5 and m["epochs_checked"] == 2 * (5 + 1)  # every timed epoch, warm-up included
+    # every timed epoch is checked, each measurement's warm-up round included; a ratio that lands near a tier
+    # boundary on a busy machine is measured once more (autograder.remeasure) and scored on the pooled rounds
+    measurements = [m["first_measurement"], m["remeasurement"]] if m["remeasured"] else [m]
+    assert measurements[0]["rounds"] == 5 and sum(x["rounds"] for x in measurements) == m["rounds"]
+    assert m["epochs_checked"] == 2 * (m["rounds"] + len(measurements))
     assert not bad["ok"] and bad["score"] == 0 and "exactly once" in bad["message"]
     assert meh["score"] < good["score"] and meh["measurements"]["speedup"] < m["speedup"]
 
