@@ -243,14 +243,18 @@ def _gradescope_student_file(sub: Path, lab: str, aid: str, tmp: Path) -> Path |
     from autograder import harness
 
     want = harness.STUDENT_FILES[lab]
-    nbs = sorted(sub.rglob("*.ipynb"))
+    root = sub.resolve()
+    # only files that are inside the submission: a symlink in the upload could name the course's own source
+    # notebook (its solutions) or any other file of the grading machine
+    mine = [p for p in sorted(sub.rglob("*")) if p.is_file() and root in p.resolve().parents]
+    nbs = [p for p in mine if p.suffix == ".ipynb"]
     nb = next((p for p in nbs if p.name == f"{aid}.ipynb"), nbs[0] if len(nbs) == 1 else None)
     if nb is not None:
         try:
             return harness.student_file_from_notebook(nb, tmp)
         except Exception:  # a notebook without the cell: fall back to a handed-in file below
             pass
-    direct = next(iter(sorted(sub.rglob(want))), None)
+    direct = next((p for p in mine if p.name == want), None)
     if direct is not None:
         return Path(shutil.copy(direct, tmp / want))
     return None

@@ -220,3 +220,26 @@ def test_renaming_self_does_not_hide_a_copy():
     method = "class A:\n    def f(self, x):\n        return self.w * x.sum()\n"
     assert toks(method) == toks(_renamed_self(method).replace("x", "y"))
     assert toks("def f(me):\n    return me.sum()\n") != toks("def f(me):\n    return me.mean()\n")  # not a method
+
+
+# ------------------------------------------------------------------------------------------------ Gradescope
+
+
+def test_a_gradescope_upload_cannot_point_the_grader_at_the_course_solution(tmp_path):
+    from autograder import harness, lms
+
+    aid = harness.ASSIGNMENTS["lab1"]
+    want = harness.STUDENT_FILES["lab1"]
+    solution = tmp_path / "autograder" / "source" / f"{aid}.ipynb"  # what the course ships to the container
+    solution.parent.mkdir(parents=True)
+    solution.write_bytes(_nb(f"%%writefile {want}\nSOLUTION = 'the instructor'\n"))
+    sub = tmp_path / "submission"
+    sub.mkdir()
+    os.symlink(solution, sub / f"{aid}.ipynb")
+    os.symlink(solution.parent, sub / "linked")
+    for t in ("t1", "t2"):
+        (tmp_path / t).mkdir()
+    assert lms._gradescope_student_file(sub, "lab1", aid, tmp_path / "t1") is None
+    (sub / want).write_text("MINE = 1\n")  # the student's own file is still graded
+    got = lms._gradescope_student_file(sub, "lab1", aid, tmp_path / "t2")
+    assert got is not None and got.read_text() == "MINE = 1\n"
