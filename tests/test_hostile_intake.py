@@ -243,3 +243,30 @@ def test_a_gradescope_upload_cannot_point_the_grader_at_the_course_solution(tmp_
     (sub / want).write_text("MINE = 1\n")  # the student's own file is still graded
     got = lms._gradescope_student_file(sub, "lab1", aid, tmp_path / "t2")
     assert got is not None and got.read_text() == "MINE = 1\n"
+
+
+def _with_idle_statements(src: str, idle: str) -> str:
+    """`src` with the statement `idle` after every simple statement inside a function."""
+    import ast
+
+    after: dict[int, int] = {}
+    for f in (n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)):
+        for st in ast.walk(f):
+            if isinstance(st, ast.stmt) and not hasattr(st, "body") and st is not f:
+                after[st.end_lineno] = st.col_offset
+    lines = src.splitlines()
+    out = []
+    for n, line in enumerate(lines, 1):
+        out.append(line)
+        if n in after:
+            out.append(" " * after[n] + idle)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("idle", ["pass", "...", "0", "None", "'padding'"])
+def test_statements_that_do_nothing_do_not_hide_a_copy(idle):
+    padded = _with_idle_statements(similarity_class.COPY, idle)
+    assert padded.count(f"\n        {idle}\n") > 10
+    pairs, _ = similarity.compare(dict(similarity_class.SOLUTIONS, zed=padded), similarity_class.STARTER)
+    assert [(p.a, p.b) for p in pairs if p.flagged] == [("ana", "zed")] and pairs[0].similarity > 0.9
+    assert max(p.similarity for p in pairs if not p.flagged) < 0.3
