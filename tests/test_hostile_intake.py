@@ -9,10 +9,12 @@ second: no student code runs here.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import os
 import re
 import stat
+import struct
 import sys
 import zipfile
 from pathlib import Path
@@ -35,7 +37,7 @@ def _nb(code: str = "x = 1") -> bytes:
 
 
 def _zip(path: Path, entries: list[tuple[str | zipfile.ZipInfo, bytes]]) -> Path:
-    with zipfile.ZipFile(path, "w") as z:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for name, data in entries:
             z.writestr(name, data)
     return path
@@ -101,9 +103,18 @@ def test_too_many_or_too_deeply_nested_entries_are_one_clear_problem(tmp_path, m
     subs.mkdir()
     _zip(subs / "many_handin.zip", [(f"{AID}.ipynb", _nb())] + [(f"f{i}.txt", b"") for i in range(60)])
     _zip(subs / "deep_handin.zip", [(f"{AID}.ipynb", _nb()), ("d/" * 2100 + "x.txt", b"x")])
+    # a bomb whose headers claim 100 bytes: unpacking stops at the claimed size and the CRC gives it away
+    bomb = bytearray(_zip(tmp_path / "bomb.zip", [(f"{AID}.ipynb", b"\0" * 2**23)]).read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(bomb))) as z:
+        assert z.infolist()[0].compress_type == zipfile.ZIP_DEFLATED
+    struct.pack_into("<I", bomb, 22, 100)  # the local header's uncompressed size
+    struct.pack_into("<I", bomb, bomb.find(b"PK\x01\x02") + 24, 100)  # the central directory's
+    (subs / "boom_handin.zip").write_bytes(bytes(bomb))
     by, _ = _collect(subs, tmp_path)
     assert by["many"].cause == "bad archive" and "61 files (limit 50)" in by["many"].problem
     assert by["deep"].cause == "bad archive" and "not a readable zip archive" in by["deep"].problem
+    assert by["boom"].cause == "bad archive" and "Bad CRC-32" in by["boom"].problem
+    assert sum(f.stat().st_size for f in (tmp_path / "scratch").rglob("*") if f.is_file()) < 2**20
 
 
 def test_a_file_name_cannot_forge_a_line_of_the_summary(tmp_path):
@@ -270,3 +281,11 @@ def test_statements_that_do_nothing_do_not_hide_a_copy(idle):
     pairs, _ = similarity.compare(dict(similarity_class.SOLUTIONS, zed=padded), similarity_class.STARTER)
     assert [(p.a, p.b) for p in pairs if p.flagged] == [("ana", "zed")] and pairs[0].similarity > 0.9
     assert max(p.similarity for p in pairs if not p.flagged) < 0.3
+
+
+def test_a_notebook_nested_past_the_parsers_depth_is_one_clear_problem(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / f"deep_{AID}.ipynb").write_bytes(b'{"nbformat": 4, "cells": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+    by, _ = _collect(subs, tmp_path)
+    assert by["deep"].cause == "invalid notebook" and "RecursionError" in by["deep"].problem, by["deep"].problem
