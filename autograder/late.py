@@ -7,9 +7,9 @@ Submission times come from, in order of trust:
      Canvas names carry no time, only a `_LATE_` marker, which is reported when no time is found;
   3. archive metadata: the newest entry date of the student's zip (or of their folder in a class zip).
 Times without a zone are read in the policy's time zone. A file name's end is the student's own file name, so
-only the earliest stamp in a name counts (LMSs write theirs first), and nothing after a Canvas prefix is read; a
-student's own zip is dated by their machine, so it never clears a hand-in the LMS marked late. Folders of loose files carry no trustworthy time
-(copying resets it): give those students' times in the CSV.
+only the earliest stamp in a name counts (LMSs write theirs first), and nothing after a Canvas or Moodle prefix
+is read; a student's own zip is dated by their machine, so it never clears a hand-in the LMS marked late.
+Folders of loose files carry no trustworthy time (copying resets it): give those students' times in the CSV.
 
 Policy: submitted after the (extended) due date plus the grace period, a hand-in loses `per_day_pct` percent
 of the assignment's points for every started day after the due date, at most `cap_pct` percent; the total
@@ -41,6 +41,8 @@ _NAME_STAMPS = [  # (pattern, strptime format) for times written into LMS downlo
 _CANVAS_LATE = re.compile(r"_LATE_")
 # Canvas download names: <name>[_LATE]_<user id>_<submission id>_<the student's own file name>
 CANVAS_NAME = re.compile(r"^(?P<name>[A-Za-z0-9.\-]+)_(?:LATE_)?(?P<user_id>\d+)_(?P<submission_id>\d+)_")
+# Moodle download names: <full name>_<id>_assignsubmission_file_<the student's own file name>
+_MOODLE_FILE = re.compile(r"_assignsubmission_(?:file|onlinetext)_")
 
 
 @dataclass
@@ -97,10 +99,12 @@ def time_from_name(name: str, tz: str = "UTC") -> dt.datetime | None:
     """A submission time the LMS wrote into a download's file name, or None.
 
     The student chose the end of the name (their own file name, e.g. `lab4 2025-03-01T10-00-00.ipynb`), so the
-    earliest stamp counts, whatever its format: LMSs write theirs before the student's file name. A Canvas name
-    carries no time of its own, so a stamp after its prefix is the student's and is not read."""
+    earliest stamp counts, whatever its format: LMSs write theirs before the student's file name. Canvas and Moodle
+    names carry no time of their own, so a stamp after their prefix is the student's and is not read."""
     if CANVAS_NAME.match(name):
         return None
+    moodle = _MOODLE_FILE.search(name)
+    name = name[:moodle.start()] if moodle else name
     hits = []
     for rx, fmt in _NAME_STAMPS:
         for m in rx.finditer(name):

@@ -153,11 +153,12 @@ def test_a_time_in_the_students_own_file_name_does_not_date_the_hand_in(tmp_path
     # Canvas names carry no time: the stamp is the student's own file name, after the LMS's prefix
     (subs / "mal_LATE_12345_678_lab 2025-03-01T10-00-00.ipynb").write_bytes(b"{}")
     (subs / "kim_12345_679_lab_20250301T100000.ipynb").write_bytes(b"{}")
+    (subs / "moe_4242_assignsubmission_file_lab 2025-03-01T10-00-00.ipynb").write_bytes(b"{}")  # Moodle
     # D2L writes its stamp first; a Blackboard-looking stamp later in the name is the student's
     (subs / "d2l_1 - Mar 9, 2025 1115 PM - lab_attempt_2025-03-01-00-00-00.ipynb").write_bytes(b"{}")
     (subs / "bb_attempt_2025-03-09-01-30-00_lab 2025-03-01T00-00-00.ipynb").write_bytes(b"{}")
     got = late.submission_times(subs)
-    assert got["mal"].at is None and got["mal"].lms_late and got["kim"].at is None
+    assert got["mal"].at is None and got["mal"].lms_late and got["kim"].at is None and got["moe"].at is None
     assert got["d2l"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
     assert got["bb"].at == dt.datetime(2025, 3, 9, 1, 30, tzinfo=UTC)
     pol = late.LatePolicy(DUE)
