@@ -426,13 +426,16 @@ def sealed_result(res: StudentResult, key: bytes) -> bytes:
     return (json.dumps(d, indent=2) + "\n").encode()
 
 
-def load_result(path: Path, key: bytes | None = None) -> StudentResult | None:
-    """A done-marker, or None if it is missing, unreadable, or (with `key`) fails verification: then the
-    student is graded again."""
+def load_result(path: Path, key: bytes | None = None, student_id: str | None = None) -> StudentResult | None:
+    """A done-marker, or None if it is missing, unreadable, (with `key`) fails verification, or (with
+    `student_id`) is another student's sealed marker moved into this folder: then the student is graded again."""
     try:
         d = json.loads(path.read_text())
         if key is not None and not (isinstance(d, dict) and hmac.compare_digest(str(d.get("mac", "")), _mac(key, d))):
             log.warning("%s failed verification (written by something other than this grader); regrading", path)
+            return None
+        if student_id is not None and d.get("student_id") != student_id:
+            log.warning("%s is %r's done-marker, not %r's; regrading", path, d.get("student_id"), student_id)
             return None
         return StudentResult(**{k: v for k, v in d.items() if k in StudentResult.__dataclass_fields__})
     except (OSError, json.JSONDecodeError, TypeError):
@@ -592,7 +595,7 @@ def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outpu
                 if n:
                     log.warning("%s: killed %d process(es) left by an interrupted run", sub.student_id, n)
             stale.unlink(missing_ok=True)
-        done = load_result(sdir / "result.json", key)
+        done = load_result(sdir / "result.json", key, sub.student_id)
         fresh = done is not None and done.digest == sub.digest and done.source_digest == course.source_digest \
             and done.grader == grader
         if done is not None and done.grader != grader and not cfg.only:

@@ -283,14 +283,16 @@ class Context:
             raise RuntimeError(f"the baseline failed: {e}") from None
         return result
 
-    def interleave(self, base_req, student_req, *, rounds: int, warmup: int = 1, check_base=None, check_student=None):
-        """Time baseline and student requests alternately (the idle side frozen): (baseline s, student s) lists."""
+    def interleave(self, base_req, student_req, *, rounds: int, warmup: int = 1, check_base=None, check_student=None,
+                   warm: list | None = None):
+        """Time baseline and student requests alternately (the idle side frozen): (baseline s, student s) lists;
+        the warm-up requests' seconds go into `warm` when given."""
         from autograder.remote import RemoteFailed, StudentFailed, interleaved
 
         student = self.student()
         try:
             return interleaved(self.baseline(), base_req, student, student_req, rounds=rounds, warmup=warmup,
-                               timeout_s=self._left(), check_a=check_base, check_b=check_student)
+                               timeout_s=self._left(), check_a=check_base, check_b=check_student, warm=warm)
         except StudentFailed as e:
             raise CheckFailed(str(e)) from None
         except RemoteFailed as e:
@@ -307,12 +309,17 @@ class Context:
         (autograder.gpu_state): a verdict timed on a throttling card is marked to be measured again.
         """
         from autograder.gpu_state import Watch
+        from autograder.remeasure import WARMUP_EXCESS_S
         from labkit.bench import ABResult, Timing
 
         watch = Watch(self.device)  # the card's clocks, temperature, power, throttling: read here, never by them
+        warm: list[float] = []
         ta, tb = self.interleave(base_req, student_req, rounds=rounds, warmup=warmup, check_base=check_base,
-                                 check_student=check_student)
+                                 check_student=check_student, warm=warm)
         notes = watch.measurements()
+        # seconds the warm-up took beyond as many timed rounds: a student can stretch it at no cost to the ratio,
+        # so autograder.remeasure does not price a re-measurement by it
+        notes[WARMUP_EXCESS_S] = max(0.0, sum(warm) - warmup * (sum(ta) + sum(tb)) / max(len(ta), 1))
         ta, tb = [t / inner for t in ta], [t / inner for t in tb]
         after_student = [t for i, t in enumerate(ta) if (warmup + i) % 2 == 1]
         after_base = [t for i, t in enumerate(ta) if (warmup + i) % 2 == 0]

@@ -7,8 +7,9 @@ Three layouts are understood, mixed freely in one folder (or inside one .zip of 
   - a single archive of either of the above.
 Anything else is reported as junk and skipped. A student's notebook is `<assignment>.ipynb`, or the only
 notebook they handed in under another name (LMS downloads rename files). Archives are unpacked with caps on
-size and file count and refuse paths that leave their folder. Every hand-in is read into memory here, so what
-gets graded is what was handed in, even if a submission graded earlier rewrites files on disk.
+size and file count and refuse paths that leave their folder or name one file twice. Every hand-in is read into
+memory here, so what gets graded is what was handed in, even if a submission graded earlier rewrites files on
+disk.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def safe_id(raw: str) -> str:
     return s[:64] or "unnamed"
 
 
+def shown(name: str) -> str:
+    """A student-chosen file name as it may appear in a report line: quoted and escaped when it holds line breaks
+    or other control characters (a name must not start a forged line in summary.txt)."""
+    return name if name.isprintable() else repr(name)
+
+
 def extract_zip(archive: Path, dest: Path) -> list[str]:
     """Unpack `archive` into `dest` with size, count and path checks; returns problems found (empty if fine)."""
     try:
@@ -82,10 +89,15 @@ def extract_zip(archive: Path, dest: Path) -> list[str]:
                 return [f"{archive.name}: unpacks to more than {MAX_ARCHIVE_BYTES // 2**20} MiB"]
             dest.mkdir(parents=True, exist_ok=True)
             root = dest.resolve()
+            seen: set[Path] = set()
             for info in infos:
                 target = (dest / info.filename).resolve()
                 if root not in target.parents:
                     return [f"{archive.name}: entry {info.filename!r} points outside the archive"]
+                if target in seen:  # which copy is graded must not depend on the unpacker: refuse both
+                    return [f"{archive.name}: two entries unpack to {target.relative_to(root).as_posix()!r}; "
+                            "hand in an archive holding each file once"]
+                seen.add(target)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with zf.open(info) as src, open(target, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
@@ -123,7 +135,8 @@ def _collect_folder(sid: str, folder: Path, assignment: str) -> Submission:
     if base != folder:
         stray = [p.name for p in folder.iterdir() if p.name != assignment and p.name not in _SKIP]
         if stray:
-            sub.notes.append(f"ignored files beside the {assignment}/ folder: {', '.join(sorted(stray)[:5])}")
+            sub.notes.append(f"ignored files beside the {assignment}/ folder: "
+                             f"{', '.join(shown(n) for n in sorted(stray)[:5])}")
     paths = {}
     for p in sorted(base.rglob("*")):
         rel = p.relative_to(base)
@@ -148,7 +161,7 @@ def _read(sub: Submission, paths: dict[str, Path]) -> None:
                 return
             sub.files[name] = p.read_bytes()
         except OSError as e:
-            sub.notes.append(f"could not read {name}: {e.strerror}")
+            sub.notes.append(f"could not read {shown(name)}: {e.strerror}")
 
 
 def _pick_notebook(sub: Submission, assignment: str) -> None:
@@ -166,7 +179,7 @@ def _pick_notebook(sub: Submission, assignment: str) -> None:
             sub.problem, sub.cause = f"no notebook handed in (expected {want})", "no notebook"
             return
         else:
-            sub.problem = f"several notebooks and none named {want}: {', '.join(sorted(nbs)[:5])}"
+            sub.problem = f"several notebooks and none named {want}: {', '.join(shown(n) for n in sorted(nbs)[:5])}"
             sub.cause = "no notebook"
             return
     bad = check_notebook(sub.files[sub.notebook], sub.notebook)

@@ -6,8 +6,10 @@ Submission times come from, in order of trust:
      (`... - Mar 4, 2025 1115 PM - ...`) and ISO-like stamps (`2025-03-04T23:15:02`, `20250304T231502`);
      Canvas names carry no time, only a `_LATE_` marker, which is reported when no time is found;
   3. archive metadata: the newest entry date of the student's zip (or of their folder in a class zip).
-Times without a zone are read in the policy's time zone. Folders of loose files carry no trustworthy time
-(copying resets it): give those students' times in the CSV.
+Times without a zone are read in the policy's time zone. A file name's end is the student's own file name, so
+only the earliest stamp in a name counts (LMSs write theirs first), and nothing after a Canvas or Moodle prefix
+is read; a student's own zip is dated by their machine, so it never clears a hand-in the LMS marked late.
+Folders of loose files carry no trustworthy time (copying resets it): give those students' times in the CSV.
 
 Policy: submitted after the (extended) due date plus the grace period, a hand-in loses `per_day_pct` percent
 of the assignment's points for every started day after the due date, at most `cap_pct` percent; the total
@@ -37,6 +39,10 @@ _NAME_STAMPS = [  # (pattern, strptime format) for times written into LMS downlo
     (re.compile(r"(?<!\d)(\d{8}T\d{6})(?!\d)"), "%Y%m%dT%H%M%S"),
 ]
 _CANVAS_LATE = re.compile(r"_LATE_")
+# Canvas download names: <name>[_LATE]_<user id>_<submission id>_<the student's own file name>
+CANVAS_NAME = re.compile(r"^(?P<name>[A-Za-z0-9.\-]+)_(?:LATE_)?(?P<user_id>\d+)_(?P<submission_id>\d+)_")
+# Moodle download names: <full name>_<id>_assignsubmission_file_<the student's own file name>
+_MOODLE_FILE = re.compile(r"_assignsubmission_(?:file|onlinetext)_")
 
 
 @dataclass
@@ -90,25 +96,36 @@ def parse_time(text: str, tz: str = "UTC", what: str = "time") -> dt.datetime:
 
 
 def time_from_name(name: str, tz: str = "UTC") -> dt.datetime | None:
-    """A submission time written into an LMS download's file name, or None."""
+    """A submission time the LMS wrote into a download's file name, or None.
+
+    The student chose the end of the name (their own file name, e.g. `lab4 2025-03-01T10-00-00.ipynb`), so the
+    earliest stamp counts, whatever its format: LMSs write theirs before the student's file name. Canvas and Moodle
+    names carry no time of their own, so a stamp after their prefix is the student's and is not read."""
+    if CANVAS_NAME.match(name):
+        return None
+    moodle = _MOODLE_FILE.search(name)
+    name = name[:moodle.start()] if moodle else name
+    hits = []
     for rx, fmt in _NAME_STAMPS:
-        m = rx.search(name)
-        if not m:
-            continue
-        raw = m.group(1)
-        try:
-            if fmt == "D2L":
-                date, hm, ampm = raw.rsplit(" ", 2)
-                t = dt.datetime.strptime(f"{date} {hm.zfill(4)} {ampm}", "%b %d, %Y %I%M %p")
-            elif fmt == "ISO":
-                t = dt.datetime.strptime(re.sub(r"[T_ ]", "T", raw[:11]) + re.sub(r"[-:.]", ":", raw[11:]),
-                                         "%Y-%m-%dT%H:%M:%S")
-            else:
-                t = dt.datetime.strptime(raw, fmt)
-        except ValueError:
-            continue
-        return t.replace(tzinfo=_zone(tz))
-    return None
+        for m in rx.finditer(name):
+            t = _stamp(m.group(1), fmt)
+            if t is not None:
+                hits.append((m.start(), t))
+                break
+    return min(hits, key=lambda h: h[0])[1].replace(tzinfo=_zone(tz)) if hits else None
+
+
+def _stamp(raw: str, fmt: str) -> dt.datetime | None:
+    try:
+        if fmt == "D2L":
+            date, hm, ampm = raw.rsplit(" ", 2)
+            return dt.datetime.strptime(f"{date} {hm.zfill(4)} {ampm}", "%b %d, %Y %I%M %p")
+        if fmt == "ISO":
+            return dt.datetime.strptime(re.sub(r"[T_ ]", "T", raw[:11]) + re.sub(r"[-:.]", ":", raw[11:]),
+                                        "%Y-%m-%dT%H:%M:%S")
+        return dt.datetime.strptime(raw, fmt)
+    except ValueError:
+        return None
 
 
 def _zip_time(infos: list[zipfile.ZipInfo], tz: str) -> dt.datetime | None:
@@ -243,8 +260,13 @@ def assess(policy: LatePolicy, student_id: str, stamp: Stamp | None, max_score: 
         row["late_note"] = ("the LMS marked this hand-in late but its time is unknown: give it in --submitted-csv"
                             if stamp and stamp.lms_late else "no submission time found: not checked for lateness")
         return row
-    row["submitted_at"], row["time_source"] = stamp.at.isoformat(), stamp.source
     over = (stamp.at - due).total_seconds()
+    if stamp.lms_late and stamp.source == "zip entry date" and over <= policy.grace_s:
+        # the zip's entry dates come from the student's machine: they cannot overrule the LMS's own late mark
+        row["late_note"] = (f"the LMS marked this hand-in late; only its zip's entry dates ({stamp.at.isoformat()}, "
+                            "set by the student's machine) say it was on time: give its time in --submitted-csv")
+        return row
+    row["submitted_at"], row["time_source"] = stamp.at.isoformat(), stamp.source
     if over > policy.grace_s:
         days = math.ceil(over / 86400)
         pct = min(policy.per_day_pct * days, policy.cap_pct)

@@ -26,14 +26,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, grade, intake, manual
+from autograder import classbook, grade, intake, late, manual
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
 CANVAS_ID_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 GRADESCOPE_TEST_KEYS = ("name", "score", "max_score", "output")
-# Canvas download names: <name>[_LATE]_<user id>_<submission id>_<file>
-CANVAS_NAME = re.compile(r"^(?P<name>[A-Za-z0-9.\-]+)_(?:LATE_)?(?P<user_id>\d+)_(?P<submission_id>\d+)_")
+CANVAS_NAME = late.CANVAS_NAME  # Canvas download names: <name>[_LATE]_<user id>_<submission id>_<file>
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -52,7 +51,7 @@ def load_class(out: str | Path) -> tuple[list, dict[str, dict], dict]:
     rows = {r["student_id"]: r for r in final["students"]}
     results = []
     for sid in rows:
-        res = grade.load_result(out / "students" / sid / "result.json", key)
+        res = grade.load_result(out / "students" / sid / "result.json", key, sid)
         if res is None:
             raise LabkitError(f"{sid}: done-marker in {out} missing or not the grader's own; regrade before exporting")
         results.append(res)
@@ -244,14 +243,18 @@ def _gradescope_student_file(sub: Path, lab: str, aid: str, tmp: Path) -> Path |
     from autograder import harness
 
     want = harness.STUDENT_FILES[lab]
-    nbs = sorted(sub.rglob("*.ipynb"))
+    root = sub.resolve()
+    # only files that are inside the submission: a symlink in the upload could name the course's own source
+    # notebook (its solutions) or any other file of the grading machine
+    mine = [p for p in sorted(sub.rglob("*")) if p.is_file() and root in p.resolve().parents]
+    nbs = [p for p in mine if p.suffix == ".ipynb"]
     nb = next((p for p in nbs if p.name == f"{aid}.ipynb"), nbs[0] if len(nbs) == 1 else None)
     if nb is not None:
         try:
             return harness.student_file_from_notebook(nb, tmp)
         except Exception:  # a notebook without the cell: fall back to a handed-in file below
             pass
-    direct = next(iter(sorted(sub.rglob(want))), None)
+    direct = next((p for p in mine if p.name == want), None)
     if direct is not None:
         return Path(shutil.copy(direct, tmp / want))
     return None

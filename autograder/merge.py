@@ -54,9 +54,10 @@ def _read_slice(folder: Path) -> tuple[classbook.ClassInfo, dict, dict[str, grad
     key = _key_of(folder)
     results, rejected = {}, []
     for sid in manifest["students"]:
-        res = grade.load_result(folder / "students" / sid / "result.json", key)
+        res = grade.load_result(folder / "students" / sid / "result.json", key, sid)
         if res is None:
-            rejected.append(f"{sid} in {folder}: done-marker missing or not the grader's own (regrade that slice)")
+            rejected.append(f"{sid} in {folder}: done-marker missing, not the grader's own, or another "
+                            "student's (regrade that slice)")
         else:
             results[sid] = res
     return info, manifest, results, rejected

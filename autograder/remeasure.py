@@ -7,8 +7,10 @@ the trusted side times the check again, with more rounds and the same interleavi
 runners as the first time, and scores the pooled rounds of both runs. At most one re-measurement per check
 (`measured` has no loop): a submission whose speed jitters wildly costs one more measurement of up to twice the
 timed rounds (`Policy.rounds_factor`), never longer than the check had run before it (so at most ~2x the check's
-time) and only within the check's own time budget; never a loop. A pooled ratio still within its spread of a boundary is scored as measured and keeps the
-summary's "regrade recommended" flag (review.flags reads the pooled `speedup`/`speedup_iqr`).
+time) and only within the check's own time budget, priced by the first measurement less the part of its warm-up
+that took longer than its timed rounds (a warm-up the student made slow buys no skip); never a loop. A pooled
+ratio still within its spread of a boundary is scored as measured and keeps the summary's "regrade recommended"
+flag (review.flags reads the pooled `speedup`/`speedup_iqr`).
 
 Everything here runs in the trusted grading process; the student's process only answers timed requests.
 """
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable
 
 from autograder import review
+
+WARMUP_EXCESS_S = "warmup_excess_s"  # harness.Context.compare's note: warm-up seconds beyond as many timed rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +77,15 @@ def measured(measure: Callable[[int], tuple], rounds: int, tiers, *, required_ra
     """
     t0 = clock()
     ab, notes = measure(rounds)
+    excess = notes.pop(WARMUP_EXCESS_S, 0.0)
     why = near(ab, tiers, required_ratio)
     if why is None:
         return ab, notes, {"remeasured": False}
     record = {"remeasured": False, "remeasure_reason": why, "first_measurement": _brief(ab, notes)}
-    took = max(clock() - t0, 1e-9)  # seconds of the first measurement
+    # seconds of the first measurement, less a warm-up slower than its timed rounds: the student's process can
+    # stretch that at no cost to its ratio, and must not buy a skipped re-measurement with it (a slow warm-up in
+    # the re-measurement itself then runs into the check's deadline, and the check fails)
+    took = max(clock() - t0 - excess, 1e-9)
     more = round(rounds * policy.rounds_factor)
     if spent is not None:  # the whole check so far bounds the re-measurement: a check costs at most ~2x
         more = min(more, int(rounds * spent() / took))
@@ -89,6 +97,7 @@ def measured(measure: Callable[[int], tuple], rounds: int, tiers, *, required_ra
         return ab, notes, {**record, "remeasure_skipped": f"the check's time budget has {time_left():.0f} s left, "
                                                           f"a re-measurement needs ~{estimate:.0f} s"}
     ab2, notes2 = measure(more)  # the one re-measurement; whatever it shows, nothing times this check again
+    notes2.pop(WARMUP_EXCESS_S, None)
     pooled = _pool(ab, ab2)
     record.update(remeasured=True, remeasurement=_brief(ab2, notes2), pooled=_brief(pooled))
     merged = dict(notes)

@@ -202,11 +202,12 @@ class Remote:
 
 
 def interleaved(a: Remote, req_a, b: Remote, req_b, *, rounds: int, warmup: int = 1, timeout_s: float = 300.0,
-                check_a=None, check_b=None) -> tuple[list[float], list[float]]:
+                check_a=None, check_b=None, warm: list | None = None) -> tuple[list[float], list[float]]:
     """Time `req_a` on `a` and `req_b` on `b` alternately (ABBA order), the idle side frozen; seconds each.
 
     `req_*` are callables round -> (probe, params), so every round can carry fresh inputs; `check_*(result,
-    params)` verify each reply (raise to reject it). Warm-up rounds are run and checked but not returned.
+    params)` verify each reply (raise to reject it). Warm-up rounds are run and checked but not returned; their
+    seconds (both sides) go into `warm` when given.
     """
     ta, tb = [], []
     a.wait_ready()
@@ -227,4 +228,6 @@ def interleaved(a: Remote, req_a, b: Remote, req_b, *, rounds: int, warmup: int 
                 check(result, params)
             if r >= warmup:
                 out.append(dt)
+            elif warm is not None:
+                warm.append(dt)
     return ta, tb

@@ -1,13 +1,14 @@
 """`python -m autograder similarity ASSIGNMENT --submissions DIR`: pairs of hand-ins far more alike than the class.
 
 Each hand-in's module (the `%%writefile student_*.py` cell, autograder.harness.student_file_from_notebook) is
-turned into a stream of normalized Python tokens: comments, blank lines, indentation tokens and trailing
-commas dropped, every name the student chose replaced by one symbol (keywords, builtins and attribute names
-kept, but not attributes of self), every string and number by one symbol each. Renaming variables and reformatting therefore change
-nothing. The stream is fingerprinted by winnowing (Schleimer, Wilkerson, Aiken, SIGMOD 2003: hashes of all
-k-token windows, the minimum of every w consecutive hashes kept), which guarantees that any shared run of at
-least k + w - 1 tokens is found. Fingerprints of the release's starter code, and those most of the class
-shares (the assignment's natural boilerplate), are discarded before comparing.
+turned into a stream of normalized Python tokens: comments, blank lines, indentation tokens, trailing commas and
+statements that do nothing (`pass`, `...`, a lone literal or docstring) dropped, every name the student chose
+replaced by one symbol (keywords, builtins and attribute names kept, but not attributes of self, whatever a
+method calls its first parameter), every string and number by one symbol each. Renaming variables and
+reformatting therefore change nothing. The stream is fingerprinted by winnowing (Schleimer, Wilkerson, Aiken,
+SIGMOD 2003: hashes of all k-token windows, the minimum of every w consecutive hashes kept), which guarantees that
+any shared run of at least k + w - 1 tokens is found. Fingerprints of the release's starter code, and those most
+of the class shares (the assignment's natural boilerplate), are discarded before comparing.
 
 A pair's similarity is the share of the smaller fingerprint set found in the other. A pair is flagged when it
 is both high (>= `min_similarity`) and far above the class norm (more than `z` robust standard deviations,
@@ -17,6 +18,7 @@ matching line ranges of both files side by side.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import hashlib
 import io
@@ -79,9 +81,12 @@ def tokens(source: str) -> list[tuple[str, int]]:
                     tokenize.STRING if s[0] in "\"'" else tokenize.OP
                 raw.append((typ, s, n))
     prev = prev2 = ""
+    selfish, idle = _self_names(source), _idle_statements(raw)
     for i, (typ, s, line) in enumerate(raw):
-        if typ in _SKIP or (typ == tokenize.ERRORTOKEN and not s.strip()):
+        if typ in _SKIP or (typ == tokenize.ERRORTOKEN and not s.strip()) or i in idle:
             continue
+        if typ == tokenize.NAME and s in selfish:
+            s = "self"  # `def step(me, x): me.w` is `self.w` renamed
         if typ == tokenize.NAME:
             # A library's attribute (torch.isfinite, optimizer.step) is kept; the student's own (self.x) is not.
             tok = s if s in _KEEP_NAMES or (prev == "." and prev2 not in ("self", "cls")) else "V"
@@ -96,6 +101,41 @@ def tokens(source: str) -> list[tuple[str, int]]:
         out.append((tok, line))
         prev2, prev = prev, s
     return out
+
+
+def _idle_statements(raw) -> set[int]:
+    """Indices of statements that do nothing, one token each (`pass`, `...`, a lone literal or docstring): sprinkled
+    between the lines of a copy they would break every shared window, so they are not compared."""
+    idle, line = set(), []
+    for i, (typ, _, _) in enumerate(raw):
+        if typ == tokenize.NEWLINE:
+            if len(line) == 1:
+                t, v, _ = raw[line[0]]
+                if t in (tokenize.NUMBER, tokenize.STRING) or v in ("pass", "...", "None", "True", "False", "Ellipsis"):
+                    idle.add(line[0])
+            line = []
+        elif typ not in _SKIP:
+            line.append(i)
+    return idle
+
+
+def _self_names(source: str) -> set[str]:
+    """Names a method's first parameter goes by instead of self / cls (a rename that would otherwise turn every
+    `self.x` into a kept attribute name); empty when the source does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    out = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for f in cls.body:
+            static = isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(d, ast.Name) and d.id == "staticmethod" for d in f.decorator_list)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and not static:
+                args = f.args.posonlyargs + f.args.args
+                if args:
+                    out.add(args[0].arg)
+    return out - _KEEP_NAMES
 
 
 def _next_code(raw, i: int) -> str:

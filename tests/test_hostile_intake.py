@@ -1,0 +1,292 @@
+"""The class-level machinery against hostile hand-ins: intake of zips and folders, the late policy's submission
+times, done-markers moved between students before a merge or export, and similarity under trivial renames.
+
+Each test builds the hand-in a student could really produce (an LMS-named file or zip, as intake and the late
+policy read them) and shows what the grader makes of it. All of them are file-level and run in well under a
+second: no student code runs here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import re
+import stat
+import struct
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import classbook, grade, intake, late, merge, similarity
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+import similarity_class  # noqa: E402
+
+AID = "lab"
+UTC = dt.UTC
+DUE = dt.datetime(2025, 3, 4, 23, 59, tzinfo=UTC)
+
+
+def _nb(code: str = "x = 1") -> bytes:
+    return nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])).encode()
+
+
+def _zip(path: Path, entries: list[tuple[str | zipfile.ZipInfo, bytes]]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in entries:
+            z.writestr(name, data)
+    return path
+
+
+def _collect(subs: Path, tmp_path: Path) -> tuple[dict[str, intake.Submission], list[str]]:
+    got = intake.collect(subs, AID, scratch=tmp_path / "scratch")
+    return {s.student_id: s for s in got.submissions}, got.junk
+
+
+# ------------------------------------------------------------------------------------------------ intake
+
+
+@pytest.mark.parametrize("evil", ["../../outside.ipynb", "/tmp/labkit-abs-outside.ipynb", "lab/../../outside.py"])
+def test_a_zip_entry_leaving_its_folder_fails_that_student_only(tmp_path, evil):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    _zip(subs / "mal_handin.zip", [(f"{AID}.ipynb", _nb()), (evil, b"pwned")])
+    (subs / f"amy_{AID}.ipynb").write_bytes(_nb())
+    by, _ = _collect(subs, tmp_path)
+    assert by["mal"].problem and "points outside the archive" in by["mal"].problem and not by["mal"].files
+    assert by["amy"].notebook and not by["amy"].problem
+    assert not list(tmp_path.rglob("outside*")) and not Path("/tmp/labkit-abs-outside.ipynb").exists()
+
+
+def test_two_zip_entries_for_one_file_are_refused_not_silently_one_of_them(tmp_path):
+    # The instructor's unzip shows one copy, the grader would have graded the other.
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    with pytest.warns(UserWarning, match="Duplicate name"):
+        _zip(subs / "mal_handin.zip", [(f"{AID}.ipynb", _nb("print('for the instructor')")),
+                                       (f"{AID}.ipynb", _nb("print('for the grader')"))])
+    _zip(subs / "sam_handin.zip", [(f"{AID}.ipynb", _nb()), (f"sub/../{AID}.ipynb", _nb("y = 2"))])
+    by, _ = _collect(subs, tmp_path)
+    for sid in ("mal", "sam"):
+        assert by[sid].cause == "bad archive" and "two entries unpack to 'lab.ipynb'" in by[sid].problem, by[sid]
+
+
+def test_symlinks_in_a_hand_in_are_never_followed(tmp_path):
+    # An instructor who unpacked the class with `unzip` gets the student's symlinks on disk; Python's zipfile
+    # writes a zipped symlink as a small file holding its target's name.
+    secret = tmp_path / "instructor"
+    secret.mkdir()
+    (secret / "key.txt").write_text("SECRET")
+    subs = tmp_path / "subs"
+    (subs / "mal").mkdir(parents=True)
+    (subs / "mal" / f"{AID}.ipynb").write_bytes(_nb())
+    os.symlink(secret / "key.txt", subs / "mal" / "key.txt")
+    os.symlink(secret, subs / "mal" / "stolen")
+    link = zipfile.ZipInfo("answers.txt")
+    link.external_attr = (stat.S_IFLNK | 0o777) << 16
+    _zip(subs / "sym_handin.zip", [(f"{AID}.ipynb", _nb()), (link, str(secret / "key.txt").encode())])
+    by, _ = _collect(subs, tmp_path)
+    assert sorted(by["mal"].files) == [f"{AID}.ipynb"]
+    assert by["sym"].files["answers.txt"] == str(secret / "key.txt").encode()
+    assert not (tmp_path / "scratch" / "_unzipped" / "sym" / "sym_handin" / "answers.txt").is_symlink()
+    assert all(b"SECRET" not in d for s in by.values() for d in s.files.values())
+
+
+def test_too_many_or_too_deeply_nested_entries_are_one_clear_problem(tmp_path, monkeypatch):
+    monkeypatch.setattr(intake, "MAX_ARCHIVE_FILES", 50)
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    _zip(subs / "many_handin.zip", [(f"{AID}.ipynb", _nb())] + [(f"f{i}.txt", b"") for i in range(60)])
+    _zip(subs / "deep_handin.zip", [(f"{AID}.ipynb", _nb()), ("d/" * 2100 + "x.txt", b"x")])
+    # a bomb whose headers claim 100 bytes: unpacking stops at the claimed size and the CRC gives it away
+    bomb = bytearray(_zip(tmp_path / "bomb.zip", [(f"{AID}.ipynb", b"\0" * 2**23)]).read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(bomb))) as z:
+        assert z.infolist()[0].compress_type == zipfile.ZIP_DEFLATED
+    struct.pack_into("<I", bomb, 22, 100)  # the local header's uncompressed size
+    struct.pack_into("<I", bomb, bomb.find(b"PK\x01\x02") + 24, 100)  # the central directory's
+    (subs / "boom_handin.zip").write_bytes(bytes(bomb))
+    by, _ = _collect(subs, tmp_path)
+    assert by["many"].cause == "bad archive" and "61 files (limit 50)" in by["many"].problem
+    assert by["deep"].cause == "bad archive" and "not a readable zip archive" in by["deep"].problem
+    assert by["boom"].cause == "bad archive" and "Bad CRC-32" in by["boom"].problem
+    assert sum(f.stat().st_size for f in (tmp_path / "scratch").rglob("*") if f.is_file()) < 2**20
+
+
+def test_a_file_name_cannot_forge_a_line_of_the_summary(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    forged = "x\namy                10 of 10  graded     .ipynb"  # no "/": that would make folders
+    _zip(subs / "mal_handin.zip", [("a.ipynb", _nb()), (forged, _nb())])
+    _zip(subs / "nat_handin.zip", [(f"{AID}/{AID}.ipynb", _nb()), ("notes\nbob  10 of 10  graded", b"")])
+    by, _ = _collect(subs, tmp_path)
+    assert "\n" not in by["mal"].problem and "'x\\namy" in by["mal"].problem, by["mal"].problem
+    assert all("\n" not in n for n in by["nat"].notes) and any("'notes\\nbob" in n for n in by["nat"].notes)
+
+
+def test_look_alike_names_do_not_become_another_student_or_the_lab(tmp_path):
+    subs = tmp_path / "subs"
+    for who in ("amy", "\u0430my"):  # Cyrillic a: a folder that looks like amy's
+        (subs / who).mkdir(parents=True)
+        (subs / who / f"{AID}.ipynb").write_bytes(_nb(f"who = {who!r}"))
+    # a notebook whose name only looks like the lab's, beside the real one: the real one is graded
+    (subs / "bea").mkdir()
+    (subs / "bea" / f"{AID}.ipynb").write_bytes(_nb("real = 1"))
+    (subs / "bea" / "l\u0430b.ipynb").write_bytes(_nb("decoy = 1"))
+    by, _ = _collect(subs, tmp_path)
+    assert b"'amy'" in by["amy"].files[f"{AID}.ipynb"]
+    other = next(s for sid, s in by.items() if sid not in ("amy", "bea"))
+    assert other.student_id != "amy" and any("graded as student id" in n for n in other.notes)
+    assert by["bea"].notebook == f"{AID}.ipynb" and b"real = 1" in by["bea"].files[f"{AID}.ipynb"]
+
+
+# ------------------------------------------------------------------------------------------------ late work
+
+
+def test_a_time_in_the_students_own_file_name_does_not_date_the_hand_in(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    # Canvas names carry no time: the stamp is the student's own file name, after the LMS's prefix
+    (subs / "mal_LATE_12345_678_lab 2025-03-01T10-00-00.ipynb").write_bytes(b"{}")
+    (subs / "kim_12345_679_lab_20250301T100000.ipynb").write_bytes(b"{}")
+    (subs / "moe_4242_assignsubmission_file_lab 2025-03-01T10-00-00.ipynb").write_bytes(b"{}")  # Moodle
+    # D2L writes its stamp first; a Blackboard-looking stamp later in the name is the student's
+    (subs / "d2l_1 - Mar 9, 2025 1115 PM - lab_attempt_2025-03-01-00-00-00.ipynb").write_bytes(b"{}")
+    (subs / "bb_attempt_2025-03-09-01-30-00_lab 2025-03-01T00-00-00.ipynb").write_bytes(b"{}")
+    got = late.submission_times(subs)
+    assert got["mal"].at is None and got["mal"].lms_late and got["kim"].at is None and got["moe"].at is None
+    assert got["d2l"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
+    assert got["bb"].at == dt.datetime(2025, 3, 9, 1, 30, tzinfo=UTC)
+    pol = late.LatePolicy(DUE)
+    assert "LMS marked this hand-in late" in late.assess(pol, "mal", got["mal"], 10)["late_note"]
+    assert late.assess(pol, "d2l", got["d2l"], 10)["days_late"] == 5
+
+
+def test_a_backdated_zip_does_not_clear_a_hand_in_the_lms_marked_late(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    old = (2025, 3, 1, 8, 0, 0)
+    _zip(subs / "mal_LATE_12345_678_handin.zip", [(zipfile.ZipInfo(f"{AID}.ipynb", date_time=old), _nb())])
+    _zip(subs / "zed_99_handin.zip", [(zipfile.ZipInfo(f"{AID}.ipynb", date_time=old), _nb())])  # no LATE mark
+    got = late.submission_times(subs)
+    pol = late.LatePolicy(DUE)
+    row = late.assess(pol, "mal", got["mal"], 10)
+    assert row["submitted_at"] == "" and row["late_penalty"] == 0, row  # not "on time": unknown, and said so
+    assert "LMS marked this hand-in late" in row["late_note"] and "--submitted-csv" in row["late_note"]
+    info = classbook.ClassInfo(AID, 10.0, [], [AID], [], "d")
+    res = grade.StudentResult("mal", AID, "graded", 10.0, 10.0)
+    rows = classbook.final_rows(info, [res], pol, got)
+    assert "no submission time (not checked for lateness): mal" in "\n".join(classbook.summary_lines(rows, pol, None))
+    assert late.assess(pol, "zed", got["zed"], 10)["submitted_at"].startswith("2025-03-01")  # unchanged rule
+
+
+# ------------------------------------------------------------------------------------------------ merge
+
+
+def _slice(folder: Path, results: dict[str, grade.StudentResult]) -> bytes:
+    key = grade.result_key(folder)
+    for sid, r in results.items():
+        (folder / "students" / sid).mkdir(parents=True, exist_ok=True)
+        (folder / "students" / sid / "result.json").write_bytes(grade.sealed_result(r, key))
+    (folder / classbook.MANIFEST).write_text(json.dumps(
+        {"assignment": AID, "max_score": 10.0, "cells": [], "notebooks": [AID], "calls": [], "source_digest": "d",
+         "students": sorted(results), "shard": "0/1"}))
+    (folder / classbook.MASTER_GRADEBOOK).write_bytes(b"")
+    return key
+
+
+def test_a_sealed_marker_moved_to_another_student_is_not_credited_to_them(tmp_path):
+    s = tmp_path / "s0"
+    amy, bob = (grade.StudentResult(sid, AID, "graded", pts, 10.0) for sid, pts in (("amy", 10.0), ("bob", 1.0)))
+    key = _slice(s, {"amy": amy, "bob": bob})
+    # both markers are the grader's own, sealed under this folder's key: only their places are swapped
+    a, b = (s / "students" / sid / "result.json" for sid in ("amy", "bob"))
+    a_bytes = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(a_bytes)
+    assert grade.load_result(b, key) is not None and grade.load_result(b, key, "bob") is None
+    _, _, results, rejected = merge._read_slice(s)
+    assert results == {} and len(rejected) == 2 and "another student's" in rejected[0]
+
+
+# ------------------------------------------------------------------------------------------------ similarity
+
+
+def _renamed_self(src: str) -> str:
+    return re.sub(r"\bself\b", "me", src)
+
+
+def test_renaming_self_does_not_hide_a_copy():
+    files = dict(similarity_class.SOLUTIONS, zed=_renamed_self(similarity_class.COPY))
+    pairs, _ = similarity.compare(files, similarity_class.STARTER)
+    assert [(p.a, p.b) for p in pairs if p.flagged] == [("ana", "zed")] and pairs[0].similarity > 0.9
+    assert max(p.similarity for p in pairs if not p.flagged) < 0.3
+
+    def toks(src):
+        return [t for t, _ in similarity.tokens(src)]
+
+    method = "class A:\n    def f(self, x):\n        return self.w * x.sum()\n"
+    assert toks(method) == toks(_renamed_self(method).replace("x", "y"))
+    assert toks("def f(me):\n    return me.sum()\n") != toks("def f(me):\n    return me.mean()\n")  # not a method
+
+
+# ------------------------------------------------------------------------------------------------ Gradescope
+
+
+def test_a_gradescope_upload_cannot_point_the_grader_at_the_course_solution(tmp_path):
+    from autograder import harness, lms
+
+    aid = harness.ASSIGNMENTS["lab1"]
+    want = harness.STUDENT_FILES["lab1"]
+    solution = tmp_path / "autograder" / "source" / f"{aid}.ipynb"  # what the course ships to the container
+    solution.parent.mkdir(parents=True)
+    solution.write_bytes(_nb(f"%%writefile {want}\nSOLUTION = 'the instructor'\n"))
+    sub = tmp_path / "submission"
+    sub.mkdir()
+    os.symlink(solution, sub / f"{aid}.ipynb")
+    os.symlink(solution.parent, sub / "linked")
+    for t in ("t1", "t2"):
+        (tmp_path / t).mkdir()
+    assert lms._gradescope_student_file(sub, "lab1", aid, tmp_path / "t1") is None
+    (sub / want).write_text("MINE = 1\n")  # the student's own file is still graded
+    got = lms._gradescope_student_file(sub, "lab1", aid, tmp_path / "t2")
+    assert got is not None and got.read_text() == "MINE = 1\n"
+
+
+def _with_idle_statements(src: str, idle: str) -> str:
+    """`src` with the statement `idle` after every simple statement inside a function."""
+    import ast
+
+    after: dict[int, int] = {}
+    for f in (n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)):
+        for st in ast.walk(f):
+            if isinstance(st, ast.stmt) and not hasattr(st, "body") and st is not f:
+                after[st.end_lineno] = st.col_offset
+    lines = src.splitlines()
+    out = []
+    for n, line in enumerate(lines, 1):
+        out.append(line)
+        if n in after:
+            out.append(" " * after[n] + idle)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("idle", ["pass", "...", "0", "None", "'padding'"])
+def test_statements_that_do_nothing_do_not_hide_a_copy(idle):
+    padded = _with_idle_statements(similarity_class.COPY, idle)
+    assert padded.count(f"\n        {idle}\n") > 10
+    pairs, _ = similarity.compare(dict(similarity_class.SOLUTIONS, zed=padded), similarity_class.STARTER)
+    assert [(p.a, p.b) for p in pairs if p.flagged] == [("ana", "zed")] and pairs[0].similarity > 0.9
+    assert max(p.similarity for p in pairs if not p.flagged) < 0.3
+
+
+def test_a_notebook_nested_past_the_parsers_depth_is_one_clear_problem(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / f"deep_{AID}.ipynb").write_bytes(b'{"nbformat": 4, "cells": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+    by, _ = _collect(subs, tmp_path)
+    assert by["deep"].cause == "invalid notebook" and "RecursionError" in by["deep"].problem, by["deep"].problem
