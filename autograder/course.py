@@ -258,6 +258,24 @@ def detect_hardware() -> tuple[dict, ...]:
 _FEEDBACK_LOCK = threading.Lock()  # nbgrader's converters share logging and config machinery
 
 
+# What a written answer may keep of HTML: text markup, lists, tables, links and images, no attribute that styles,
+# scripts or names an element (an id or class could dress an answer up as the grader's summary box).
+_ANSWER_TAGS = frozenset({"a", "abbr", "b", "blockquote", "br", "code", "del", "div", "em", "h1", "h2", "h3", "h4",
+                          "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "span", "strong", "sub", "sup",
+                          "table", "tbody", "td", "th", "thead", "tr", "ul"})
+_ANSWER_ATTRIBUTES = {"a": ["href", "title"], "img": ["src", "alt", "title"], "th": ["align"], "td": ["align"]}
+
+
+def safe_markdown_html(text: str) -> str:
+    """A student's markdown, rendered to HTML, with everything that could run script escaped into visible text
+    (tags, event handlers, javascript: links); nbconvert's strip_files_prefix applied first, as it would be."""
+    import bleach
+    from nbconvert.filters import strip_files_prefix
+
+    return bleach.clean(strip_files_prefix(text), tags=_ANSWER_TAGS, attributes=_ANSWER_ATTRIBUTES,
+                        protocols={"http", "https", "mailto"}, strip=False)
+
+
 def render_feedback(root: Path, assignment: str, student: str) -> tuple[dict[str, str], str]:
     """nbgrader generate_feedback for one student, in this process: it only renders the graded notebook, no
     student code runs. Returns ({notebook id: html}, log text)."""
@@ -270,6 +288,12 @@ def render_feedback(root: Path, assignment: str, student: str) -> tuple[dict[str
 
             conf = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
             conf.HTMLExporter.template_name = "feedback"
+            # The page renders the student's markdown and cell outputs, and instructors open it too: no markup
+            # that runs script may survive. sanitize_html cleans outputs and ungraded markdown; nbgrader's own
+            # template renders graded markdown (the written answers) through strip_files_prefix alone, so that
+            # filter cleans too.
+            conf.HTMLExporter.sanitize_html = True
+            conf.HTMLExporter.filters = {"strip_files_prefix": safe_markdown_html}
             cd = CourseDirectory(config=conf, root=str(root))
             cd.assignment_id, cd.student_id = assignment, student
             conv = GenerateFeedback(coursedir=cd, config=conf)

@@ -212,6 +212,12 @@ class SuiteBuilder:
                 c["metadata"]["nbgrader"].update(points=100, locked=True)
         add("self_graded_metadata", "the reference with each written answer turned into a code cell worth 100 "
             "points that returns its own score", self._files(nb), Expect(True, True))
+        nb = self.notebook(before_tests=_SCRIPT_OUTPUT)
+        for c in nb["cells"]:
+            if _nbg(c).get("grade_id") in {_nbg(w)["grade_id"] for w in written}:
+                c["source"] = _SCRIPT_ANSWER
+        add("script_in_answer", "the reference with script in its written answer and in a cell's HTML output: "
+            "the feedback page an instructor opens must run none of it", self._files(nb), Expect(True, True))
 
     def _attacks(self, add, rel: Expect, canary: Path | None, root: Path | None) -> None:
         """A hostile class: forge verdicts, reach the checks and the course, signal or outlive the grader."""
@@ -476,6 +482,15 @@ for _ in range(3):
 
 
 # A written answer graded by the student: nbgrader keeps a manual score it finds in the gradebook.
+# Markup that runs script when a page renders it as HTML: a tag, an event handler, a javascript: link.
+_SCRIPT_MARKUP = ("<script>document.title = 'labkit-pwned'</script>"
+                  "<img src='x' onerror=\"document.title = 'labkit-pwned'\">"
+                  "<a href=\"javascript:document.title = 'labkit-pwned'\">my answer</a>")
+_SCRIPT_ANSWER = "Because the loader was the bottleneck.\n\n" + _SCRIPT_MARKUP + "\n"
+_SCRIPT_OUTPUT = ("from IPython.display import HTML, Javascript, display\n"
+                  f"display(HTML({_SCRIPT_MARKUP!r}))\n"
+                  "display(Javascript(\"document.title = 'labkit-pwned'\"))\n")
+
 _SELF_GRADE = """import glob, os, sqlite3
 _hits = []
 for _p in sorted({os.path.abspath(p) for d in ('..', '../..', '../../..', '../../../..')

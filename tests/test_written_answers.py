@@ -24,7 +24,7 @@ from labkit.errors import LabkitError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AID = rehearsal.TOY_ID
 WID = rehearsal.WRITTEN_ID
-NAMES = ("reference", "release", "self_graded_gradebook", "self_graded_metadata")
+NAMES = ("reference", "release", "self_graded_gradebook", "self_graded_metadata", "script_in_answer")
 LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun"]
 
 
@@ -183,3 +183,16 @@ def test_each_lab_has_a_rubric_graded_written_answer_the_release_leaves_out(lab)
     release = nbformat.writes(_released(nb))
     assert "Rubric" not in release and "Model answer" not in release
     assert release.count("YOUR ANSWER HERE") >= len(written)
+
+
+def test_script_in_a_written_answer_or_an_output_never_runs_in_the_feedback_page(written_class):
+    """Instructors open students' feedback pages to grade written answers: the student's markup is shown, its
+    script is not kept (no <script>, no event handler, no javascript: link), and the answer is still pending."""
+    r = written_class["by"]["script_in_answer"]
+    assert r.score == 5.0 and _cell(r)["needs_manual"]
+    page = (written_class["base"] / "out" / "feedback" / "script_in_answer" / AID / f"{AID}.html").read_text()
+    assert "Because the loader was the bottleneck." in page and "my answer" in page
+    body = page.split("<body", 1)[1]  # the code cell's source shows the markup as escaped text: harmless
+    assert not re.search(r"<script[^>]*>[^<]*labkit-pwned", body)  # no script tag, no JavaScript output
+    assert not re.search(r"<[a-z]+[^>]*\bon[a-z]+\s*=", body, re.I)  # no event handler on any tag
+    assert not re.search(r"<a[^>]*href\s*=\s*[\"']?\s*javascript:", body, re.I)
