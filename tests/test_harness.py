@@ -108,7 +108,8 @@ def test_speedrun_fakes_fail_on_cpu(tmp_path):
     # (The reference's verdicts on a CPU, speed "not gradable" included, are checked through the GPU script below.)
     ref = reference("lab4", tmp_path)
     # Fake-fast: no backward, no update. Wrong, so no points anywhere, the sync check and speed included.
-    fake = variant(ref, tmp_path / "student_fake.py", "        loss.backward()\n        opt.step()\n", "")
+    fake = variant(ref, tmp_path / "student_fake.py", "        scaler.scale(loss).backward()\n        scaler.step(opt)"
+                   "  # skips the update only if a gradient is inf/NaN (fp16; never with bf16)\n", "")
     f_ok, f_sync, f_speed = run_checks(["lab4.correctness", "lab4.no_host_sync", "lab4.speed"], fake, device="cpu")
     assert not f_ok["ok"] and "parameters changed in 0" in f_ok["message"]
     assert f_sync["score"] == 0 and f_speed["score"] == 0 and not f_speed["gradable"]
