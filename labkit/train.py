@@ -224,7 +224,16 @@ def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float):
         kw["fused"] = True
     else:
         kw["foreach"] = False
-    return torch.optim.SGD(params, **kw)
+    opt = torch.optim.SGD(params, **kw)
+    if kw.get("fused") and cfg.momentum:
+        # Fused SGD makes its momentum buffers with empty_like in its first step, and when GradScaler skips that
+        # step (fp16 gradients overflow at GradScaler's starting scale) the kernel never writes them: the next
+        # step reads garbage. Zeroed buffers make every step a regular one; with dampening 0 the first update
+        # is the same (buffer = momentum x 0 + gradient).
+        for group in opt.param_groups:
+            for p in group["params"]:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return opt
 
 
 def _checkpointed_forward(model, x):

@@ -114,6 +114,28 @@ def test_adamw_option_is_fused_adamw_with_the_same_parameter_groups(ds):
             T.check_config(T.with_changes(TINY, optimizer="adamw-fused", **bad), torch.device("cpu"))
 
 
+def test_fused_sgd_survives_a_first_step_that_grad_scaler_skips():
+    """fp16 gradients overflow at GradScaler's starting scale, so the first step is often skipped. Fused SGD
+    would then read momentum buffers it never wrote (torch makes them with empty_like); the engine's fused SGD
+    must take the same steps as the per-parameter loop."""
+    import torch
+
+    params = {}
+    for name in ("sgd", "sgd-fused"):
+        w = torch.nn.Linear(4, 1, bias=False)
+        torch.nn.init.ones_(w.weight)
+        opt = T._make_optimizer(T.with_changes(TINY, optimizer=name, weight_decay=0.0), w, lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        for g in ([float("inf"), 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]):  # an overflow, then two clean steps
+            scaler.scale(w(torch.tensor([g], dtype=torch.float32)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        params[name] = w.weight.detach().clone()
+    assert torch.isfinite(params["sgd-fused"]).all()
+    assert torch.allclose(params["sgd-fused"], params["sgd"]), params
+
+
 def test_bad_configs_fail_clearly():
     import torch
 
