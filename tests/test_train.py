@@ -114,20 +114,23 @@ def test_adamw_option_is_fused_adamw_with_the_same_parameter_groups(ds):
             T.check_config(T.with_changes(TINY, optimizer="adamw-fused", **bad), torch.device("cpu"))
 
 
-def test_fused_sgd_survives_a_first_step_that_grad_scaler_skips():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="the CUDA kernel needs a GPU"))])
+def test_fused_sgd_survives_steps_that_grad_scaler_skips(device):
     """fp16 gradients overflow at GradScaler's starting scale, so the first step is often skipped. Fused SGD
     would then read momentum buffers it never wrote (torch makes them with empty_like); the engine's fused SGD
-    must take the same steps as the per-parameter loop."""
+    must take the same steps as the per-parameter loop, a skipped later step included."""
     import torch
 
     params = {}
     for name in ("sgd", "sgd-fused"):
-        w = torch.nn.Linear(4, 1, bias=False)
+        w = torch.nn.Linear(4, 1, bias=False).to(device)
         torch.nn.init.ones_(w.weight)
         opt = T._make_optimizer(T.with_changes(TINY, optimizer=name, weight_decay=0.0), w, lr=0.1)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-        for g in ([float("inf"), 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]):  # an overflow, then two clean steps
-            scaler.scale(w(torch.tensor([g], dtype=torch.float32)).sum()).backward()
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
+        inf = float("inf")
+        for g in ([inf, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, inf, 1, 1], [1, 2, 1, 1]):  # two overflows
+            scaler.scale(w(torch.tensor([g], dtype=torch.float32, device=device)).sum()).backward()
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
