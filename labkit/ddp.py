@@ -52,10 +52,9 @@ def _worker(args) -> int:
             _profile_worker(cfg, dev, args.profile)
         else:
             rec = T.train(cfg, dev)
-            ranks = [None] * dist.get_world_size()
-            dist.all_gather_object(ranks, _rank_facts(rec, dev))  # a slow or badly bound rank shows up here
+            if args.rank_facts:  # a file per rank, no extra collective: a slow or badly bound rank shows up there
+                write_json(os.path.join(args.rank_facts, f"rank{dist.get_rank()}.json"), _rank_facts(rec, dev))
             if dist.get_rank() == 0:
-                rec["ranks"] = ranks
                 print(f"{cfg.name} on {dist.get_world_size()} processes: {rec['img_per_s']:,.0f} img/s, "
                       f"final loss {rec['final_loss']:.3f}, accuracy {rec['accuracy']}", flush=True)
                 if args.json:
@@ -209,12 +208,13 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
            json_path: str | None = None, cpu: bool = False, timeout_s: float | None = None,
            profile_dir: str | None = None, nodes: Nodes | None = None, env: dict[str, str] | None = None,
-           torchrun_flags: list[str] | None = None) -> int:
+           torchrun_flags: list[str] | None = None, rank_facts_dir: str | None = None) -> int:
     """Run `preset` on `nproc` processes through torchrun; returns torchrun's exit code.
     With `profile_dir`, profile a few steps instead (rank 0 writes its trace and diagnosis there).
     With `nodes`, this machine is one of several: `nproc` processes here, the run's rank 0 writes `json_path`
     on whichever machine holds it (node 0 under static rendezvous). `env` adds environment variables to every
-    process; `torchrun_flags` adds launcher flags (e.g. --numa-binding=node)."""
+    process; `torchrun_flags` adds launcher flags (e.g. --numa-binding=node). With `rank_facts_dir`, every rank
+    on this machine writes rank<N>.json there (`_rank_facts`: its epoch times, CPU set and threads)."""
     from labkit import train as T
 
     if nproc < 1:
@@ -231,6 +231,7 @@ def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | No
     cmd += ["--cpu"] if cpu else []
     cmd += ["--json", json_path] if json_path else []
     cmd += ["--profile", profile_dir] if profile_dir else []
+    cmd += ["--rank-facts", rank_facts_dir] if rank_facts_dir else []
     cmd += ["--set", *sets] if sets else []
     run_env = dict(os.environ, **(env or {}), NCCL_NVLS_ENABLE="0")
     if not use_cuda:
@@ -286,11 +287,13 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
         for i, (n, batch, kind, v) in enumerate(tqdm(plan, desc=f"{preset}: 1 vs {nproc} processes", unit="run")):
             if v in failed:
                 continue
-            out = Path(d) / f"run{i}.json"
+            out, facts = Path(d) / f"run{i}.json", Path(d) / f"ranks{i}"
+            facts.mkdir()
             extra, env, flags = split[v] if v else ([], {}, [])
             for attempt in range(2):  # once more after a failure: a rendezvous port taken meanwhile has been seen
                 rc = launch(preset, n, quick=quick, sets=sets + extra + [f"batch_size={batch}"],
-                            json_path=str(out), cpu=cpu, timeout_s=timeout_s, env=env, torchrun_flags=flags)
+                            json_path=str(out), cpu=cpu, timeout_s=timeout_s, env=env, torchrun_flags=flags,
+                            rank_facts_dir=str(facts))
                 if rc == 0 and out.exists():
                     break
                 print(f"the {n}-process run{' (' + v + ')' if v else ''} failed (exit {rc})"
@@ -306,7 +309,8 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
             kept = ("img_per_s", "steps", "images", "epoch_s", "first_step_s", "accuracy", "final_loss", "device")
             runs.append({"processes": n, "global_batch": batch, "scaling": kind, **({"variant": v} if v else {}),
                          "round": i // len(rnd) if kind == "weak" else None, **{k: rec[k] for k in kept},
-                         "ranks": rec.get("ranks")})
+                         "ranks": [json.loads(f.read_text()) for f in sorted(facts.glob("rank*.json"),
+                                                                            key=lambda f: int(f.stem[4:]))]})
             if on_run is not None:
                 on_run(runs)
 
@@ -393,6 +397,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--profile")
+    ap.add_argument("--rank-facts")
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args(argv)
     if not args.worker:

@@ -347,7 +347,8 @@ def test_a_jittery_submission_near_a_boundary_is_remeasured_once_and_gets_its_po
     m = out["measurements"]
     assert len(counted) == 2 and counted[0] == 2 and counted[1] >= 2, counted  # exactly one re-measurement
     assert m["remeasured"] and m["timed_rounds"] == 2 + counted[1] == m["pooled"]["rounds"], m
-    assert m["speedup"] == round(m["pooled"]["ratio"], 2) and out["fraction"] == tiers.fraction(m["speedup"]) == 0.5
+    # scored on the pooled ratio (recorded to 3 decimals, the speed-up to 2: compare within their rounding)
+    assert abs(m["speedup"] - m["pooled"]["ratio"]) <= 0.0051 and out["fraction"] == tiers.fraction(m["speedup"]) == 0.5
     assert m["first_measurement"]["rounds"] == 2 and "Re-measured" in out["message"], out["message"]
     assert m["timed_rounds_verified"] == 2 + min(3, counted[1]), m  # each measurement spot-checks its own rounds
 
