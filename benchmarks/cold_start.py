@@ -82,11 +82,11 @@ def changes(pairs: list[str]) -> dict:
 
     out = {"env": {}, "inductor": {}, "dynamo": {}, "warm_pool": False, "sets": [], "artifact": False}
     known = {"inductor": inductor_config.get_config_copy(), "dynamo": dynamo_config.get_config_copy()}
-    flags = ("warm_pool", "artifact")
+    flags = ("warm_pool", "artifact")  # KEY=VALUE; the rest are KIND.NAME=VALUE
     for p in pairs:
         key, sep, value = p.partition("=")
         where, _, name = key.partition(".")
-        if not sep or (where not in (*out, "set")) or where == "sets" or (where not in flags and not name):
+        if not sep or not (key in flags or (where in ("env", "inductor", "dynamo", "set") and name)):
             raise LabkitError(f"variant change {p!r}: write env.NAME=V, inductor.KEY=V, dynamo.KEY=V, set.FIELD=V, "
                               f"warm_pool=true or artifact=true")
         if where == "env":

@@ -197,12 +197,9 @@ def split_changes(changes: list[str]) -> tuple[list[str], dict[str, str], list[s
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """"LABEL:CHANGE[,CHANGE]" (each CHANGE as `split_changes` reads it) as (label, [CHANGE, ...])."""
-    label, sep, changes = text.partition(":")
-    if not sep or not label.strip() or not changes:
-        raise LabkitError(f"variant {text!r}: write LABEL:FIELD=VALUE[,env.NAME=VALUE,launch.numa_binding=MODE]")
-    pairs = changes.split(",")
-    split_changes(pairs)
-    return label.strip(), pairs
+    from labkit import train as T
+
+    return T.parse_variant(text, check=split_changes)
 
 
 def launch(preset: str, nproc: int, *, quick: bool = False, sets: list[str] | None = None,
@@ -290,7 +287,7 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
             out, facts = Path(d) / f"run{i}.json", Path(d) / f"ranks{i}"
             facts.mkdir()
             extra, env, flags = split[v] if v else ([], {}, [])
-            for attempt in range(2):  # once more after a failure: a rendezvous port taken meanwhile has been seen
+            for attempt in range(2):  # once more after a failure: a launch that failed once on a busy machine has been seen
                 rc = launch(preset, n, quick=quick, sets=sets + extra + [f"batch_size={batch}"],
                             json_path=str(out), cpu=cpu, timeout_s=timeout_s, env=env, torchrun_flags=flags,
                             rank_facts_dir=str(facts))

@@ -822,13 +822,16 @@ def parse_sets(pairs: list[str]) -> dict:
     return out
 
 
-def parse_variant(text: str) -> tuple[str, list[str]]:
-    """A labelled set of changes, "LABEL:FIELD=VALUE[,FIELD=VALUE]", as (label, ["FIELD=VALUE", ...])."""
+def parse_variant(text: str, check=None) -> tuple[str, list[str]]:
+    """A labelled set of changes, "LABEL:FIELD=VALUE[,FIELD=VALUE]", as (label, ["FIELD=VALUE", ...]).
+
+    `check(pairs)` validates the changes (default `parse_sets`: TrainConfig fields); a typo fails here, before any
+    run starts."""
     label, sep, changes = text.partition(":")
     if not sep or not label.strip() or not changes:
         raise LabkitError(f"variant {text!r}: write LABEL:FIELD=VALUE[,FIELD=VALUE]")
     pairs = changes.split(",")
-    parse_sets(pairs)  # a typo fails here, before any run starts
+    (check or parse_sets)(pairs)
     return label.strip(), pairs
 
 
