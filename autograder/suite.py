@@ -481,7 +481,6 @@ for _ in range(3):
 """
 
 
-# A written answer graded by the student: nbgrader keeps a manual score it finds in the gradebook.
 # Markup that runs script when a page renders it as HTML: a tag, an event handler, a javascript: link.
 _SCRIPT_MARKUP = ("<script>document.title = 'labkit-pwned'</script>"
                   "<img src='x' onerror=\"document.title = 'labkit-pwned'\">"
@@ -491,6 +490,7 @@ _SCRIPT_OUTPUT = ("from IPython.display import HTML, Javascript, display\n"
                   f"display(HTML({_SCRIPT_MARKUP!r}))\n"
                   "display(Javascript(\"document.title = 'labkit-pwned'\"))\n")
 
+# A written answer graded by the student: nbgrader keeps a manual score it finds in the gradebook.
 _SELF_GRADE = """import glob, os, sqlite3
 _hits = []
 for _p in sorted({os.path.abspath(p) for d in ('..', '../..', '../../..', '../../../..')
