@@ -1,6 +1,7 @@
 """The project's promises about itself: dependency lists agree, CI runs the README's test command, and every GPU
 number in the README and on the results page (docs/results.md) is the one in its result file."""
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -215,7 +216,12 @@ def test_results_page_cold_compile_times_and_executed_notebooks_match_their_reco
     row = re.search(r"^\| muon \| ([\d,]+) \| [\d,–]+ \| [\d,]+ \| ([\d.]+)x \|", week6, re.M)
     assert row and f"gives the `muon` rung {row[1]} img/s, {row[2]}x its baseline" in page
     base = re.search(r"^\| baseline \| ([\d,]+) \| ([\d,]+–[\d,]+) \|", week6, re.M)
-    assert base and f"({base[1]} img/s, spread {base[2]}, against" in page
+    rec = json.loads((res / "ladder.json").read_text())["rungs"]
+    spread = "–".join(f"{x:,.0f}" for x in (rec[0]["img_per_s_min"], rec[0]["img_per_s_max"]))
+    assert base and (f"({base[1]} img/s, spread {base[2]}, against {rec[0]['img_per_s']:,.0f}, spread {spread})"
+                     in page)
+    gap = abs(float(row[1].replace(",", "")) / rec[-1]["img_per_s"] - 1)  # the live top rung against the record
+    assert f"lands within {math.ceil(1000 * gap) / 10:.1f}% of `ladder.json`'s" in page
     assert all(n["env"]["git_commit"] == runs[0]["env"]["git_commit"] for n in runs)  # one commit, one refresh
 
 
