@@ -17,7 +17,8 @@ about compiling changed: env.NAME=VALUE (environment, e.g. TORCHINDUCTOR_COMPILE
 inductor.KEY=VALUE / dynamo.KEY=VALUE (torch._inductor.config / torch._dynamo.config), warm_pool=true
 (start inductor's compile workers before the data and model are set up, so they start while those load), or
 set.FIELD=VALUE (a TrainConfig field, e.g. set.cudnn_benchmark=false: no cuDNN autotuning in the first step);
-artifact=true times the variant's first step with the artifact loaded instead of cold.
+artifact=true times the variant's first step with the artifact loaded instead of cold. A variant of TrainConfig
+fields alone is another top rung: with `run` in --parts it also runs whole, cold and with an artifact of its own.
 Every first-step run also records how much dynamo compiled (frames, graphs, graph breaks, cache hits) and
 where compile time went (torch._dynamo's timed phases, seconds).
 
@@ -223,17 +224,28 @@ def build_artifact(rung: str, dev, folder: str, steps: int, timeout_s: float, se
 
 
 def plan_jobs(rung: str, eager: list[str], variants: dict, parts: list[str]) -> list[tuple[str, str, dict]]:
-    """One round: (label, kind, settings) for every run, the top rung's cold baseline first."""
+    """One round: (label, kind, settings) for every run, the top rung's cold baseline first. A variant that only
+    changes TrainConfig fields is a different top rung, so with `run` it also runs whole, cold and with its own
+    artifact."""
     jobs = []
     if "first" in parts:
         jobs += [("first step, cold", "first", {}), ("first step, artifact", "first", {"artifact": True})]
         jobs += [(f"first step, {'artifact' if c.get('artifact') else 'cold'}, {v}", "first",
-                  {"variant": c, **({"artifact": True} if c.get("artifact") else {})}) for v, c in variants.items()]
+                  {"variant": v, **({"artifact": True} if c.get("artifact") else {})}) for v, c in variants.items()]
     if "run" in parts:
         jobs += [(f"whole run {rung}, cold", "run", {"rung": rung}),
                  (f"whole run {rung}, artifact", "run", {"rung": rung, "artifact": True})]
+        for v, c in variants.items():
+            if runs_whole(c):
+                jobs += [(f"whole run {rung}, cold, {v}", "run", {"rung": rung, "variant": v}),
+                         (f"whole run {rung}, artifact, {v}", "run", {"rung": rung, "variant": v, "artifact": True})]
         jobs += [(f"whole run {e}", "run", {"rung": e}) for e in eager]
     return jobs
+
+
+def runs_whole(change: dict) -> bool:
+    """Whether a variant is a TrainConfig change alone, which `labkit train` can run whole."""
+    return bool(change.get("sets")) and not any(change.get(k) for k in ("env", "inductor", "dynamo", "warm_pool"))
 
 
 def summarize(res: dict, rung: str, eager: list[str]) -> dict:
@@ -246,14 +258,29 @@ def summarize(res: dict, rung: str, eager: list[str]) -> dict:
          "first_step_artifact_s": med("first step, artifact", "first_step_s"),
          "run_cold_wall_s": med(f"whole run {rung}, cold", "wall_s"),
          "run_artifact_wall_s": med(f"whole run {rung}, artifact", "wall_s"),
+         "run_img_per_s": med(f"whole run {rung}, artifact", "img_per_s"),
+         "run_accuracy": med(f"whole run {rung}, artifact", "accuracy"),
          "eager_wall_s": {e: med(f"whole run {e}", "wall_s") for e in eager},
          "variants_first_step_s": {k.split(", ", 2)[2]: med(k, "first_step_s") for k in res["jobs"]
-                                   if k.startswith(("first step, cold, ", "first step, artifact, "))}}
+                                   if k.startswith(("first step, cold, ", "first step, artifact, "))},
+         "variants_whole_run": {}}
+    for v, c in res.get("variants", {}).items():
+        if runs_whole(c) and f"whole run {rung}, cold, {v}" in res["jobs"]:
+            s["variants_whole_run"][v] = {
+                "first_step_cold_s": med(f"whole run {rung}, cold, {v}", "first_step_s"),
+                "first_step_artifact_s": med(f"whole run {rung}, artifact, {v}", "first_step_s"),
+                "cold_wall_s": med(f"whole run {rung}, cold, {v}", "wall_s"),
+                "artifact_wall_s": med(f"whole run {rung}, artifact, {v}", "wall_s"),
+                "img_per_s": med(f"whole run {rung}, artifact, {v}", "img_per_s"),
+                "accuracy": med(f"whole run {rung}, artifact, {v}", "accuracy")}
     walls = {e: w for e, w in s["eager_wall_s"].items() if w is not None}
     if walls:
         s["fastest_eager"] = min(walls, key=walls.get)
         if s["run_artifact_wall_s"] is not None:
             s["top_with_artifact_finishes_first"] = s["run_artifact_wall_s"] < walls[s["fastest_eager"]]
+        for w in s["variants_whole_run"].values():
+            if w["artifact_wall_s"] is not None:
+                w["finishes_first_with_artifact"] = w["artifact_wall_s"] < walls[s["fastest_eager"]]
     s["goals"] = {k: {"goal": g, "met": s[k] <= g} for k, g in GOALS.items() if s[k] is not None}
     return s
 
@@ -261,20 +288,32 @@ def summarize(res: dict, rung: str, eager: list[str]) -> dict:
 def measure(args, dev, variants: dict) -> dict:
     parts = args.parts.split(",")
     res = {"kind": "cold_start", "rung": args.rung, "eager": args.eager, "steps": args.steps, "epochs": args.epochs,
-           "repeats": args.repeats, "sets": args.set, "variants": variants, "jobs": {}}
-    with tempfile.TemporaryDirectory(prefix="labkit-artifact-") as folder:
-        res["artifact"] = build_artifact(args.rung, dev, folder, args.steps, args.timeout, args.set)
-        print(f"artifact for {args.rung}: {res['artifact']['bytes'] / 1e6:.1f} MB, built in "
-              f"{res['artifact']['build_s']:.1f} s", flush=True)
-        jobs = plan_jobs(args.rung, args.eager, variants, parts)
+           "repeats": args.repeats, "sets": args.set, "variants": variants, "jobs": {}, "variant_artifacts": {}}
+    jobs = plan_jobs(args.rung, args.eager, variants, parts)
+    with tempfile.TemporaryDirectory(prefix="labkit-artifact-") as root:
+        # the artifact holds compiled graphs for one config: a variant with TrainConfig changes needs its own
+        folders = {None: str(Path(root) / "base")}
+        folders.update({v: str(Path(root) / f"v{i}") for i, (v, c) in enumerate(variants.items()) if c.get("sets")
+                        and any(h.get("variant") == v and h.get("artifact") for _, _, h in jobs)})
+        for v, folder in folders.items():
+            sets = args.set + (variants[v]["sets"] if v else [])
+            built = build_artifact(args.rung, dev, folder, args.steps, args.timeout, sets)
+            if v is None:
+                res["artifact"] = built
+            else:
+                res["variant_artifacts"][v] = built
+            print(f"artifact for {args.rung}{', ' + v if v else ''}: {built['bytes'] / 1e6:.1f} MB, built in "
+                  f"{built['build_s']:.1f} s", flush=True)
         for r in range(args.repeats):
             for label, kind, how in (jobs if r % 2 == 0 else jobs[::-1]):  # alternate: drift hits every job
-                art = folder if how.get("artifact") else None
+                v = how.get("variant")
+                art = folders.get(v, folders[None]) if how.get("artifact") else None
                 if kind == "first":
-                    rec = first_steps_job(args.rung, dev, args.steps, art, how.get("variant", {}), args.timeout,
+                    rec = first_steps_job(args.rung, dev, args.steps, art, variants[v] if v else {}, args.timeout,
                                           args.set)
                 else:
-                    rec = whole_run_job(how["rung"], dev, args.epochs, art, args.timeout, args.set)
+                    rec = whole_run_job(how["rung"], dev, args.epochs, art, args.timeout,
+                                        args.set + (variants[v]["sets"] if v else []))
                 res["jobs"].setdefault(label, {"kind": kind, **how, "runs": []})["runs"].append(rec)
                 shown = rec.get("error") or (f"first step {rec['first_step_s']:6.2f} s, " if "first_step_s" in rec
                                              else "") + f"wall {rec.get('wall_s', 0):6.1f} s"

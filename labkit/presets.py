@@ -51,6 +51,8 @@ class TrainConfig:
     accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory
     compile_tuning: bool = False         # inductor coordinate-descent tuning of its Triton kernels: compiles several times slower, runs a few % faster
+    compile_autotune: bool = True        # inductor times launch configs of its pointwise kernels at the first step (seconds of a cold start); False: its heuristic pick
+    compile_combo: bool = False          # inductor combines independent kernels into combo kernels: fewer kernels to compile and launch
     ddp_bucket_mb: int = 25              # DDP gradient bucket (MiB): small buckets overlap all-reduce with backward, large ones mean fewer calls and (compiled) fewer graph splits
     ddp_split_graphs: bool = False       # under DDP, split torch.compile's graph at the buckets so all-reduce overlaps backward (more graphs, more host work); False: one graph, all-reduce after it
     ddp_bf16_grads: bool = False         # DDP all-reduces gradients in bf16 (a comm hook): half the bytes, each gradient rounded to bf16 before the mean

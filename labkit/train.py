@@ -62,7 +62,8 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {cfg.optimizer!r}")
     need(cfg.compile in COMPILE_MODES, f"compile must be one of {COMPILE_MODES}, not {cfg.compile!r}")
     need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
-    need(cfg.compile or not cfg.compile_tuning, "compile_tuning tunes torch.compile's kernels: set compile too")
+    need(cfg.compile or not (cfg.compile_tuning or cfg.compile_combo or not cfg.compile_autotune),
+         "compile_tuning, compile_autotune and compile_combo change torch.compile's kernels: set compile too")
     need(cfg.lr_scaling in ("sqrt", "linear"), f"lr_scaling must be sqrt or linear, not {cfg.lr_scaling!r}")
     need(cfg.ddp_bucket_mb >= 1, f"ddp_bucket_mb must be at least 1 (MiB), not {cfg.ddp_bucket_mb}")
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
@@ -184,10 +185,15 @@ def _switches(cfg: TrainConfig):
     tf32 = {"fp32": False, "tf32": True}.get(cfg.precision)  # default/bf16/fp16: leave torch's defaults
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_switches(tf32=tf32, cudnn_benchmark=cfg.cudnn_benchmark))
-        if cfg.compile_tuning:  # torch.compile compiles lazily, inside the loop: the patch must cover it
+        # torch.compile compiles lazily, inside the loop: the patch must cover it. Only settings that differ from
+        # inductor's defaults are patched, so a default config keeps its compile-cache keys.
+        patch = {k: v for k, v, default in (("coordinate_descent_tuning", cfg.compile_tuning, False),
+                                            ("triton.autotune_pointwise", cfg.compile_autotune, True),
+                                            ("combo_kernels", cfg.compile_combo, False)) if v != default}
+        if cfg.compile and patch:
             import torch._inductor.config as inductor_config
 
-            stack.enter_context(inductor_config.patch(coordinate_descent_tuning=True))
+            stack.enter_context(inductor_config.patch(patch))
         import torch._dynamo.config as dynamo_config  # optimize_ddp is read when DDP's module compiles, in the loop
 
         stack.enter_context(dynamo_config.patch(optimize_ddp=cfg.ddp_split_graphs))

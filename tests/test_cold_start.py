@@ -75,3 +75,23 @@ def test_a_first_step_record_says_where_compile_time_went(cs):
     phases = cs.compile_phases()
     assert phases and all(isinstance(v, float) and v >= 0 for v in phases.values())
     assert list(phases.values()) == sorted(phases.values(), reverse=True)
+
+
+def test_a_variant_of_trainconfig_fields_is_another_top_rung_run_whole_with_its_own_artifact(cs):
+    fast = cs.changes(["set.compile_autotune=false", "set.compile_combo=true"])
+    env_only = cs.changes(["env.TORCHINDUCTOR_COMPILE_THREADS=1"])
+    jobs = cs.plan_jobs("muon", ["batch_fused"], {"fast": fast, "1 thread": env_only}, ["run"])
+    assert [j[0] for j in jobs] == ["whole run muon, cold", "whole run muon, artifact", "whole run muon, cold, fast",
+                                    "whole run muon, artifact, fast", "whole run batch_fused"]
+    assert jobs[3][2] == {"rung": "muon", "variant": "fast", "artifact": True}
+    runs = {"whole run muon, artifact": [{"wall_s": 22.0, "img_per_s": 85e3, "accuracy": 0.91}],
+            "whole run muon, cold, fast": [{"wall_s": 30.0, "first_step_s": 11.0}],
+            "whole run muon, artifact, fast": [{"wall_s": 14.0, "first_step_s": 2.5, "img_per_s": 84e3,
+                                                "accuracy": 0.912}],
+            "whole run batch_fused": [{"wall_s": 15.0}]}
+    s = cs.summarize({"jobs": {k: {"runs": v} for k, v in runs.items()},
+                      "variants": {"fast": fast, "1 thread": env_only}}, "muon", ["batch_fused"])
+    assert s["top_with_artifact_finishes_first"] is False and s["run_img_per_s"] == 85e3
+    assert s["variants_whole_run"] == {"fast": {
+        "first_step_cold_s": 11.0, "first_step_artifact_s": 2.5, "cold_wall_s": 30.0, "artifact_wall_s": 14.0,
+        "img_per_s": 84e3, "accuracy": 0.912, "finishes_first_with_artifact": True}}
