@@ -378,6 +378,86 @@ def test_results_page_cold_start_numbers_match_their_record():
             "with nothing cached") in " ".join(results_page().split())
 
 
+def _span(xs, fmt="{:.1f}") -> str:
+    return f"{fmt.format(min(xs))}–{fmt.format(max(xs))}"
+
+
+def test_results_page_cold_start_whole_runs_levers_and_candidates_match_their_records():
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    page = " ".join(results_page().split())
+    g = json.loads((res / "cold_start.json").read_text())
+    runs = lambda d, label: d["jobs"][label]["runs"]  # noqa: E731
+    cold, art, eager = (runs(g, f"whole run {k}") for k in ("muon, cold", "muon, artifact", "batch_fused"))
+    outside = lambda rs: [r["wall_s"] - sum(r["epoch_s"]) for r in rs]  # noqa: E731 - process time beyond epochs
+    assert g["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and g["summary"]["fastest_eager"] == "batch_fused"
+    assert (f"takes {_span([r['wall_s'] for r in cold])} s cold and {_span([r['wall_s'] for r in art])} s with the "
+            f"compile-cache artifact, against {_span([r['wall_s'] for r in eager])} s for the eager `batch_fused`") in page
+    assert (f"({_span([r['img_per_s'] for r in art], '{:,.0f}')} img/s against "
+            f"{_span([r['img_per_s'] for r in eager], '{:,.0f}')})") in page
+    assert f"spends {_span(outside(art))} s (start," in page and f"against {_span(outside(eager))} s for the eager" in page
+    assert not any(goal["met"] for goal in g["summary"]["goals"].values())
+    assert g["summary"]["top_with_artifact_finishes_first"] is False
+
+    v = json.loads((res / "cold_start_variants.json").read_text())
+    first = {k: r["runs"][0]["first_step_s"] for k, r in v["jobs"].items()}
+    for label, text in [("first step, cold", "a cold baseline of {:.1f} s"),
+                        ("first step, cold, 1 compile thread", "one compile thread instead of 16, {:.1f} s"),
+                        ("first step, cold, compile workers started early", "before the data and model, {:.1f} s"),
+                        ("first step, cold, compile workers forked", "or forked, {:.1f} s"),
+                        ("first step, cold, no pointwise autotuning", "no pointwise autotuning, {:.1f} s"),
+                        ("first step, cold, no pattern matcher", "no pattern matcher, {:.1f} s"),
+                        ("first step, cold, combo kernels", "combo kernels, {:.1f} s"),
+                        ("first step, cold, no cuDNN autotuning", "no cuDNN autotuning, {:.1f} s"),
+                        ("first step, artifact, artifact, no cuDNN autotuning", "and {:.1f} s with the artifact"),
+                        ("first step, artifact", "against {:.1f} s. The two")]:
+        assert text.format(first[label]) in page, label
+
+    f = json.loads((res / "cold_start_fast.json").read_text())
+    assert f["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and f["repeats"] == 2
+    col = lambda label, key: [r[key] for r in runs(f, label)]  # noqa: E731
+    base, kern, fast = "whole run muon, {}", "whole run muon, {}, fast kernels", "whole run muon, {}, fast start"
+    assert f"first step took {_span(col('first step, cold', 'first_step_s'))} s): with both" in page
+    assert (f"first step took {_span(col(kern.format('cold'), 'first_step_s'))} s and the steady speed was "
+            f"{_span(col(kern.format('artifact'), 'img_per_s'), '{:,.0f}')} img/s against "
+            f"{_span(col(base.format('artifact'), 'img_per_s'), '{:,.0f}')}") in page
+    assert (f"artifact to {_span(col(fast.format('artifact'), 'first_step_s'))} s against "
+            f"{_span(col(base.format('artifact'), 'first_step_s'))} s") in page
+    ratio = f["summary"]["variants_whole_run"]["fast start"]["img_per_s"] / f["summary"]["run_img_per_s"]
+    assert (f"fell to {_span(col(fast.format('artifact'), 'img_per_s'), '{:,.0f}')} img/s ({ratio:.2f}x), and the "
+            f"whole run with the artifact took as long ({_span(col(fast.format('artifact'), 'wall_s'))} s against "
+            f"{_span(col(base.format('artifact'), 'wall_s'))} s)") in page
+
+
+def test_results_page_ddp_rounds_and_lab4_regrade_match_their_records():
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    page = " ".join(results_page().split())
+    d = json.loads((res / "ddp_scaling_rounds3.json").read_text())
+    assert d["env"]["device_name"] == "NVIDIA H200" and d["env"]["gpu_count"] == 2 and d["complete"]
+    pct = lambda xs: ", ".join(f"{100 * x:.1f}%" for x in xs)  # noqa: E731
+    rounds = d["weak_efficiency_rounds"]
+    assert f"median at {100 * d['weak_efficiency']:.1f}%, rounds {pct(rounds[:2])} and {pct(rounds[2:])}" in page
+    ips = lambda n: [r["img_per_s"] for r in d["runs"] if r["processes"] == n and not r.get("variant")  # noqa: E731
+                     and r["round"] is not None]
+    assert f"one GPU ran {_span(ips(1), '{:,.0f}')} img/s every time, two GPUs {_span(ips(2), '{:,.0f}')}" in page
+    numa = d["variants"]["numa"]["weak_efficiency_rounds"]
+    assert f"measured again: {pct(numa[:2])} and {pct(numa[2:])}" in page
+    t8 = d["variants"]["8 threads"]
+    assert (f"gave {100 * t8['weak_efficiency']:.1f}% ({100 * min(t8['weak_efficiency_rounds']):.1f}–"
+            f"{100 * max(t8['weak_efficiency_rounds']):.1f}%)") in page
+
+    lab4 = json.loads((res / "grade_reference_gpu_lab4.json").read_text())
+    assert lab4["all_gradable_full_marks"] and lab4["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    speed = next(v for v in lab4["labs"]["lab4"]["verdicts"] if v["check"] == "lab4.speed")
+    m = speed["measurements"]
+    assert speed["sandbox"] == "bwrap"
+    assert f"full marks, {m['speedup']:.2f}x the naive step ({m['student_img_per_s']:,} vs {m['naive_img_per_s']:,}" \
+        f" img/s)" in page
+
+
 def test_results_page_ablation_and_boundary_remeasurement_match_their_records():
     """The leave-one-out table and its time to target, and the H100 record of a near-boundary re-measurement."""
     import json
