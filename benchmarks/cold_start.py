@@ -201,7 +201,7 @@ def whole_run_job(rung: str, dev, epochs: int, artifacts: str | None, timeout_s:
                "--set", f"epochs={epochs}", *sets, "--json", str(record)] + ([] if artifacts else ["--no-compile-cache"])
         rec = run_process(cmd, fresh_env(Path(d), artifacts), record, timeout_s)
     kept = ("wall_s", "error", "said", "first_step_s", "epoch_s", "img_per_s", "img_per_s_all", "accuracy",
-            "final_loss", "compile_cache")
+            "final_loss", "compile_cache", "stages_s")
     return {k: rec[k] for k in kept if k in rec}
 
 

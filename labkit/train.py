@@ -284,6 +284,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     `progress` (a tqdm bar) and `on_step(steps_done)` (e.g. a profiler's `step`) are called after each step;
     the step's phases carry record_function labels: data, forward, backward, optimizer.
     """
+    t_start = time.perf_counter()
     dev = pick_device(device)
     check_config(cfg, dev)
     if dataset is None:
@@ -300,9 +301,11 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     on_epoch = (lambda: evaluate(model, ds, cfg, dev)) if cfg.eval_every_epoch else None
+    t_loop = time.perf_counter()
     with _switches(cfg):
         model.train()
         run = _run_epochs(cfg, step, batches, dev, steps_total, progress, on_step, on_epoch)
+        t_eval = time.perf_counter()
         if not all(math.isfinite(v) for v in run.losses):
             raise LabkitError(f"{cfg.name}: the loss became NaN/inf (lr {lr:.3g}, precision {cfg.precision}): "
                               f"lower lr or use bf16 / fp16 with GradScaler")
@@ -312,7 +315,10 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
             acc = evaluate(model, ds, cfg, dev) if cfg.evaluate else None
     if cfg.loader == "pil" and cfg.workers != 0:
         del batches.loader  # stop persistent workers now, not at interpreter exit
-    return _record(cfg, dev, run, batches.steps_per_epoch * cfg.batch_size, flops, peak_tflops, acc)
+    rec = _record(cfg, dev, run, batches.steps_per_epoch * cfg.batch_size, flops, peak_tflops, acc)
+    # where a run's wall time goes besides its epochs: a compiled rung's wait is not all in the first step
+    rec["stages_s"] = {"setup": t_loop - t_start, "loop": t_eval - t_loop, "final_evaluation": time.perf_counter() - t_eval}
+    return rec
 
 
 def _build_model(cfg: TrainConfig, num_classes: int, dev: torch.device):
@@ -477,6 +483,18 @@ def _record(cfg: TrainConfig, dev: torch.device, run: _Run, imgs_per_epoch: int,
         "processes": world()[1],
         "config": dataclasses.asdict(cfg),
     }
+
+
+def process_age_s(at: float | None = None) -> float | None:
+    """Seconds from this process's start to `at` (a time.perf_counter() reading; now if None): the interpreter
+    and imports before a command runs. None where the start time cannot be read (only Linux's /proc is read)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    now_age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    return max(0.0, now_age - (time.perf_counter() - at if at is not None else 0.0))
 
 
 def peak_matmul_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
@@ -646,6 +664,11 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     for cfg in plan.rungs:
         check_config(cfg, dev)
     out = None if out is None else check_writable(out, "dir", "--out")
+    if dev.type == "cuda":
+        for group in cudnn_shared_shapes(plan.rungs):
+            plan.notes.append(f"{', '.join(group)} run the same convolution shapes, with and without cudnn_benchmark: "
+                              "in one process they share cuDNN's first pick per shape, so these runs cannot show "
+                              "what autotuning is worth (benchmarks/cold_start.py measures in fresh processes)")
     env = environment(device=dev)
     _log_plan(plan, env, base, data, quick, repeats, "ablation" if ablation else "ladder", log)
     ds = D.load(data, base.n_train, base.n_test)
@@ -731,6 +754,20 @@ def _log_plan(plan: LadderPlan, env: dict, base: TrainConfig, data: str, quick: 
         log(f"  skipped {name}: {why}")
     for note in plan.notes:
         log(f"  {note}")
+
+
+def cudnn_shared_shapes(rungs: list[TrainConfig]) -> list[list[str]]:
+    """Groups of rungs that run the same convolution shapes, some with cuDNN autotuning and some without.
+
+    PyTorch keeps the cuDNN algorithm it first picks for a shape (timed or from cuDNN's heuristics) for the rest of
+    the process and looks there first whatever `cudnn.benchmark` says, so inside one process such rungs run the
+    same convolutions: the difference autotuning makes can only be measured in fresh processes.
+    """
+    groups: dict[tuple, list[TrainConfig]] = {}
+    for c in rungs:
+        key = (c.batch_size // c.accumulation, c.width, c.channels_last, c.precision)
+        groups.setdefault(key, []).append(c)
+    return [[c.name for c in g] for g in groups.values() if len({c.cudnn_benchmark for c in g}) == 2]
 
 
 def _target_accuracy(baseline_runs: list[dict]) -> float | None:
@@ -903,11 +940,16 @@ def _cli_ladder(args) -> int:
 
 
 def _cli_train(args) -> int:
+    t0 = time.perf_counter()
     dev = pick_device(args.device)
     base = quick_base() if args.quick else TrainConfig()
     cfg = with_changes(preset(args.preset, base), **parse_sets(args.set))
+    t_cache = time.perf_counter()
     loaded = CA.load_for_cli(args, dev, needed=bool(cfg.compile))
+    t_train = time.perf_counter()
     rec = train(cfg, dev)
+    rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,
+                       "compile_cache_load": t_train - t_cache, **rec.get("stages_s", {})}
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
           f"accuracy {rec['accuracy']}")
     if args.json:

@@ -315,3 +315,34 @@ def test_steps_and_accuracy_points_from_top_rung_results():
     assert [k for k, p in pts.items() if p["diverged"]] == ["collapsed", "failed"]
     ax = report.accuracy_vs_steps_chart(list(pts.values()))
     assert sum(len(c.get_offsets()) for c in ax.collections) == 3 and "2 diverged runs not shown" in ax.get_title()
+
+
+def test_a_train_record_says_where_the_wall_time_went(tmp_path):
+    """Besides its epochs, a run spends time before the command, loading, setting up and evaluating: the record
+    splits it, so a cold start's wait can be read off the record and not only its first step."""
+    from pathlib import Path
+
+    from labkit.cli import main
+
+    out = tmp_path / "train.json"
+    assert main(["train", "--quick", "--device", "cpu", "--preset", "bf16", "--no-compile-cache", "--json", str(out),
+                 "--set", "width=4", "n_train=256", "n_test=64", "max_steps=2", "workers=0"]) == 0
+    stages = json.loads(out.read_text())["stages_s"]
+    assert set(stages) == {"process_before_command", "device_and_config", "compile_cache_load", "setup", "loop",
+                           "final_evaluation"}
+    assert all(v is None or v >= 0 for v in stages.values())
+    if Path("/proc/self/stat").exists():  # Linux: the interpreter and imports ran before the command
+        assert stages["process_before_command"] > 0
+    age = T.process_age_s()
+    assert age is None or age > stages["process_before_command"]
+
+
+def test_rungs_that_share_convolution_shapes_with_and_without_cudnn_autotuning_are_named():
+    """In one process PyTorch reuses the first cuDNN pick for a shape whatever cudnn.benchmark says, so a ladder or
+    an ablation on a GPU says which of its rungs cannot show what autotuning is worth."""
+    ladder = [T.preset(n) for n in T.RUNG_NAMES]
+    assert T.cudnn_shared_shapes(ladder) == [["batch_fused", "cudnn_benchmark", "compile", "cuda_graphs"]]
+    top = T.preset("muon")
+    assert T.cudnn_shared_shapes([top, T.with_changes(top, name="without_cudnn_benchmark", cudnn_benchmark=False)]) \
+        == [["muon", "without_cudnn_benchmark"]]
+    assert T.cudnn_shared_shapes([top, T.with_changes(top, name="half", batch_size=2048, cudnn_benchmark=False)]) == []
