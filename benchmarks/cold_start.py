@@ -18,7 +18,9 @@ inductor.KEY=VALUE / dynamo.KEY=VALUE (torch._inductor.config / torch._dynamo.co
 (start inductor's compile workers before the data and model are set up, so they start while those load), or
 set.FIELD=VALUE (a TrainConfig field, e.g. set.cudnn_benchmark=false: no cuDNN autotuning in the first step);
 artifact=true times the variant's first step with the artifact loaded instead of cold. A variant of TrainConfig
-fields alone is another top rung: with `run` in --parts it also runs whole, cold and with an artifact of its own.
+fields or environment variables alone also runs whole with `run` in --parts, cold and with the artifact (its own
+if it changes TrainConfig fields: another top rung). Whole runs record where their wall time went (the train
+record's stages, and what the process took after its result).
 Every first-step run also records how much dynamo compiled (frames, graphs, graph breaks, cache hits) and
 where compile time went (torch._dynamo's timed phases, seconds).
 
@@ -193,13 +195,15 @@ def first_steps_job(rung: str, dev, steps: int, artifacts: str | None, variant: 
         return run_process(cmd, fresh_env(Path(d), artifacts, variant.get("env")), record, timeout_s)
 
 
-def whole_run_job(rung: str, dev, epochs: int, artifacts: str | None, timeout_s: float, sets: list[str]) -> dict:
-    """`labkit train --preset RUNG` in a new process with empty caches: the wall time a student waits."""
+def whole_run_job(rung: str, dev, epochs: int, artifacts: str | None, timeout_s: float, sets: list[str],
+                  env: dict | None = None) -> dict:
+    """`labkit train --preset RUNG` in a new process with empty caches (and `env` set): the wall time a student
+    waits."""
     with tempfile.TemporaryDirectory(prefix="labkit-cold-") as d:
         record = Path(d) / "train.json"
         cmd = [sys.executable, "-m", "labkit", "train", "--preset", rung, "--device", str(dev),
                "--set", f"epochs={epochs}", *sets, "--json", str(record)] + ([] if artifacts else ["--no-compile-cache"])
-        rec = run_process(cmd, fresh_env(Path(d), artifacts), record, timeout_s)
+        rec = run_process(cmd, fresh_env(Path(d), artifacts, env), record, timeout_s)
     kept = ("wall_s", "error", "said", "first_step_s", "epoch_s", "img_per_s", "img_per_s_all", "accuracy",
             "final_loss", "compile_cache", "stages_s")
     return {k: rec[k] for k in kept if k in rec}
@@ -244,8 +248,10 @@ def plan_jobs(rung: str, eager: list[str], variants: dict, parts: list[str]) -> 
 
 
 def runs_whole(change: dict) -> bool:
-    """Whether a variant is a TrainConfig change alone, which `labkit train` can run whole."""
-    return bool(change.get("sets")) and not any(change.get(k) for k in ("env", "inductor", "dynamo", "warm_pool"))
+    """Whether `labkit train` can run a variant whole: TrainConfig fields and the environment, nothing patched
+    inside the process."""
+    return bool(change.get("sets") or change.get("env")) and not any(
+        change.get(k) for k in ("inductor", "dynamo", "warm_pool"))
 
 
 def summarize(res: dict, rung: str, eager: list[str]) -> dict:
@@ -254,12 +260,21 @@ def summarize(res: dict, rung: str, eager: list[str]) -> dict:
         xs = [r[key] for r in res["jobs"].get(label, {}).get("runs", []) if key in r and "error" not in r]
         return statistics.median(xs) if xs else None
 
+    def stages(label):  # medians of the record's stages, and the process's wall time beyond them (exit included)
+        rs = [r for r in res["jobs"].get(label, {}).get("runs", []) if r.get("stages_s") and "wall_s" in r]
+        if not rs:
+            return None
+        out = {k: statistics.median(r["stages_s"][k] or 0.0 for r in rs) for k in rs[0]["stages_s"]}
+        out["after_result"] = statistics.median(r["wall_s"] - sum(v or 0.0 for v in r["stages_s"].values()) for r in rs)
+        return out
+
     s = {"first_step_cold_s": med("first step, cold", "first_step_s"),
          "first_step_artifact_s": med("first step, artifact", "first_step_s"),
          "run_cold_wall_s": med(f"whole run {rung}, cold", "wall_s"),
          "run_artifact_wall_s": med(f"whole run {rung}, artifact", "wall_s"),
          "run_img_per_s": med(f"whole run {rung}, artifact", "img_per_s"),
          "run_accuracy": med(f"whole run {rung}, artifact", "accuracy"),
+         "run_artifact_stages_s": stages(f"whole run {rung}, artifact"),
          "eager_wall_s": {e: med(f"whole run {e}", "wall_s") for e in eager},
          "variants_first_step_s": {k.split(", ", 2)[2]: med(k, "first_step_s") for k in res["jobs"]
                                    if k.startswith(("first step, cold, ", "first step, artifact, "))},
@@ -313,7 +328,7 @@ def measure(args, dev, variants: dict) -> dict:
                                           args.set)
                 else:
                     rec = whole_run_job(how["rung"], dev, args.epochs, art, args.timeout,
-                                        args.set + (variants[v]["sets"] if v else []))
+                                        args.set + (variants[v]["sets"] if v else []), variants[v]["env"] if v else None)
                 res["jobs"].setdefault(label, {"kind": kind, **how, "runs": []})["runs"].append(rec)
                 shown = rec.get("error") or (f"first step {rec['first_step_s']:6.2f} s, " if "first_step_s" in rec
                                              else "") + f"wall {rec.get('wall_s', 0):6.1f} s"

@@ -80,11 +80,15 @@ def test_a_first_step_record_says_where_compile_time_went(cs):
 def test_a_variant_of_trainconfig_fields_is_another_top_rung_run_whole_with_its_own_artifact(cs):
     fast = cs.changes(["set.compile_autotune=false", "set.compile_combo=true"])
     env_only = cs.changes(["env.TORCHINDUCTOR_COMPILE_THREADS=1"])
-    jobs = cs.plan_jobs("muon", ["batch_fused"], {"fast": fast, "1 thread": env_only}, ["run"])
+    patched = cs.changes(["inductor.combo_kernels=true"])  # patched inside a first-steps process: no whole run
+    jobs = cs.plan_jobs("muon", ["batch_fused"], {"fast": fast, "1 thread": env_only, "combo": patched}, ["run"])
     assert [j[0] for j in jobs] == ["whole run muon, cold", "whole run muon, artifact", "whole run muon, cold, fast",
-                                    "whole run muon, artifact, fast", "whole run batch_fused"]
+                                    "whole run muon, artifact, fast", "whole run muon, cold, 1 thread",
+                                    "whole run muon, artifact, 1 thread", "whole run batch_fused"]
     assert jobs[3][2] == {"rung": "muon", "variant": "fast", "artifact": True}
-    runs = {"whole run muon, artifact": [{"wall_s": 22.0, "img_per_s": 85e3, "accuracy": 0.91}],
+    stages = {"process_before_command": 2.0, "device_and_config": 1.0, "compile_cache_load": 0.5, "setup": 1.5,
+              "loop": 8.0, "final_evaluation": 1.0}
+    runs = {"whole run muon, artifact": [{"wall_s": 22.0, "img_per_s": 85e3, "accuracy": 0.91, "stages_s": stages}],
             "whole run muon, cold, fast": [{"wall_s": 30.0, "first_step_s": 11.0}],
             "whole run muon, artifact, fast": [{"wall_s": 14.0, "first_step_s": 2.5, "img_per_s": 84e3,
                                                 "accuracy": 0.912}],
@@ -92,6 +96,7 @@ def test_a_variant_of_trainconfig_fields_is_another_top_rung_run_whole_with_its_
     s = cs.summarize({"jobs": {k: {"runs": v} for k, v in runs.items()},
                       "variants": {"fast": fast, "1 thread": env_only}}, "muon", ["batch_fused"])
     assert s["top_with_artifact_finishes_first"] is False and s["run_img_per_s"] == 85e3
+    assert s["run_artifact_stages_s"] == {**stages, "after_result": 8.0}  # 22 s of wall, 14 s in the stages
     assert s["variants_whole_run"] == {"fast": {
         "first_step_cold_s": 11.0, "first_step_artifact_s": 2.5, "cold_wall_s": 30.0, "artifact_wall_s": 14.0,
         "img_per_s": 84e3, "accuracy": 0.912, "finishes_first_with_artifact": True}}
