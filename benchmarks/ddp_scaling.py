@@ -5,6 +5,7 @@
     python benchmarks/ddp_scaling.py --variant "bf16 grads:ddp_bf16_grads=true" --profile   # and a variant
     python benchmarks/ddp_scaling.py --repeats 3 --variant "numa:launch.numa_binding=node" \
         --variant "4 threads:env.OMP_NUM_THREADS=4"       # where the spread comes from: binding, threads
+    python benchmarks/ddp_scaling.py --repeats 3 --variant "own BN stats:ddp_broadcast_buffers=false"
 
 Alternates 1-process and N-process runs of one preset (`labkit.ddp.scaling`): weak scaling keeps each GPU's
 batch at the rung's 512, strong scaling splits the rung's global batch. If a preset cannot run under DDP on this

@@ -334,7 +334,8 @@ def _build_model(cfg: TrainConfig, num_classes: int, dev: torch.device):
 
     net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
                                   bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph,
-                                  gradient_as_bucket_view=cfg.ddp_static_graph)
+                                  gradient_as_bucket_view=cfg.ddp_static_graph,
+                                  broadcast_buffers=cfg.ddp_broadcast_buffers)
     if cfg.ddp_bf16_grads:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

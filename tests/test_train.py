@@ -346,3 +346,19 @@ def test_rungs_that_share_convolution_shapes_with_and_without_cudnn_autotuning_a
     assert T.cudnn_shared_shapes([top, T.with_changes(top, name="without_cudnn_benchmark", cudnn_benchmark=False)]) \
         == [["muon", "without_cudnn_benchmark"]]
     assert T.cudnn_shared_shapes([top, T.with_changes(top, name="half", batch_size=2048, cudnn_benchmark=False)]) == []
+
+
+def test_ddp_settings_reach_the_wrapper(monkeypatch, tmp_path):
+    """The DDP fields of TrainConfig are what DistributedDataParallel gets (one gloo process stands for a run)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(T, "world", lambda: (0, 2))  # wrap as a multi-process run would
+        cfg = T.with_changes(TINY, ddp_broadcast_buffers=False, ddp_bucket_mb=7)
+        model, net, _ = T._build_model(cfg, 10, __import__("torch").device("cpu"))
+        assert net is not model and net.module is model
+        assert net.broadcast_buffers is False and net.static_graph and net.gradient_as_bucket_view
+        assert net.bucket_bytes_cap == 7 * 1024 * 1024
+    finally:
+        dist.destroy_process_group()
