@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -287,6 +288,7 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
             out, facts = Path(d) / f"run{i}.json", Path(d) / f"ranks{i}"
             facts.mkdir()
             extra, env, flags = split[v] if v else ([], {}, [])
+            started = time.time()
             for attempt in range(2):  # once more after a failure: a launch that failed once on a busy machine has been seen
                 rc = launch(preset, n, quick=quick, sets=sets + extra + [f"batch_size={batch}"],
                             json_path=str(out), cpu=cpu, timeout_s=timeout_s, env=env, torchrun_flags=flags,
@@ -306,6 +308,7 @@ def scaling(preset: str = "cuda_graphs", nproc: int = 2, *, repeats: int = 2, st
             kept = ("img_per_s", "steps", "images", "epoch_s", "first_step_s", "accuracy", "final_loss", "device")
             runs.append({"processes": n, "global_batch": batch, "scaling": kind, **({"variant": v} if v else {}),
                          "round": i // len(rnd) if kind == "weak" else None, **{k: rec[k] for k in kept},
+                         "started": started, "ended": time.time(),  # Unix seconds: the launch, retries included
                          "ranks": [json.loads(f.read_text()) for f in sorted(facts.glob("rank*.json"),
                                                                             key=lambda f: int(f.stem[4:]))]})
             if on_run is not None:

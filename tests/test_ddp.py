@@ -203,3 +203,53 @@ def test_node_settings_become_torchruns_rendezvous_flags(capsys):
     assert "--scaling compares 1 and NPROC processes on this one machine" in capsys.readouterr().err
     assert main(["ddp", "--cpu", "--nnodes", "2", "--node-rank", "1"]) == 2  # the flags reach Nodes
     assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in capsys.readouterr().err
+
+
+def test_each_scaling_run_keeps_the_gpu_clocks_of_its_own_time_window(tmp_path, monkeypatch):
+    """nvidia-smi samples the GPUs through a scaling call; every run gets the busy samples of its own window, so a
+    slow run can be told apart from a throttled card (clock, power, clock-event reasons)."""
+    import datetime
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import ddp_scaling
+
+    t0 = datetime.datetime(2026, 11, 27, 16, 1, 0)
+    line = lambda s, gpu, mhz, util, reasons: (  # noqa: E731 - one sampler line, seconds after t0
+        f"{(t0 + datetime.timedelta(seconds=s)).strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]}, {gpu}, {mhz}, 600.5, 50, "
+        f"{util}, {reasons}")
+    text = "\n".join([line(1, 0, 1980, 95, "0x0000000000000000"), line(1, 1, 1980, 93, "0x0000000000000000"),
+                      line(2, 0, 1755, 97, "0x0000000000000004"), line(3, 0, 345, 0, "0x0000000000000001"),
+                      line(9, 0, 1980, 96, "0x0000000000000000"), "2026/11/27 16:01:1"])  # cut off mid-line
+    log = tmp_path / "gpus.csv"
+    log.write_text(text)
+    start = t0.timestamp()
+    runs = [{"processes": 2, "started": start, "ended": start + 5}, {"processes": 1, "round": 0}]
+    first, old = ddp_scaling.with_gpu_state(runs, log)
+    assert first["gpus"] == {"0": {"samples": 2, "sm_mhz": [1755.0, 1867.5, 1980.0], "power_w": [600.5, 600.5, 600.5],
+                                   "temp_c_max": 50.0, "reasons": ["0x4"]},  # idle sample left out, power cap seen
+                             "1": {"samples": 1, "sm_mhz": [1980.0] * 3, "power_w": [600.5] * 3, "temp_c_max": 50.0,
+                                   "reasons": []}}
+    assert "gpus" not in old  # a run without a window (an old record's) stays as it was
+    assert ddp_scaling.with_gpu_state(runs, None) == runs  # no sampler (a CPU run): the runs as they were
+
+
+def test_the_gpu_sampler_falls_back_to_the_older_reasons_field(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import ddp_scaling
+
+    fake = tmp_path / "bin" / "nvidia-smi"  # exits at once for the new field name, samples with the old one
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\ncase \"$1\" in *clocks_event_reasons*) exit 2;; esac\necho sampled; exec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{__import__('os').environ['PATH']}")
+    proc = ddp_scaling.start_gpu_log(tmp_path / "gpus.csv")
+    assert proc is not None
+    try:
+        assert "clocks_throttle_reasons.active" in " ".join(proc.args)
+    finally:
+        proc.terminate()
+        proc.wait()
+    assert (tmp_path / "gpus.csv").read_text() == "sampled\n"
