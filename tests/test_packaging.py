@@ -384,6 +384,7 @@ def _span(xs, fmt="{:.1f}") -> str:
 
 def test_results_page_cold_start_whole_runs_levers_and_candidates_match_their_records():
     import json
+    import statistics
 
     res = ROOT / "benchmarks" / "results"
     page = " ".join(results_page().split())
@@ -397,7 +398,12 @@ def test_results_page_cold_start_whole_runs_levers_and_candidates_match_their_re
     assert (f"({_span([r['img_per_s'] for r in art], '{:,.0f}')} img/s against "
             f"{_span([r['img_per_s'] for r in eager], '{:,.0f}')})") in page
     assert f"spends {_span(outside(art))} s (start," in page and f"against {_span(outside(eager))} s for the eager" in page
+    assert f"its first step takes {statistics.median(r['first_step_s'] for r in art):.1f} s even with the artifact" in page
     assert not any(goal["met"] for goal in g["summary"]["goals"].values())
+    muon = json.loads((res / "top_rung_muon_padded.json").read_text())
+    step_ms = 1e3 * 4096 / muon["variants"]["batch 4096, Muon"]["img_per_s_median"]
+    assert (f"takes {muon['optimizer_step_ms']['muon (CUDA graph)']['ms']:.2f} ms of a step of about {step_ms:.0f} ms "
+            f"at batch 4096") in page and f"Reaching 100k (a step of {1e3 * 4096 / 100_000:.0f} ms)" in page
     assert g["summary"]["top_with_artifact_finishes_first"] is False
 
     v = json.loads((res / "cold_start_variants.json").read_text())
