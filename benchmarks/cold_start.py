@@ -232,9 +232,9 @@ def build_artifact(rung: str, dev, folder: str, steps: int, timeout_s: float, se
 
 
 def plan_jobs(rung: str, eager: list[str], variants: dict, parts: list[str]) -> list[tuple[str, str, dict]]:
-    """One round: (label, kind, settings) for every run, the top rung's cold baseline first. A variant that only
-    changes TrainConfig fields is a different top rung, so with `run` it also runs whole, cold and with its own
-    artifact."""
+    """One round: (label, kind, settings) for every run, the top rung's cold baseline first. With `run`, a variant
+    of TrainConfig fields or environment variables alone (`runs_whole`) also runs whole, cold and with the
+    artifact (its own where TrainConfig fields change: `measure` builds it)."""
     jobs = []
     if "first" in parts:
         jobs += [("first step, cold", "first", {}), ("first step, artifact", "first", {"artifact": True})]

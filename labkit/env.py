@@ -19,6 +19,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -238,6 +239,18 @@ def environment(command: str | list[str] | None = None, device: torch.device | s
     if facts is not None and facts.simulated:
         rec["simulated_gpu"] = facts.name
     return rec
+
+
+def process_age_s(at: float | None = None) -> float | None:
+    """Seconds from this process's start to `at` (a time.perf_counter() reading; now if None): the interpreter
+    and imports before a command runs. None where the start time cannot be read (only Linux's /proc is read)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    now_age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    return max(0.0, now_age - (time.perf_counter() - at if at is not None else 0.0))
 
 
 def _nvidia_driver() -> str | None:

@@ -26,7 +26,7 @@ from labkit import compile_artifacts as CA
 from labkit import data as D
 from labkit import report
 from labkit.bench import synchronize
-from labkit.env import LabkitError, environment, native_bf16, pick_device, torch_switches
+from labkit.env import LabkitError, environment, native_bf16, pick_device, process_age_s, torch_switches
 from labkit.models import resnet18, train_flops_per_image
 from labkit.outputs import check_writable, write_json, write_text
 from labkit.presets import (  # noqa: F401  (re-exported: labkit.train is where users find the configs)
@@ -484,18 +484,6 @@ def _record(cfg: TrainConfig, dev: torch.device, run: _Run, imgs_per_epoch: int,
         "processes": world()[1],
         "config": dataclasses.asdict(cfg),
     }
-
-
-def process_age_s(at: float | None = None) -> float | None:
-    """Seconds from this process's start to `at` (a time.perf_counter() reading; now if None): the interpreter
-    and imports before a command runs. None where the start time cannot be read (only Linux's /proc is read)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    now_age = uptime - ticks / os.sysconf("SC_CLK_TCK")
-    return max(0.0, now_age - (time.perf_counter() - at if at is not None else 0.0))
 
 
 def peak_matmul_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
