@@ -449,6 +449,10 @@ def test_results_page_ddp_rounds_and_lab4_regrade_match_their_records():
     ips = lambda n: [r["img_per_s"] for r in d["runs"] if r["processes"] == n and not r.get("variant")  # noqa: E731
                      and r["round"] is not None]
     assert f"one GPU ran {_span(ips(1), '{:,.0f}')} img/s every time, two GPUs {_span(ips(2), '{:,.0f}')}" in page
+    gpus = d["gpus"]["per_gpu"]
+    clocks = {c for g in gpus.values() for c in g["sm_mhz"]}
+    assert len(gpus) == 2 and len(clocks) == 1 and not any(g["reasons"] for g in gpus.values())
+    assert f"both SM clocks at {clocks.pop():.0f} MHz with no clock-event reason in any busy sample" in page
     numa = d["variants"]["numa"]["weak_efficiency_rounds"]
     assert f"measured again: {pct(numa[:2])} and {pct(numa[2:])}" in page
     t8 = d["variants"]["8 threads"]
