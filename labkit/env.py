@@ -264,14 +264,15 @@ def _nvidia_driver() -> str | None:
 
 @contextlib.contextmanager
 def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = None,
-                   cudnn_deterministic: bool | None = None):
-    """Set TF32 (matmul and cuDNN), cudnn.benchmark and cudnn.deterministic for a block, then restore them.
+                   cudnn_deterministic: bool | None = None, cudnn_limit: int | None = None):
+    """Set TF32 (matmul and cuDNN), cudnn.benchmark, cudnn.benchmark_limit (algorithms timed per shape) and
+    cudnn.deterministic for a block, then restore them.
 
     None leaves a switch as it is. Strict fp32 needs tf32=False: cuDNN convolutions use TF32 by default.
     """
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
              torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark,
-             torch.backends.cudnn.deterministic)
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark_limit)
     try:
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -281,10 +282,13 @@ def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = N
             torch.backends.cudnn.benchmark = cudnn_benchmark
         if cudnn_deterministic is not None:
             torch.backends.cudnn.deterministic = cudnn_deterministic
+        if cudnn_limit is not None:
+            torch.backends.cudnn.benchmark_limit = cudnn_limit
         yield
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, prec,
-         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) = saved
+         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+         torch.backends.cudnn.benchmark_limit) = saved
         torch.set_float32_matmul_precision(prec)
 
 

@@ -47,6 +47,7 @@ class TrainConfig:
     augment: bool = True                 # random crop (pad 4) + horizontal flip
     sync_every_step: bool = True         # read loss.item() every step like a naive script (forces a host sync)
     cudnn_benchmark: bool = False        # let cuDNN time its algorithms for each shape and keep the fastest
+    cudnn_limit: int = 10                # with cudnn_benchmark: how many of cuDNN's candidate algorithms it times per shape (PyTorch's default 10; 0: all). Fewer: a shorter first step
     compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead | max-autotune (the last two replay CUDA graphs)
     accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory

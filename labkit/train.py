@@ -64,6 +64,7 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
     need(cfg.compile or not (cfg.compile_tuning or cfg.compile_combo or not cfg.compile_autotune),
          "compile_tuning, compile_autotune and compile_combo change torch.compile's kernels: set compile too")
+    need(cfg.cudnn_limit >= 0, f"cudnn_limit must be >= 0 (0: time every algorithm), not {cfg.cudnn_limit}")
     need(cfg.lr_scaling in ("sqrt", "linear"), f"lr_scaling must be sqrt or linear, not {cfg.lr_scaling!r}")
     need(cfg.ddp_bucket_mb >= 1, f"ddp_bucket_mb must be at least 1 (MiB), not {cfg.ddp_bucket_mb}")
     need(cfg.accumulation >= 1 and cfg.batch_size % cfg.accumulation == 0,
@@ -184,7 +185,8 @@ def _autocast(cfg: TrainConfig, device: torch.device):
 def _switches(cfg: TrainConfig):
     tf32 = {"fp32": False, "tf32": True}.get(cfg.precision)  # default/bf16/fp16: leave torch's defaults
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch_switches(tf32=tf32, cudnn_benchmark=cfg.cudnn_benchmark))
+        stack.enter_context(torch_switches(tf32=tf32, cudnn_benchmark=cfg.cudnn_benchmark,
+                                           cudnn_limit=cfg.cudnn_limit))
         # torch.compile compiles lazily, inside the loop: the patch must cover it. Only settings that differ from
         # inductor's defaults are patched, so a default config keeps its compile-cache keys.
         patch = {k: v for k, v, default in (("coordinate_descent_tuning", cfg.compile_tuning, False),

@@ -39,12 +39,15 @@ def test_pick_device_errors():
 
 def test_torch_switches_restore():
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-              torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())
-    with env.torch_switches(tf32=not before[0], cudnn_benchmark=not before[2]):
+              torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision(),
+              torch.backends.cudnn.benchmark_limit)
+    with env.torch_switches(tf32=not before[0], cudnn_benchmark=not before[2], cudnn_limit=before[4] + 1):
         assert torch.backends.cuda.matmul.allow_tf32 == (not before[0])
         assert torch.backends.cudnn.benchmark == (not before[2])
+        assert torch.backends.cudnn.benchmark_limit == before[4] + 1
     after = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())
+             torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision(),
+             torch.backends.cudnn.benchmark_limit)
     assert after == before
 
 

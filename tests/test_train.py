@@ -154,6 +154,17 @@ def test_compile_settings_patch_inductor_only_where_they_leave_its_defaults():
         T.check_config(T.with_changes(TINY, compile_combo=True), __import__("torch").device("cpu"))
 
 
+def test_cudnn_limit_covers_the_loop_and_rejects_negatives():
+    import torch
+
+    before = torch.backends.cudnn.benchmark_limit
+    with T._switches(T.with_changes(TINY, cudnn_benchmark=True, cudnn_limit=3)):
+        assert torch.backends.cudnn.benchmark_limit == 3
+    assert torch.backends.cudnn.benchmark_limit == before
+    with pytest.raises(LabkitError, match="cudnn_limit must be >= 0"):
+        T.check_config(T.with_changes(TINY, cudnn_limit=-1), torch.device("cpu"))
+
+
 def test_bad_configs_fail_clearly():
     import torch
 
