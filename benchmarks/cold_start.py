@@ -234,19 +234,20 @@ def build_artifact(rung: str, dev, folder: str, steps: int, timeout_s: float, se
 def plan_jobs(rung: str, eager: list[str], variants: dict, parts: list[str]) -> list[tuple[str, str, dict]]:
     """One round: (label, kind, settings) for every run, the top rung's cold baseline first. With `run`, a variant
     of TrainConfig fields or environment variables alone (`runs_whole`) also runs whole, cold and with the
-    artifact (its own where TrainConfig fields change: `measure` builds it)."""
+    artifact (its own where TrainConfig fields change: `measure` builds it); `warm` runs only the artifact's."""
     jobs = []
     if "first" in parts:
         jobs += [("first step, cold", "first", {}), ("first step, artifact", "first", {"artifact": True})]
         jobs += [(f"first step, {'artifact' if c.get('artifact') else 'cold'}, {v}", "first",
                   {"variant": v, **({"artifact": True} if c.get("artifact") else {})}) for v, c in variants.items()]
-    if "run" in parts:
-        jobs += [(f"whole run {rung}, cold", "run", {"rung": rung}),
-                 (f"whole run {rung}, artifact", "run", {"rung": rung, "artifact": True})]
+    if "run" in parts or "warm" in parts:
+        cold = "run" in parts  # warm: the compiled rung's whole runs with the artifact only
+        jobs += [(f"whole run {rung}, cold", "run", {"rung": rung})] * cold
+        jobs += [(f"whole run {rung}, artifact", "run", {"rung": rung, "artifact": True})]
         for v, c in variants.items():
             if runs_whole(c):
-                jobs += [(f"whole run {rung}, cold, {v}", "run", {"rung": rung, "variant": v}),
-                         (f"whole run {rung}, artifact, {v}", "run", {"rung": rung, "variant": v, "artifact": True})]
+                jobs += [(f"whole run {rung}, cold, {v}", "run", {"rung": rung, "variant": v})] * cold
+                jobs += [(f"whole run {rung}, artifact, {v}", "run", {"rung": rung, "variant": v, "artifact": True})]
         jobs += [(f"whole run {e}", "run", {"rung": e}) for e in eager]
     return jobs
 
@@ -284,14 +285,15 @@ def summarize(res: dict, rung: str, eager: list[str]) -> dict:
                                    if k.startswith(("first step, cold, ", "first step, artifact, "))},
          "variants_whole_run": {}}
     for v, c in res.get("variants", {}).items():
-        if runs_whole(c) and f"whole run {rung}, cold, {v}" in res["jobs"]:
+        if runs_whole(c) and any(f"whole run {rung}, {how}, {v}" in res["jobs"] for how in ("cold", "artifact")):
             s["variants_whole_run"][v] = {
                 "first_step_cold_s": med(f"whole run {rung}, cold, {v}", "first_step_s"),
                 "first_step_artifact_s": med(f"whole run {rung}, artifact, {v}", "first_step_s"),
                 "cold_wall_s": med(f"whole run {rung}, cold, {v}", "wall_s"),
                 "artifact_wall_s": med(f"whole run {rung}, artifact, {v}", "wall_s"),
                 "img_per_s": med(f"whole run {rung}, artifact, {v}", "img_per_s"),
-                "accuracy": med(f"whole run {rung}, artifact, {v}", "accuracy")}
+                "accuracy": med(f"whole run {rung}, artifact, {v}", "accuracy"),
+                "artifact_stages_s": stages(f"whole run {rung}, artifact, {v}")}
     walls = {e: w for e, w in s["eager_wall_s"].items() if w is not None}
     if walls:
         s["fastest_eager"] = min(walls, key=walls.get)
@@ -346,7 +348,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rung", default=T.RUNG_NAMES[-1], help=f"compiled rung to start cold (default {T.RUNG_NAMES[-1]})")
     ap.add_argument("--eager", default=",".join(EAGER), help=f"eager rungs to run whole (default {','.join(EAGER)})")
-    ap.add_argument("--parts", default="first,run", help="first (first steps), run (whole runs) or both")
+    ap.add_argument("--parts", default="first,run",
+                    help="first (first steps), run (whole runs) or both; warm: whole runs with the artifact only")
     ap.add_argument("--repeats", type=int, default=2, help="rounds of every run (default 2; medians reported)")
     ap.add_argument("--steps", type=int, default=3, help="steps timed by a first-step run (default 3)")
     ap.add_argument("--epochs", type=int, default=5, help="epochs of a whole run (default 5)")
@@ -391,8 +394,8 @@ def check_args(args) -> None:
         if e not in T.RUNG_NAMES or T.preset(e).compile:
             raise LabkitError(f"--eager {e!r} is not an eager rung: choose from "
                               f"{', '.join(n for n in T.RUNG_NAMES if not T.preset(n).compile)}")
-    if not set(args.parts.split(",")) <= {"first", "run"}:
-        raise LabkitError(f"--parts {args.parts!r}: first, run or first,run")
+    if not set(args.parts.split(",")) <= {"first", "run", "warm"}:
+        raise LabkitError(f"--parts {args.parts!r}: first, run or warm, or several with commas")
     T.parse_sets(args.set)
     if min(args.repeats, args.steps, args.epochs) < 1:
         raise LabkitError("--repeats, --steps and --epochs must be >= 1")

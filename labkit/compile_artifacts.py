@@ -177,8 +177,28 @@ def load(device: torch.device | str, folder: str | os.PathLike | None = None, *,
         say(f"compile cache {path} is corrupt (torch could not unpack it): compiling from scratch")
         return None
     entries = {k: len(v) for k, v in info.artifacts.items()}
-    say(f"compile cache: loaded {sum(entries.values())} cached graphs and kernels from {path}")
-    return {"path": str(path), "bytes": len(payload), "entries": entries, "built": header.get("built")}
+    workers = _no_compile_workers()
+    say(f"compile cache: loaded {sum(entries.values())} cached graphs and kernels from {path}"
+        + ("" if workers else " (compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)"))
+    return {"path": str(path), "bytes": len(payload), "entries": entries, "built": header.get("built"),
+            "compile_workers": workers}
+
+
+def _no_compile_workers() -> bool:
+    """After a load, compile in this process unless TORCHINDUCTOR_COMPILE_THREADS says otherwise; returns whether
+    inductor keeps its worker pool.
+
+    With every graph and kernel in the artifact there is nothing for inductor's compile workers (one process per
+    core, each importing torch) to do, yet torch.compile still starts them and hands them the cached kernels to
+    load: they compete with the first step for the CPU, and the process waits seconds at exit for the pool to shut
+    down (cold_start_workers.json). A run the artifact does not cover compiles in one thread, more slowly.
+    """
+    if os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"):
+        return True
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1
+    return False
 
 
 def save(device: torch.device | str, folder: str | os.PathLike | None = None, *, note: dict | None = None,

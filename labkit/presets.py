@@ -58,7 +58,7 @@ class TrainConfig:
     ddp_split_graphs: bool = False       # under DDP, split torch.compile's graph at the buckets so all-reduce overlaps backward (more graphs, more host work); False: one graph, all-reduce after it
     ddp_bf16_grads: bool = False         # DDP all-reduces gradients in bf16 (a comm hook): half the bytes, each gradient rounded to bf16 before the mean
     ddp_static_graph: bool = True        # DDP static_graph + gradient_as_bucket_view: the same graph every step, so no per-step bookkeeping and no copy into buckets
-    ddp_broadcast_buffers: bool = True   # DDP broadcasts rank 0's BatchNorm running statistics before every forward; False: each rank keeps its own (one collective less per step)
+    ddp_broadcast_buffers: bool = False  # True: DDP broadcasts rank 0's BatchNorm running statistics before every forward. Training uses batch statistics, so rank 0 (which evaluates) trains the same; False saves a collective per step
     seed: int = 0                        # model init, data order and augmentation
     max_steps: int | None = None         # stop after this many optimizer steps (tests, profiling)
     evaluate: bool = True                # compute test accuracy after training

@@ -42,7 +42,7 @@ def test_every_default_variant_names_real_settings_and_bad_ones_fail_before_any_
                          (["--variant", "x:sets=1"], "write env.NAME=V"),
                          (["--rung", "batch_fused"], "does not compile"),
                          (["--eager", "compile"], "not an eager rung"),
-                         (["--parts", "first,warm"], "--parts"),
+                         (["--parts", "first,hot"], "--parts"),
                          (["--repeats", "0"], ">= 1")]:
         with pytest.raises(SystemExit):
             cs.main(argv)
@@ -86,6 +86,9 @@ def test_a_variant_of_trainconfig_fields_is_another_top_rung_run_whole_with_its_
                                     "whole run muon, artifact, fast", "whole run muon, cold, 1 thread",
                                     "whole run muon, artifact, 1 thread", "whole run batch_fused"]
     assert jobs[3][2] == {"rung": "muon", "variant": "fast", "artifact": True}
+    warm = cs.plan_jobs("muon", ["batch_fused"], {"1 thread": env_only, "combo": patched}, ["warm"])
+    assert [j[0] for j in warm] == ["whole run muon, artifact", "whole run muon, artifact, 1 thread",
+                                    "whole run batch_fused"]  # warm: no cold compiles
     stages = {"process_before_command": 2.0, "device_and_config": 1.0, "compile_cache_load": 0.5, "setup": 1.5,
               "loop": 8.0, "final_evaluation": 1.0}
     runs = {"whole run muon, artifact": [{"wall_s": 22.0, "img_per_s": 85e3, "accuracy": 0.91, "stages_s": stages}],
@@ -99,4 +102,4 @@ def test_a_variant_of_trainconfig_fields_is_another_top_rung_run_whole_with_its_
     assert s["run_artifact_stages_s"] == {**stages, "after_result": 8.0}  # 22 s of wall, 14 s in the stages
     assert s["variants_whole_run"] == {"fast": {
         "first_step_cold_s": 11.0, "first_step_artifact_s": 2.5, "cold_wall_s": 30.0, "artifact_wall_s": 14.0,
-        "img_per_s": 84e3, "accuracy": 0.912, "finishes_first_with_artifact": True}}
+        "img_per_s": 84e3, "accuracy": 0.912, "artifact_stages_s": None, "finishes_first_with_artifact": True}}

@@ -30,15 +30,26 @@ def fake_saved(monkeypatch):
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"compiled graphs" * 10, info))
 
 
+@pytest.fixture
+def inductor():
+    """torch._inductor.config, its compile_threads restored after the test (a load sets it)."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(compile_threads=inductor_config.compile_threads):
+        yield inductor_config
+
+
 def _other_file(tmp_path):
     f = tmp_path / "a-file"
     f.write_text("not a folder")
     return f / "cache"  # nothing, not even root, can create a folder inside a file
 
 
-def test_an_artifact_saved_after_compiling_is_loaded_by_a_fresh_cache_and_compiles_nothing(tmp_path, lines):
+def test_an_artifact_saved_after_compiling_is_loaded_by_a_fresh_cache_and_compiles_nothing(tmp_path, lines,
+                                                                                            monkeypatch, inductor):
     from torch._dynamo.utils import counters
 
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     got, say = lines
     a = torch.randn(4, 4)
     with compile_cache(tmp_path / "first"):  # a matmul only: inductor calls the library, no C++ kernel to build
@@ -52,7 +63,27 @@ def test_an_artifact_saved_after_compiling_is_loaded_by_a_fresh_cache_and_compil
         torch.compile(lambda x: x @ x.T)(a)
     assert rec["entries"]["inductor"] >= 1 and rec["path"] == str(path)
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and not counters["inductor"]["fxgraph_cache_miss"]
-    assert got == [f"compile cache: loaded {sum(rec['entries'].values())} cached graphs and kernels from {path}"]
+    assert got == [f"compile cache: loaded {sum(rec['entries'].values())} cached graphs and kernels from {path} "
+                   f"(compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)"]
+    assert rec["compile_workers"] is False and inductor.compile_threads == 1
+
+
+def test_after_a_load_inductor_starts_no_compile_workers_unless_the_environment_asks(tmp_path, lines, fake_saved,
+                                                                                     monkeypatch, inductor):
+    """Every kernel is in the artifact: a worker pool would only slow the first step and the exit
+    (cold_start_workers.json). TORCHINDUCTOR_COMPILE_THREADS, set by the user, wins."""
+    from torch.compiler._cache import CacheInfo
+
+    got, say = lines
+    path = CA.save("cpu", tmp_path, say=say)
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda blob: CacheInfo())
+    inductor.compile_threads = 8
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")
+    assert CA.load("cpu", tmp_path, say=say)["compile_workers"] is True and inductor.compile_threads == 8
+    assert got.pop() == f"compile cache: loaded 0 cached graphs and kernels from {path}"
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS")
+    assert CA.load("cpu", tmp_path, say=say)["compile_workers"] is False and inductor.compile_threads == 1
+    assert got.pop().endswith("(compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)")
 
 
 def _rewrite(path, **header_changes):

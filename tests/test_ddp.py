@@ -44,6 +44,16 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(two_pro
     assert rec["losses"] != one["losses"]  # two processes really ran (BN statistics differ)
 
 
+def test_broadcasting_bn_statistics_changes_nothing_rank_zero_trains_or_reports(two_process_run):
+    """DDP runs default to no buffer broadcast (a collective less per step, ddp_scaling_own_bn.json). In training
+    mode BatchNorm normalizes with the batch's statistics, and rank 0's running statistics are its own either way,
+    so rank 0, which evaluates and reports, computes exactly the same run."""
+    assert T.TrainConfig().ddp_broadcast_buffers is False
+    plain, broadcast = two_process_run([]), two_process_run(["ddp_broadcast_buffers=true"])
+    assert broadcast["config"]["ddp_broadcast_buffers"] and not plain["config"]["ddp_broadcast_buffers"]
+    assert plain["losses"] == broadcast["losses"] and plain["accuracy"] == broadcast["accuracy"]
+
+
 def test_scaling_alternates_one_and_n_processes_with_the_same_per_process_batch(tmp_path, capsys):
     from labkit.cli import main
 
