@@ -12,6 +12,8 @@ made it, so it is stored in a file named for both (`artifact_path`) with a heade
 checksum of the blob. `labkit ladder` and `labkit train` load it when it exists (`--no-compile-cache`: don't).
 On a CUDA GPU the compiled Triton kernels travel inside the blob (inductor bundles them into its graph cache);
 on a CPU only the graphs do, and their C++ kernels are compiled again, so there the artifact saves little.
+After a load, inductor compiles in the process instead of starting its pool of compile workers, which would have
+nothing to compile and would hold up the exit (`TORCHINDUCTOR_COMPILE_THREADS=N` keeps N workers).
 
 Whatever goes wrong falls back to compiling as if there were no artifact, with one line saying why: a file that
 cannot be read, one built for another card or torch (stale), one whose bytes do not check out (corrupt), a
