@@ -3,6 +3,8 @@
     python benchmarks/cold_start.py [--repeats 2] [--out benchmarks/results]
     python benchmarks/cold_start.py --variants                  # also try ways to compile faster, each cold
     python benchmarks/cold_start.py --variant "16 threads:env.TORCHINDUCTOR_COMPILE_THREADS=16"
+    python benchmarks/cold_start.py --parts warm --repeats 4 --variant "pool:env.TORCHINDUCTOR_COMPILE_THREADS=16"
+                                                                # whole runs with the artifact only: no cold compiles
 
 Each run starts a new Python process with empty torch.compile caches (a new inductor and Triton folder), as on
 a new Colab machine, and the runs alternate within one call so drift on the machine hits all of them:
