@@ -138,7 +138,7 @@ def child(spec: dict) -> int:
     dev = pick_device(spec["device"])
     cfg = T.with_changes(T.plan_ladder(dev, quick=False, names=[spec["rung"]]).rungs[0], **T.parse_sets(spec["sets"]))
     ds = D.load(cfg.data)
-    loaded = CA.load(dev, spec["artifacts"]) if spec["artifacts"] else None
+    loaded = CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)]) if spec["artifacts"] else None
     with inductor_config.patch(spec["inductor"]), dynamo_config.patch(spec["dynamo"]):
         rec = CT.first_steps(cfg, dev, ds, spec["steps"])
     compiled = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],

@@ -12,8 +12,9 @@ made it, so it is stored in a file named for both (`artifact_path`) with a heade
 checksum of the blob. `labkit ladder` and `labkit train` load it when it exists (`--no-compile-cache`: don't).
 On a CUDA GPU the compiled Triton kernels travel inside the blob (inductor bundles them into its graph cache);
 on a CPU only the graphs do, and their C++ kernels are compiled again, so there the artifact saves little.
-After a load, inductor compiles in the process instead of starting its pool of compile workers, which would have
-nothing to compile and would hold up the exit (`TORCHINDUCTOR_COMPILE_THREADS=N` keeps N workers).
+When the artifact was built for every graph a command compiles, inductor compiles in the process instead of
+starting its pool of compile workers, which would have nothing to compile and would hold up the exit
+(`TORCHINDUCTOR_COMPILE_THREADS=N` keeps N workers).
 
 Whatever goes wrong falls back to compiling as if there were no artifact, with one line saying why: a file that
 cannot be read, one built for another card or torch (stale), one whose bytes do not check out (corrupt), a
@@ -135,13 +136,16 @@ def _inductor_cache_folder() -> str:
     return default_cache_dir()
 
 
-def load(device: torch.device | str, folder: str | os.PathLike | None = None, *, say=_say) -> dict | None:
+def load(device: torch.device | str, folder: str | os.PathLike | None = None, *, say=_say,
+         graphs: list[dict] | None = None) -> dict | None:
     """Load this card's and torch version's artifact into torch.compile's cache folder, when there is one.
 
-    Returns {"path", "bytes", "entries", "built"} when loaded (entries: cached graphs and kernels per kind; one
-    line says so), else None: no artifact (silent unless one exists for another torch version), or one that is
-    unreadable, stale or corrupt, or a cache folder that cannot be written (one line each; torch.compile then
-    compiles as usual, into a fresh temporary folder if its own cannot be written).
+    Returns {"path", "bytes", "entries", "built", "compile_workers"} when loaded (entries: cached graphs and
+    kernels per kind; one line says so), else None: no artifact (silent unless one exists for another torch
+    version), or one that is unreadable, stale or corrupt, or a cache folder that cannot be written (one line
+    each; torch.compile then compiles as usual, into a fresh temporary folder if its own cannot be written).
+    `graphs`: what the caller will compile (`labkit.train.graph_key` of each config); when the artifact was
+    built for all of them, inductor compiles in the process instead of starting compile workers.
     """
     path = artifact_path(device, folder)
     state, why, header = check(device, folder)
@@ -179,21 +183,23 @@ def load(device: torch.device | str, folder: str | os.PathLike | None = None, *,
         say(f"compile cache {path} is corrupt (torch could not unpack it): compiling from scratch")
         return None
     entries = {k: len(v) for k, v in info.artifacts.items()}
-    workers = _no_compile_workers()
+    built_for = (header.get("note") or {}).get("graphs") or []
+    workers = not (graphs and all(g in built_for for g in graphs)) or _keep_compile_workers()
     say(f"compile cache: loaded {sum(entries.values())} cached graphs and kernels from {path}"
         + ("" if workers else " (compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)"))
     return {"path": str(path), "bytes": len(payload), "entries": entries, "built": header.get("built"),
             "compile_workers": workers}
 
 
-def _no_compile_workers() -> bool:
-    """After a load, compile in this process unless TORCHINDUCTOR_COMPILE_THREADS says otherwise; returns whether
-    inductor keeps its worker pool.
+def _keep_compile_workers() -> bool:
+    """For a run the artifact covers: compile in this process unless TORCHINDUCTOR_COMPILE_THREADS says
+    otherwise; returns whether inductor keeps its worker pool.
 
     With every graph and kernel in the artifact there is nothing for inductor's compile workers (one process per
     core, each importing torch) to do, yet torch.compile still starts them and hands them the cached kernels to
     load: they compete with the first step for the CPU, and the process waits seconds at exit for the pool to shut
-    down (cold_start_workers.json). A run the artifact does not cover compiles in one thread, more slowly.
+    down (cold_start_workers.json). A graph the artifact lacks would compile in one thread, more slowly, which is
+    why a run it does not cover keeps the pool.
     """
     if os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"):
         return True
@@ -244,8 +250,9 @@ def add_flag(parser) -> None:
                         help="don't load the saved torch.compile artifact (labkit compile-cache): compile from scratch")
 
 
-def load_for_cli(args, device, needed: bool = True) -> dict | None:
-    """The training commands' hook: load the artifact unless --no-compile-cache or nothing will compile."""
-    if not needed or getattr(args, "no_compile_cache", False):
+def load_for_cli(args, device, graphs: list[dict]) -> dict | None:
+    """The training commands' hook: load the artifact unless --no-compile-cache or nothing will compile
+    (`graphs`: `labkit.train.graph_key` of each compiled config the command runs)."""
+    if not graphs or getattr(args, "no_compile_cache", False):
         return None
-    return load(device)
+    return load(device, graphs=graphs)

@@ -345,6 +345,18 @@ def _build_model(cfg: TrainConfig, num_classes: int, dev: torch.device):
     return model, net, flops
 
 
+# The TrainConfig fields that shape what torch.compile compiles (the model's forward and backward): the dataset's
+# images and classes, the model, the micro-batch, dtype, memory format and inductor's settings. Two configs with
+# the same values compile the same graph, so a compile-cache artifact built for one holds the other's.
+GRAPH_FIELDS = ("data", "width", "batch_size", "accumulation", "precision", "channels_last", "checkpointing",
+                "compile", "compile_tuning", "compile_autotune", "compile_combo")
+
+
+def graph_key(cfg: TrainConfig) -> dict:
+    """What of `cfg` decides the compiled graph (GRAPH_FIELDS and their values)."""
+    return {f: getattr(cfg, f) for f in GRAPH_FIELDS}
+
+
 def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, lr: float, steps_total: int,
                dev: torch.device):
     """The optimizer step as a function step(x, y) -> the first micro-batch's loss (on the device).
@@ -869,11 +881,6 @@ def parse_variant(text: str, check=None) -> tuple[str, list[str]]:
     return label.strip(), pairs
 
 
-def _compiles(names: list[str] | None) -> bool:
-    """Whether any of these ladder rungs (all when None) compiles, so an artifact is worth loading."""
-    return any(preset(n).compile for n in (names or RUNG_NAMES) if n in RUNG_NAMES)
-
-
 def add_cli(sub) -> None:
     p = sub.add_parser("ladder", help="run the ResNet-18 optimization ladder and write a table, JSON and chart")
     p.add_argument("--quick", action="store_true", help="small run (width-16 model, 4k images); the default on CPU")
@@ -920,9 +927,10 @@ def _cli_ladder(args) -> int:
         raise LabkitError("--top and --drop go with --ablation")
     if args.ablation and names:
         raise LabkitError("--rungs and --ablation do not mix: --ablation picks its runs (use --drop)")
-    if args.ablation:
-        plan_ablation(dev, quick, args.top, drop)  # a bad --top or --drop fails here, before anything loads
-    CA.load_for_cli(args, dev, needed=_compiles(names))
+    base = with_changes(quick_base() if quick else TrainConfig(), data=args.data)
+    # a bad --top or --drop fails here, before anything loads
+    plan = plan_ablation(dev, quick, args.top, drop, base) if args.ablation else plan_ladder(dev, quick, names, base)
+    CA.load_for_cli(args, dev, [graph_key(c) for c in plan.rungs if c.compile])
     if args.repeats is not None and args.repeats < 1:
         raise LabkitError("--repeats must be >= 1")
     run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out, repeats=args.repeats,
@@ -936,7 +944,7 @@ def _cli_train(args) -> int:
     base = quick_base() if args.quick else TrainConfig()
     cfg = with_changes(preset(args.preset, base), **parse_sets(args.set))
     t_cache = time.perf_counter()
-    loaded = CA.load_for_cli(args, dev, needed=bool(cfg.compile))
+    loaded = CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
     t_train = time.perf_counter()
     rec = train(cfg, dev)
     rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,

@@ -50,7 +50,8 @@ def build(device=None, names: list[str] | None = None, *, quick: bool = False, s
             T.train(T.with_changes(cfg, **{**changes, "epochs": 1, "max_steps": steps, "evaluate": False}), dev,
                     dataset=ds)
             log(f"compile cache: compiled {cfg.name} ({steps} steps) in {time.perf_counter() - t0:.1f} s")
-        note = {"rungs": [c.name for c in plan.rungs], "quick": quick, "steps": steps, "sets": sets or []}
+        note = {"rungs": [c.name for c in plan.rungs], "quick": quick, "steps": steps, "sets": sets or [],
+                "graphs": [T.graph_key(T.with_changes(c, **changes)) for c in plan.rungs]}
         saved = CA.save(dev, folder, note=note, say=log)
     if saved:
         log(f"compile cache: wrote {saved} ({saved.stat().st_size / 1e6:.1f} MB)")

@@ -45,11 +45,9 @@ def _other_file(tmp_path):
     return f / "cache"  # nothing, not even root, can create a folder inside a file
 
 
-def test_an_artifact_saved_after_compiling_is_loaded_by_a_fresh_cache_and_compiles_nothing(tmp_path, lines,
-                                                                                            monkeypatch, inductor):
+def test_an_artifact_saved_after_compiling_is_loaded_by_a_fresh_cache_and_compiles_nothing(tmp_path, lines):
     from torch._dynamo.utils import counters
 
-    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     got, say = lines
     a = torch.randn(4, 4)
     with compile_cache(tmp_path / "first"):  # a matmul only: inductor calls the library, no C++ kernel to build
@@ -63,27 +61,34 @@ def test_an_artifact_saved_after_compiling_is_loaded_by_a_fresh_cache_and_compil
         torch.compile(lambda x: x @ x.T)(a)
     assert rec["entries"]["inductor"] >= 1 and rec["path"] == str(path)
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and not counters["inductor"]["fxgraph_cache_miss"]
-    assert got == [f"compile cache: loaded {sum(rec['entries'].values())} cached graphs and kernels from {path} "
-                   f"(compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)"]
-    assert rec["compile_workers"] is False and inductor.compile_threads == 1
+    assert got == [f"compile cache: loaded {sum(rec['entries'].values())} cached graphs and kernels from {path}"]
+    assert rec["compile_workers"] is True  # the caller named no graphs: nothing says the artifact covers the run
 
 
-def test_after_a_load_inductor_starts_no_compile_workers_unless_the_environment_asks(tmp_path, lines, fake_saved,
-                                                                                     monkeypatch, inductor):
+def test_a_run_the_artifact_covers_compiles_in_the_process_without_workers(tmp_path, lines, fake_saved,
+                                                                         monkeypatch, inductor):
     """Every kernel is in the artifact: a worker pool would only slow the first step and the exit
-    (cold_start_workers.json). TORCHINDUCTOR_COMPILE_THREADS, set by the user, wins."""
+    (cold_start_workers.json). A graph it lacks keeps the pool (one thread compiles it far slower), and
+    TORCHINDUCTOR_COMPILE_THREADS, set by the user, wins."""
     from torch.compiler._cache import CacheInfo
 
     got, say = lines
-    path = CA.save("cpu", tmp_path, say=say)
+    mine, other = T.graph_key(T.preset("muon")), T.graph_key(T.preset("muon", T.quick_base()))
+    path = CA.save("cpu", tmp_path, note={"graphs": [mine]}, say=say)
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda blob: CacheInfo())
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    inductor.compile_threads = 8
+    plain = f"compile cache: loaded 0 cached graphs and kernels from {path}"
+    for graphs in (None, [other], [mine, other]):
+        assert CA.load("cpu", tmp_path, say=say, graphs=graphs)["compile_workers"] is True
+        assert inductor.compile_threads == 8 and got.pop() == plain
+    assert CA.load("cpu", tmp_path, say=say, graphs=[mine])["compile_workers"] is False
+    assert inductor.compile_threads == 1
+    assert got.pop() == plain + " (compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)"
     inductor.compile_threads = 8
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")
-    assert CA.load("cpu", tmp_path, say=say)["compile_workers"] is True and inductor.compile_threads == 8
-    assert got.pop() == f"compile cache: loaded 0 cached graphs and kernels from {path}"
-    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS")
-    assert CA.load("cpu", tmp_path, say=say)["compile_workers"] is False and inductor.compile_threads == 1
-    assert got.pop().endswith("(compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)")
+    assert CA.load("cpu", tmp_path, say=say, graphs=[mine])["compile_workers"] is True
+    assert inductor.compile_threads == 8 and got.pop() == plain
 
 
 def _rewrite(path, **header_changes):
@@ -186,13 +191,15 @@ def fake_info(blob):
     return info
 
 
-def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, capsys, fake_saved, monkeypatch):
+def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, capsys, fake_saved, monkeypatch,
+                                                                      inductor):
     from labkit.cli import main
 
     monkeypatch.setenv("LABKIT_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     assert main(["compile-cache", "--device", "cpu"]) == 1
     assert capsys.readouterr().out.strip() == f"{CA.artifact_path('cpu')}: absent"
-    path = CA.save("cpu")
+    path = CA.save("cpu", note={"graphs": [T.graph_key(T.preset("compile"))]})  # as `--build --rungs compile`
     assert main(["compile-cache", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith(f"{path}: ok\n  0.0 MB, built ")
 
@@ -200,16 +207,20 @@ def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, 
     monkeypatch.setattr(T, "train", lambda cfg, dev: {"img_per_s": 1.0, "final_loss": 2.0, "accuracy": None})
     out = tmp_path / "train.json"
     assert main(["train", "--preset", "compile", "--device", "cpu", "--json", str(out)]) == 0
-    assert f"compile cache: loaded 2 cached graphs and kernels from {path}" in capsys.readouterr().err
+    assert (f"compile cache: loaded 2 cached graphs and kernels from {path} (compiling in this process"
+            in capsys.readouterr().err)
     assert json.loads(out.read_text())["compile_cache"]["entries"] == {"inductor": 2}
+    assert main(["train", "--preset", "compile", "--device", "cpu", "--set", "batch_size=64"]) == 0
+    assert capsys.readouterr().err.endswith(f"from {path}\n")  # another graph: the workers stay
     assert main(["train", "--preset", "compile", "--device", "cpu", "--no-compile-cache"]) == 0
     assert main(["train", "--preset", "resident_data", "--device", "cpu"]) == 0  # eager: nothing to load
     assert "compile cache" not in capsys.readouterr().err
     ran = []
     monkeypatch.setattr(T, "run_ladder", lambda *a, **k: ran.append(k["names"]))
-    assert main(["ladder", "--device", "cpu", "--rungs", "bf16,compile"]) == 0
+    assert main(["ladder", "--device", "cpu", "--rungs", "bf16,compile", "--full"]) == 0
     assert "compile cache: loaded" in capsys.readouterr().err and ran == [["bf16", "compile"]]
-    assert T._compiles(None) and not T._compiles(["bf16", "no_such_rung"])
+    assert main(["ladder", "--device", "cpu", "--rungs", "resident_data,compile"]) == 0  # quick CPU skips compile
+    assert "compile cache" not in capsys.readouterr().err and ran[-1] == ["resident_data", "compile"]
 
 
 def test_building_refuses_what_it_cannot_build_before_compiling(tmp_path):
@@ -219,3 +230,19 @@ def test_building_refuses_what_it_cannot_build_before_compiling(tmp_path):
         warmstart.build("cpu", ["compile"], folder=_other_file(tmp_path))
     with pytest.raises(LabkitError, match="no rung can run on this device"):
         warmstart.build("cpu", ["cuda_graphs", "muon"], folder=tmp_path)
+
+
+def test_a_built_artifact_names_the_graphs_it_holds_as_the_training_commands_will_ask(tmp_path, monkeypatch,
+                                                                                     fake_saved):
+    """`--build --set` records each rung's graph key with the changes applied: `labkit train` with the same
+    --set finds its graph there and loads without compile workers."""
+    trained = []
+    monkeypatch.setattr(T, "train", lambda cfg, dev, dataset=None: trained.append(cfg))
+    path = warmstart.build("cpu", ["compile"], folder=tmp_path, sets=["batch_size=32", "epochs=9"],
+                           log=lambda msg: None)
+    header, _ = CA._unpack(path.read_bytes())
+    assert header["note"]["graphs"] == [T.graph_key(trained[0])] and trained[0].batch_size == 32
+    # what `labkit train --preset compile --set batch_size=32 epochs=3` compiles where bf16 runs natively (a GPU
+    # from the A100 on; the ladder trains a CPU's bf16 rungs in its default precision): epochs change no graph
+    cli = T.with_changes(T.preset("compile"), batch_size=32, epochs=3, precision=trained[0].precision)
+    assert T.graph_key(cli) in header["note"]["graphs"]
