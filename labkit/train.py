@@ -941,8 +941,13 @@ def _cli_ladder(args) -> int:
 def _cli_train(args) -> int:
     t0 = time.perf_counter()
     dev = pick_device(args.device)
-    base = quick_base() if args.quick else TrainConfig()
-    cfg = with_changes(preset(args.preset, base), **parse_sets(args.set))
+    rung = preset(args.preset, quick_base() if args.quick else TrainConfig())
+    fitted = _fit(rung, dev, args.quick)  # the rung as the ladder runs it here; --set still overrides
+    if fitted.precision != rung.precision:
+        print(f"{rung.name}: {rung.precision} -> {fitted.precision}: "
+              + ("this GPU has no bf16 tensor cores, so fp16 autocast with GradScaler loss scaling" if dev.type == "cuda"
+                 else "a CPU has no tensor cores, so its default precision"))
+    cfg = with_changes(fitted, **parse_sets(args.set))
     t_cache = time.perf_counter()
     loaded = CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
     t_train = time.perf_counter()

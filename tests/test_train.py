@@ -337,6 +337,26 @@ def test_steps_and_accuracy_points_from_top_rung_results():
     assert sum(len(c.get_offsets()) for c in ax.collections) == 3 and "2 diverged runs not shown" in ax.get_title()
 
 
+def test_train_runs_a_rung_as_the_ladder_runs_it_on_this_device_and_says_what_changed(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """`labkit train --preset` on a CPU (or a GPU without bf16 tensor cores) trains the rung as the ladder and the
+    compile-cache artifact do, saying so; an explicit --set still wins."""
+    from labkit.cli import main
+
+    ran = []
+    monkeypatch.setattr(T, "train", lambda cfg, dev: ran.append(cfg) or {"img_per_s": 1.0, "final_loss": 2.0,
+                                                                          "accuracy": None})
+    assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache"]) == 0
+    assert ran[-1].precision == "default" and ran[-1].batch_size == 256  # as the quick CPU ladder runs it
+    assert "muon: bf16 -> default: a CPU has no tensor cores, so its default precision" in capsys.readouterr().out
+    assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache",
+                 "--set", "precision=bf16", "batch_size=512"]) == 0
+    assert ran[-1].precision == "bf16" and ran[-1].batch_size == 512
+    capsys.readouterr()
+    assert main(["train", "--quick", "--device", "cpu", "--preset", "resident_data", "--no-compile-cache"]) == 0
+    assert "->" not in capsys.readouterr().out  # an fp32 rung: nothing to fit
+
+
 def test_a_train_record_says_where_the_wall_time_went(tmp_path):
     """Besides its epochs, a run spends time before the command, loading, setting up and evaluating: the record
     splits it, so a cold start's wait can be read off the record and not only its first step."""
