@@ -355,6 +355,12 @@ def test_train_runs_a_rung_as_the_ladder_runs_it_on_this_device_and_says_what_ch
     capsys.readouterr()
     assert main(["train", "--quick", "--device", "cpu", "--preset", "resident_data", "--no-compile-cache"]) == 0
     assert "->" not in capsys.readouterr().out  # an fp32 rung: nothing to fit
+    from t4_fake import fake_t4
+
+    with fake_t4(cuda_device=True):  # the free Colab GPU: bf16 only emulated, which check_config refuses
+        assert main(["train", "--device", "cuda", "--preset", "muon", "--no-compile-cache"]) == 0
+    assert ran[-1].precision == "fp16" and ran[-1].batch_size == 4096
+    assert "muon: bf16 -> fp16: this GPU has no bf16 tensor cores" in capsys.readouterr().out
 
 
 def test_a_train_record_says_where_the_wall_time_went(tmp_path):
