@@ -944,9 +944,9 @@ def _cli_train(args) -> int:
     rung = preset(args.preset, quick_base() if args.quick else TrainConfig())
     fitted = _fit(rung, dev, args.quick)  # the rung as the ladder runs it here; --set still overrides
     if fitted.precision != rung.precision:
-        print(f"{rung.name}: {rung.precision} -> {fitted.precision}: "
-              + ("this GPU has no bf16 tensor cores, so fp16 autocast with GradScaler loss scaling" if dev.type == "cuda"
-                 else "a CPU has no tensor cores, so its default precision"))
+        print(f"{rung.name}: {rung.precision} -> {fitted.precision}, as the ladder runs it here: "
+              + ("this GPU has no bf16 tensor cores (fp16 autocast with GradScaler loss scaling instead)"
+                 if dev.type == "cuda" else "a CPU trains bf16 rungs in its default precision"))
     cfg = with_changes(fitted, **parse_sets(args.set))
     t_cache = time.perf_counter()
     loaded = CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])

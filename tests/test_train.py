@@ -348,7 +348,8 @@ def test_train_runs_a_rung_as_the_ladder_runs_it_on_this_device_and_says_what_ch
                                                                           "accuracy": None})
     assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache"]) == 0
     assert ran[-1].precision == "default" and ran[-1].batch_size == 256  # as the quick CPU ladder runs it
-    assert "muon: bf16 -> default: a CPU has no tensor cores, so its default precision" in capsys.readouterr().out
+    assert "muon: bf16 -> default, as the ladder runs it here: a CPU trains bf16 rungs in its default precision" \
+        in capsys.readouterr().out
     assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache",
                  "--set", "precision=bf16", "batch_size=512"]) == 0
     assert ran[-1].precision == "bf16" and ran[-1].batch_size == 512
@@ -360,7 +361,7 @@ def test_train_runs_a_rung_as_the_ladder_runs_it_on_this_device_and_says_what_ch
     with fake_t4(cuda_device=True):  # the free Colab GPU: bf16 only emulated, which check_config refuses
         assert main(["train", "--device", "cuda", "--preset", "muon", "--no-compile-cache"]) == 0
     assert ran[-1].precision == "fp16" and ran[-1].batch_size == 4096
-    assert "muon: bf16 -> fp16: this GPU has no bf16 tensor cores" in capsys.readouterr().out
+    assert "muon: bf16 -> fp16, as the ladder runs it here: this GPU has no bf16 tensor cores" in capsys.readouterr().out
 
 
 def test_a_train_record_says_where_the_wall_time_went(tmp_path):
