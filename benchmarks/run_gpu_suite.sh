@@ -2,8 +2,9 @@
 # Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
 #   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
 # Steps: doctor ladder ablation compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp
-# coldstart (default: all but ddp, which needs a machine with several GPUs, and coldstart, which takes most of 10
-# minutes). corpus's folder is what benchmarks/results/trace_corpus/ holds.
+# coldstart samples (default: all but ddp, which needs a machine with several GPUs, coldstart, which takes most of 10
+# minutes, and samples, which builds this machine's compile-cache artifact). corpus's folder is what
+# benchmarks/results/trace_corpus/ holds.
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
@@ -42,6 +43,11 @@ for s in $steps; do
     reliability) run reliability "${RELIABILITY_LIMIT:-300}" python benchmarks/grade_reliability.py --out "$out" ;;
     ddp) run ddp "${DDP_LIMIT:-580}" python benchmarks/ddp_scaling.py --out "$out" ${DDP_ARGS:-} ;;
     coldstart) run coldstart "${COLD_LIMIT:-590}" python benchmarks/cold_start.py --out "$out" ${COLD_ARGS:-} ;;
+    samples) run artifact 300 python -m labkit compile-cache --build --rungs muon  # then fresh compile caches, as
+             for c in muon batch_fused; do                                         # on a new machine with it
+               run "samples_$c" 180 env TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" \
+                 python benchmarks/stack_samples.py --name "stack_samples_$c" --out "$out" -- train --preset "$c"
+             done ;;
     notebooks) run notebooks 590 python benchmarks/run_notebooks.py --bundle "$out/notebook_runs.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
