@@ -1,20 +1,13 @@
 """benchmarks/cold_start.py: its plan and summary, its variants' checks, and a clean exit without a GPU."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def cs():
-    spec = importlib.util.spec_from_file_location("cold_start", ROOT / "benchmarks" / "cold_start.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("cold_start")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="measures on a GPU")

@@ -1,20 +1,14 @@
 """benchmarks/stack_samples.py: a command's wall time broken down by stack samples, its exit included."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def ss():
-    spec = importlib.util.spec_from_file_location("stack_samples", ROOT / "benchmarks" / "stack_samples.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("stack_samples")
 
 
 def test_a_sampled_train_command_says_where_its_seconds_went(ss, tmp_path, capsys):
