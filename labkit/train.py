@@ -654,15 +654,8 @@ def run_ladder(device=None, quick: bool = False, names: list[str] | None = None,
     t0 = time.perf_counter()
     dev = pick_device(device)
     repeats = (QUICK_REPEATS if quick else REPEATS) if repeats is None else repeats
-    if repeats < 1:
-        raise LabkitError(f"repeats must be at least 1, not {repeats}")
-    if base is None and quick:
-        # the demo's time stays that of one full-size run per rung: each of the runs trains on a share of the images
-        base = quick_base()
-        base = with_changes(base, n_train=max(1024, base.n_train // repeats))
-    base = base or TrainConfig()
-    base = with_changes(base, data=data, **({"epochs": epochs} if epochs else {}))
-    plan = plan_ablation(dev, quick, top, drop, base) if ablation else plan_ladder(dev, quick, names, base)
+    plan = ladder_plan(dev, quick, names, epochs, data, base, repeats, ablation, top, drop)
+    base = plan.base
     plan.rungs = [with_changes(c, eval_every_epoch=c.evaluate) for c in plan.rungs]  # time to target accuracy
     for cfg in plan.rungs:
         check_config(cfg, dev)
@@ -744,6 +737,21 @@ def ablation_from(result: dict, device=None, top: str | None = None, drop: list[
         rungs.append(rec)
     target = _target_accuracy(ran["baseline"].get("runs") or [ran["baseline"]])
     return {"rungs": rungs, "skipped": plan.skipped, "target_accuracy": target, "reused": reused}
+
+
+def ladder_plan(dev: torch.device, quick: bool, names: list[str] | None = None, epochs: int | None = None,
+                data: str = "synthetic", base: TrainConfig | None = None, repeats: int | None = None,
+                ablation: bool = False, top: str | None = None, drop: list[str] | None = None) -> LadderPlan:
+    """What `run_ladder` (or its ablation) runs with these arguments, before anything loads or trains."""
+    repeats = (QUICK_REPEATS if quick else REPEATS) if repeats is None else repeats
+    if repeats < 1:
+        raise LabkitError(f"repeats must be at least 1, not {repeats}")
+    if base is None and quick:
+        # the demo's time stays that of one full-size run per rung: each of the runs trains on a share of the images
+        base = quick_base()
+        base = with_changes(base, n_train=max(1024, base.n_train // repeats))
+    base = with_changes(base or TrainConfig(), data=data, **({"epochs": epochs} if epochs else {}))
+    return plan_ablation(dev, quick, top, drop, base) if ablation else plan_ladder(dev, quick, names, base)
 
 
 def _log_plan(plan: LadderPlan, env: dict, base: TrainConfig, data: str, quick: bool, repeats: int, what: str,
@@ -927,12 +935,11 @@ def _cli_ladder(args) -> int:
         raise LabkitError("--top and --drop go with --ablation")
     if args.ablation and names:
         raise LabkitError("--rungs and --ablation do not mix: --ablation picks its runs (use --drop)")
-    base = with_changes(quick_base() if quick else TrainConfig(), data=args.data)
-    # a bad --top or --drop fails here, before anything loads
-    plan = plan_ablation(dev, quick, args.top, drop, base) if args.ablation else plan_ladder(dev, quick, names, base)
-    CA.load_for_cli(args, dev, [graph_key(c) for c in plan.rungs if c.compile])
     if args.repeats is not None and args.repeats < 1:
         raise LabkitError("--repeats must be >= 1")
+    # a bad --top or --drop fails here, before anything loads
+    plan = ladder_plan(dev, quick, names, args.epochs, args.data, None, args.repeats, args.ablation, args.top, drop)
+    CA.load_for_cli(args, dev, [graph_key(c) for c in plan.rungs if c.compile])
     run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out, repeats=args.repeats,
                ablation=args.ablation, top=args.top, drop=drop)
     return 0
