@@ -13,6 +13,7 @@ import dataclasses
 import datetime as _dt
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shlex
@@ -229,6 +230,8 @@ def environment(command: str | list[str] | None = None, device: torch.device | s
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         # NCCL settings change multi-GPU numbers (protocol, algorithm, NVLink multicast): keep them with the result
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        # without cached bytecode every process recompiles torch: a start-up time is not comparable across that
+        "bytecode": bytecode_status(),
     }
     facts = gpu_facts(dev)
     if dev.type == "cuda" and facts is not None:
@@ -239,6 +242,27 @@ def environment(command: str | list[str] | None = None, device: torch.device | s
     if facts is not None and facts.simulated:
         rec["simulated_gpu"] = facts.name
     return rec
+
+
+# Sources whose bytecode decides how long a new process takes to import torch and its compiler (torch.compile
+# imports the last two). Checked by path, not by importing them: the check is for before the cost is paid.
+BYTECODE_SOURCES = ("__init__.py", "_dynamo/convert_frame.py", "_inductor/compile_fx.py")
+
+
+def bytecode_status() -> dict:
+    """Whether a new Python process finds torch's compiled bytecode (.pyc) or compiles its sources again.
+
+    pip and conda compile it at install; an install made with `pip --no-compile` into a folder Python may not
+    write (a container image, PYTHONDONTWRITEBYTECODE=1) leaves every new process recompiling torch: seconds
+    for `import torch` and more for torch.compile's modules, each run. Keys: cached (bool), missing (sources
+    without bytecode), writes (whether this Python writes bytecode), prefix (sys.pycache_prefix, where it does).
+    """
+    spec = importlib.util.find_spec("torch")
+    root = Path(spec.origin).parent if spec and spec.origin else None
+    missing = [s for s in BYTECODE_SOURCES
+               if root is None or not Path(importlib.util.cache_from_source(str(root / s))).exists()]
+    return {"cached": not missing, "missing": missing, "writes": not sys.dont_write_bytecode,
+            "prefix": sys.pycache_prefix}
 
 
 def process_age_s(at: float | None = None) -> float | None:
@@ -347,6 +371,14 @@ def doctor(out=None, packages=None, device=None) -> int:
              if key == "bf16" and caps.get("bf16_emulated") else ""))
     p(f"  TF32 switches: matmul={caps['tf32_matmul_enabled']} cudnn={caps['tf32_cudnn_enabled']} "
       f"(float32_matmul_precision={caps['float32_matmul_precision']}); cudnn.benchmark={caps['cudnn_benchmark']}")
+    code = env["bytecode"]
+    if not code["cached"]:
+        fix = ("unset PYTHONDONTWRITEBYTECODE (Python writes no bytecode now) and set PYTHONPYCACHEPREFIX to a "
+               "folder you may write" if not code["writes"] else
+               f"the processes after this one find it under PYTHONPYCACHEPREFIX={code['prefix']}" if code["prefix"]
+               else "set PYTHONPYCACHEPREFIX=~/.cache/pycache (a folder you may write) to keep it")
+        p("  bytecode: no cached .pyc for torch, so every new Python process compiles its sources again (seconds "
+          f"of each `import torch`, more for torch.compile): {fix}")
     p("packages:")
     rows = check_packages(packages)
     for r in rows:

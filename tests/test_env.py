@@ -89,3 +89,20 @@ def test_cli_help_and_unknown_command():
     assert r.returncode == 0 and "doctor" in r.stdout
     r = subprocess.run([sys.executable, "-m", "labkit", "nope"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_doctor_says_when_every_process_recompiles_torch_and_how_to_keep_its_bytecode(monkeypatch, tmp_path):
+    """Python looks for bytecode under sys.pycache_prefix: an empty one is a torch installed without .pyc."""
+    assert set(env.bytecode_status()) == {"cached", "missing", "writes", "prefix"}
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    status = env.bytecode_status()
+    assert status == {"cached": False, "missing": list(env.BYTECODE_SOURCES), "writes": False,
+                      "prefix": str(tmp_path)}
+    out = io.StringIO()
+    env.doctor(out=out)
+    assert "bytecode: no cached .pyc for torch" in out.getvalue() and "unset PYTHONDONTWRITEBYTECODE" in out.getvalue()
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    out = io.StringIO()
+    env.doctor(out=out)
+    assert f"find it under PYTHONPYCACHEPREFIX={tmp_path}" in out.getvalue()
