@@ -183,12 +183,43 @@ def load(device: torch.device | str, folder: str | os.PathLike | None = None, *,
         say(f"compile cache {path} is corrupt (torch could not unpack it): compiling from scratch")
         return None
     entries = {k: len(v) for k, v in info.artifacts.items()}
-    built_for = (header.get("note") or {}).get("graphs") or []
+    note = header.get("note") or {}
+    placed = place_autotune_results(info.artifacts.get("autotune", []), cache, note.get("kernels_in"))
+    built_for = note.get("graphs") or []
     workers = not (graphs and all(g in built_for for g in graphs)) or _keep_compile_workers()
     say(f"compile cache: loaded {sum(entries.values())} cached graphs and kernels from {path}"
         + ("" if workers else " (compiling in this process: TORCHINDUCTOR_COMPILE_THREADS=N starts N workers)"))
     return {"path": str(path), "bytes": len(payload), "entries": entries, "built": header.get("built"),
-            "compile_workers": workers}
+            "compile_workers": workers, "autotune_placed": placed}
+
+
+# An autotune entry's key: the kernel's folder (two characters of its hash) and the result's file name.
+_AUTOTUNE_KEY = re.compile(r"[A-Za-z0-9_]{1,8}/[A-Za-z0-9_]{1,128}\.best_config")
+
+
+def place_autotune_results(keys: list[str], cache: str, kernels_in: str | None) -> int:
+    """Copy the artifact's autotuning results (written under `cache`) to where its kernels look for them.
+
+    torch 2.11 restores a cached Triton kernel with the path it was compiled at, on the machine that built the
+    artifact (`kernels_in`, recorded by the build), and reads the kernel's autotuning result from that kernel's
+    folder. Under this machine's cache folder the result is never found, so the first step timed every
+    kernel's launch configs again, seconds of it. Returns how many were placed; none where that folder cannot
+    be written (the kernels then time their configs, as before).
+    """
+    if not kernels_in or not os.path.isabs(kernels_in) or os.path.abspath(kernels_in) == os.path.abspath(cache):
+        return 0
+    placed = 0
+    for key in keys:
+        if not _AUTOTUNE_KEY.fullmatch(key):  # a path from the file: only ever a folder and a name below
+            continue
+        dst = Path(kernels_in) / key
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes((Path(cache) / key).read_bytes())
+        except OSError:
+            break
+        placed += 1
+    return placed
 
 
 def _keep_compile_workers() -> bool:

@@ -44,14 +44,15 @@ def build(device=None, names: list[str] | None = None, *, quick: bool = False, s
     for name, why in plan.skipped:
         log(f"compile cache: skipped {name}: {why}")
     ds = D.load(changes.get("data", plan.base.data))  # train() takes its subset
-    with compile_cache():
+    with compile_cache() as kernels_in:
         for cfg in plan.rungs:
             t0 = time.perf_counter()
             T.train(T.with_changes(cfg, **{**changes, "epochs": 1, "max_steps": steps, "evaluate": False}), dev,
                     dataset=ds)
             log(f"compile cache: compiled {cfg.name} ({steps} steps) in {time.perf_counter() - t0:.1f} s")
         note = {"rungs": [c.name for c in plan.rungs], "quick": quick, "steps": steps, "sets": sets or [],
-                "graphs": [T.graph_key(T.with_changes(c, **changes)) for c in plan.rungs]}
+                "graphs": [T.graph_key(T.with_changes(c, **changes)) for c in plan.rungs],
+                "kernels_in": kernels_in}  # cached kernels keep this path: see CA.place_autotune_results
         saved = CA.save(dev, folder, note=note, say=log)
     if saved:
         log(f"compile cache: wrote {saved} ({saved.stat().st_size / 1e6:.1f} MB)")

@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,6 +90,43 @@ def test_a_run_the_artifact_covers_compiles_in_the_process_without_workers(tmp_p
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")
     assert CA.load("cpu", tmp_path, say=say, graphs=[mine])["compile_workers"] is True
     assert inductor.compile_threads == 8 and got.pop() == plain
+
+
+def test_autotuning_results_go_where_the_cached_kernels_look_for_them(tmp_path, lines, monkeypatch):
+    """torch restores a cached kernel with the path it was compiled at on the building machine and reads its
+    autotuning result from that folder: the load copies the artifact's results there too, and only results."""
+    from torch.compiler._cache import CacheInfo
+
+    got, say = lines
+    built_in = tmp_path / "build-machine" / "labkit-compile-x"
+    keys = ["kl/ab12.best_config", "3n/cd34.best_config"]
+    hostile = ["../../evil.best_config", "kl/x.py", "/etc/y.best_config"]
+
+    def fake_load(blob):  # what torch does: each result under this machine's cache folder, under its key
+        for k in keys + hostile[:2]:
+            dst = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"], k)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(f'{{"XBLOCK": 1024, "key": "{k}"}}')
+        info = CacheInfo()
+        info.artifacts["autotune"] += keys + hostile
+        return info
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"graphs" * 10, CacheInfo()))
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", fake_load)
+    CA.save("cpu", tmp_path / "art", note={"kernels_in": str(built_in)}, say=say)
+    with compile_cache(tmp_path / "here") as here:
+        rec = CA.load("cpu", tmp_path / "art", say=say)
+    assert rec["autotune_placed"] == 2
+    for k in keys:
+        assert (built_in / k).read_text() == (Path(here) / k).read_text()
+    placed = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file() and "build-" in str(f))
+    assert placed == [f"build-machine/labkit-compile-x/{k}" for k in sorted(keys)]  # nothing outside, no .py
+    CA.save("cpu", tmp_path / "art", note={"kernels_in": str(_other_file(tmp_path))}, say=say)
+    with compile_cache(tmp_path / "again"):  # a folder this machine cannot write: loaded all the same
+        assert CA.load("cpu", tmp_path / "art", say=say)["autotune_placed"] == 0
+    CA.save("cpu", tmp_path / "art", say=say)  # an artifact from before: nothing recorded, nothing placed
+    with compile_cache(tmp_path / "old"):
+        assert CA.load("cpu", tmp_path / "art", say=say)["autotune_placed"] == 0
 
 
 def _rewrite(path, **header_changes):
@@ -242,6 +280,7 @@ def test_a_built_artifact_names_the_graphs_it_holds_as_the_training_commands_wil
                            log=lambda msg: None)
     header, _ = CA._unpack(path.read_bytes())
     assert header["note"]["graphs"] == [T.graph_key(trained[0])] and trained[0].batch_size == 32
+    assert os.path.isabs(header["note"]["kernels_in"])  # where its kernels were compiled: they look there
     # what `labkit train --preset compile --set batch_size=32 epochs=3` compiles where bf16 runs natively (a GPU
     # from the A100 on; the ladder trains a CPU's bf16 rungs in its default precision): epochs change no graph
     cli = T.with_changes(T.preset("compile"), batch_size=32, epochs=3, precision=trained[0].precision)
