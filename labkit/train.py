@@ -256,13 +256,18 @@ def _checkpointed_forward(model, x):
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, ds: D.ImageData, cfg: TrainConfig, device: torch.device,
              batch_size: int = 1000) -> float:
-    """Top-1 accuracy on the test split (fraction in [0, 1])."""
+    """Top-1 accuracy on the test split (fraction in [0, 1]).
+
+    Without cuDNN autotuning whatever the config says: the test batch is not the training batch, so
+    cudnn.benchmark would time every convolution's algorithms again for a few batches of forward passes, a
+    cost far larger than the evaluation it speeds up.
+    """
     model.eval()
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     x_all = D.to_nchw_uint8(ds.x_test, device)
     y_all = torch.from_numpy(ds.y_test).to(device)
     correct = torch.zeros((), device=device, dtype=torch.long)
-    with _autocast(cfg, device):
+    with _autocast(cfg, device), torch_switches(cudnn_benchmark=False):
         for i in range(0, len(y_all), batch_size):
             x = D.normalize(x_all[i:i + batch_size]).contiguous(memory_format=fmt)
             correct += (model(x).argmax(1) == y_all[i:i + batch_size]).sum()

@@ -174,6 +174,20 @@ def test_cudnn_limit_covers_the_loop_and_rejects_negatives():
         T.check_config(T.with_changes(TINY, cudnn_limit=-1), torch.device("cpu"))
 
 
+def test_evaluation_leaves_cudnn_autotuning_off_and_restores_it(ds):
+    """The test batch differs from the training batch: autotuning would time every convolution again."""
+    import torch
+
+    seen = []
+    model = T.resnet18(num_classes=10, width=8)
+    model.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.cudnn.benchmark))
+    cfg = T.with_changes(TINY, cudnn_benchmark=True)
+    with T._switches(cfg):
+        T.evaluate(model, ds.subset(64, 128), cfg, torch.device("cpu"), batch_size=64)
+        assert torch.backends.cudnn.benchmark is True
+    assert seen == [False, False]
+
+
 def test_bad_configs_fail_clearly():
     import torch
 
