@@ -43,9 +43,10 @@ for s in $steps; do
     reliability) run reliability "${RELIABILITY_LIMIT:-300}" python benchmarks/grade_reliability.py --out "$out" ;;
     ddp) run ddp "${DDP_LIMIT:-580}" python benchmarks/ddp_scaling.py --out "$out" ${DDP_ARGS:-} ;;
     coldstart) run coldstart "${COLD_LIMIT:-590}" python benchmarks/cold_start.py --out "$out" ${COLD_ARGS:-} ;;
-    samples) run artifact 300 python -m labkit compile-cache --build --rungs muon  # then fresh compile caches, as
-             for c in muon batch_fused; do                                         # on a new machine with it
-               run "samples_$c" 180 env TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" \
+    samples) pyc=(env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX="$(mktemp -d)")  # the build fills it: torch's
+             run artifact 300 "${pyc[@]}" python -m labkit compile-cache --build --rungs muon  # bytecode as installed
+             for c in muon batch_fused; do  # then fresh compile caches, as on a new machine with the artifact
+               run "samples_$c" 180 "${pyc[@]}" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" \
                  python benchmarks/stack_samples.py --name "stack_samples_$c" --out "$out" -- train --preset "$c"
              done ;;
     notebooks) run notebooks 590 python benchmarks/run_notebooks.py --bundle "$out/notebook_runs.tar.gz" ;;

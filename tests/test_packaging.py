@@ -475,6 +475,62 @@ def test_results_page_stages_of_the_whole_run_and_the_compile_workers_match_thei
     assert w["summary"]["top_with_artifact_finishes_first"] is False
 
 
+def test_results_page_bytecode_autotune_and_evaluation_findings_match_their_records():
+    import json
+    import statistics
+
+    res = ROOT / "benchmarks" / "results"
+    page = " ".join(results_page().split())
+    runs = lambda d, label: d["jobs"][label]["runs"]  # noqa: E731
+    col = lambda d, label, key: [r[key] for r in runs(d, label)]  # noqa: E731
+    b = json.loads((res / "cold_start_bytecode.json").read_text())
+    e = json.loads((res / "cold_start_eval.json").read_text())
+    assert b["env"]["device_name"] == e["env"]["device_name"] == "NVIDIA H200" and b["repeats"] == e["repeats"] == 3
+    code = b["bytecode"]
+    assert code["mode"] == "installed" and not code["found"]["cached"] and not code["found"]["writes"]
+    assert (f"`import torch` took {code['import_s_without']['torch_s']:.1f} s and torch.compile's modules "
+            f"{code['import_s_without']['compiler_s']:.1f} s more, against {code['import_s']['torch_s']:.1f} s and "
+            f"{code['import_s']['compiler_s']:.1f} s with bytecode") in page
+    art, eager = "whole run muon, artifact", "whole run batch_fused"
+    assert {r["compile_cache"]["autotune_placed"] for r in runs(b, art) + runs(e, art)} == {53}
+    assert "53 placed in every run of `cold_start_bytecode.json`" in page
+    first_art = runs(b, "first step, artifact")
+    assert all("CachingAutotuner.benchmark_all_configs" not in r["compile_phases_s"] for r in first_art)
+    old = json.loads((res / "cold_start_stages.json").read_text())["jobs"]["first step, artifact"]["runs"]
+    assert f"{old[0]['compile_phases_s']['CachingAutotuner.benchmark_all_configs']:.1f} s in a first step" in page
+    ev = lambda d: [r["stages_s"]["final_evaluation"] for r in runs(d, art)]  # noqa: E731
+    assert f"{_span(ev(e), '{:.2f}')} s of final evaluation against {_span(ev(b), '{:.2f}')} s" in page
+    rows = [("first step, cold", _span(col(b, "first step, cold", "first_step_s")) + " s", ""),
+            ("first step with the artifact", _span(col(b, "first step, artifact", "first_step_s")) + " s", ""),
+            ("whole run, cold", _span(col(b, "whole run muon, cold", "wall_s")) + " s", ""),
+            ("whole run with the artifact", _span(col(b, art, "wall_s")) + " s", _span(col(e, art, "wall_s")) + " s"),
+            ("whole run, eager `batch_fused`", _span(col(b, eager, "wall_s")) + " s",
+             _span(col(e, eager, "wall_s")) + " s"),
+            ("top rung, steady img/s", _span(col(b, art, "img_per_s"), "{:,.0f}"),
+             _span(col(e, art, "img_per_s"), "{:,.0f}"))]
+    for name, left, right in rows:
+        assert f"| {name} | {left} | {right} |".replace("|  |", "| |") in page, name
+    for d in (b, e):
+        assert d["summary"]["top_with_artifact_finishes_first_every_run"] is False
+        assert max(col(d, eager, "wall_s")) < min(col(d, art, "wall_s"))  # "in every run"
+    st, ste = e["summary"]["run_artifact_stages_s"], statistics.median
+    eager_loop = ste(r["stages_s"]["loop"] for r in runs(e, eager))
+    assert (f"it spends {st['compile_cache_load']:.1f} s loading the artifact and {st['loop']:.1f} s in its epochs "
+            f"against {eager_loop:.1f} s (its first step {_span(col(e, art, 'first_step_s'))} s against "
+            f"{_span(col(e, eager, 'first_step_s'))} s)") in page
+    later = lambda d, label: ste(sum(r["epoch_s"][1:]) for r in runs(d, label))  # noqa: E731
+    assert later(e, art) < later(e, eager) / 2  # "in under half the eager rung's time"
+    inner = [r["compile_phases_s"]["_compile.compile_inner"] for r in first_art]
+    assert f"{_span(inner)} s is dynamo tracing the model and loading the cached graph" in page
+    samples = json.loads((res / "stack_samples_muon_artifact.json").read_text())["by_inner_frames_s"]
+    backward = next(v for k, v in samples.items() if k.startswith("torch/autograd/graph.py:_engine_run_backward"))
+    forward = next(v for k, v in samples.items() if "runtime_wrappers.py:__torch_dispatch__" in k)
+    assert f"charges {backward:.1f} s of the run to backward calls and {forward:.1f} s to the compiled" in page
+    assert (f"the cold first step is {_span(col(b, 'first step, cold', 'first_step_s'))} s (goal 12 s), the first "
+            f"step with the artifact {_span(col(b, 'first step, artifact', 'first_step_s'))} s (goal 3 s)") in page
+    assert not any(g["met"] for g in b["summary"]["goals"].values())
+
+
 def test_results_page_ddp_rounds_and_lab4_regrade_match_their_records():
     import json
 
