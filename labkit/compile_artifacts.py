@@ -12,6 +12,8 @@ made it, so it is stored in a file named for both (`artifact_path`) with a heade
 checksum of the blob. `labkit ladder` and `labkit train` load it when it exists (`--no-compile-cache`: don't).
 On a CUDA GPU the compiled Triton kernels travel inside the blob (inductor bundles them into its graph cache);
 on a CPU only the graphs do, and their C++ kernels are compiled again, so there the artifact saves little.
+A restored kernel looks for its autotuning choice in the folder it was compiled in on the building machine, so
+the load copies the artifact's choices there too (`place_autotune_results`).
 When the artifact was built for every graph a command compiles, inductor compiles in the process instead of
 starting its pool of compile workers, which would have nothing to compile and would hold up the exit
 (`TORCHINDUCTOR_COMPILE_THREADS=N` keeps N workers).
