@@ -23,6 +23,9 @@ artifact=true times the variant's first step with the artifact loaded instead of
 fields or environment variables alone also runs whole with `run` in --parts, cold and with the artifact (its own
 if it changes TrainConfig fields: another top rung). Whole runs record where their wall time went (the train
 record's stages, and what the process took after its result).
+Cold means no torch.compile caches, not no Python bytecode: every process finds torch's .pyc as an install leaves
+it, even where this machine's torch has none (--bytecode installed, the default; the record keeps the import times
+both ways); --bytecode as-found runs the machine as it is.
 Every first-step run also records how much dynamo compiled (frames, graphs, graph breaks, cache hits) and
 where compile time went (torch._dynamo's timed phases, seconds).
 
