@@ -371,7 +371,7 @@ def doctor(out=None, packages=None, device=None) -> int:
              if key == "bf16" and caps.get("bf16_emulated") else ""))
     p(f"  TF32 switches: matmul={caps['tf32_matmul_enabled']} cudnn={caps['tf32_cudnn_enabled']} "
       f"(float32_matmul_precision={caps['float32_matmul_precision']}); cudnn.benchmark={caps['cudnn_benchmark']}")
-    code = env["bytecode"]
+    code = bytecode_status()
     if not code["cached"]:
         fix = ("unset PYTHONDONTWRITEBYTECODE (Python writes no bytecode now) and set PYTHONPYCACHEPREFIX to a "
                "folder you may write" if not code["writes"] else
