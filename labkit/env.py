@@ -265,6 +265,16 @@ def bytecode_status() -> dict:
             "prefix": sys.pycache_prefix}
 
 
+def _bytecode_fix(code: dict) -> str:
+    """What to do about a torch without cached bytecode (`bytecode_status()`), for doctor's line."""
+    if not code["writes"]:
+        return ("unset PYTHONDONTWRITEBYTECODE (Python writes no bytecode now) and set PYTHONPYCACHEPREFIX to a "
+                "folder you may write")
+    if code["prefix"]:
+        return f"the processes after this one find it under PYTHONPYCACHEPREFIX={code['prefix']}"
+    return "set PYTHONPYCACHEPREFIX=~/.cache/pycache (a folder you may write) to keep it"
+
+
 def process_age_s(at: float | None = None) -> float | None:
     """Seconds from this process's start to `at` (a time.perf_counter() reading; now if None): the interpreter
     and imports before a command runs. None where the start time cannot be read (only Linux's /proc is read)."""
@@ -373,12 +383,8 @@ def doctor(out=None, packages=None, device=None) -> int:
       f"(float32_matmul_precision={caps['float32_matmul_precision']}); cudnn.benchmark={caps['cudnn_benchmark']}")
     code = bytecode_status()
     if not code["cached"]:
-        fix = ("unset PYTHONDONTWRITEBYTECODE (Python writes no bytecode now) and set PYTHONPYCACHEPREFIX to a "
-               "folder you may write" if not code["writes"] else
-               f"the processes after this one find it under PYTHONPYCACHEPREFIX={code['prefix']}" if code["prefix"]
-               else "set PYTHONPYCACHEPREFIX=~/.cache/pycache (a folder you may write) to keep it")
         p("  bytecode: no cached .pyc for torch, so every new Python process compiles its sources again (seconds "
-          f"of each `import torch`, more for torch.compile): {fix}")
+          f"of each `import torch`, more for torch.compile): {_bytecode_fix(code)}")
     p("packages:")
     rows = check_packages(packages)
     for r in rows:
