@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compile_time as CT  # noqa: E402  (its first_steps: the same timed first steps)
 
 from labkit import compile_artifacts as CA  # noqa: E402
+from labkit import cudnn_warmup as CW  # noqa: E402
 from labkit import data as D  # noqa: E402
 from labkit import train as T  # noqa: E402
 from labkit.bench import save_result  # noqa: E402
@@ -140,10 +141,11 @@ def child(spec: dict) -> int:
         AsyncCompile.warm_pool()
     dev = pick_device(spec["device"])
     cfg = T.with_changes(T.plan_ladder(dev, quick=False, names=[spec["rung"]]).rungs[0], **T.parse_sets(spec["sets"]))
+    warmup = CW.start(cfg, dev)  # as `labkit train` does: cuDNN's timing overlaps loading the data and the artifact
     ds = D.load(cfg.data)
     loaded = CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)]) if spec["artifacts"] else None
     with inductor_config.patch(spec["inductor"]), dynamo_config.patch(spec["dynamo"]):
-        rec = CT.first_steps(cfg, dev, ds, spec["steps"])
+        rec = CT.first_steps(cfg, dev, ds, spec["steps"], warmup=warmup)
     compiled = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
                 "graph_breaks": sum(counters["graph_break"].values()),
                 **{k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
@@ -246,7 +248,7 @@ def whole_run_job(rung: str, dev, epochs: int, artifacts: str | None, timeout_s:
                "--set", f"epochs={epochs}", *sets, "--json", str(record)] + ([] if artifacts else ["--no-compile-cache"])
         rec = run_process(cmd, fresh_env(Path(d), artifacts, env), record, timeout_s)
     kept = ("wall_s", "error", "said", "first_step_s", "epoch_s", "img_per_s", "img_per_s_all", "accuracy",
-            "final_loss", "compile_cache", "stages_s")
+            "final_loss", "compile_cache", "stages_s", "cudnn_warmup")
     return {k: rec[k] for k in kept if k in rec}
 
 
@@ -287,6 +289,12 @@ def plan_jobs(rung: str, eager: list[str], variants: dict, parts: list[str]) -> 
                 jobs += [(f"whole run {rung}, artifact, {v}", "run", {"rung": rung, "variant": v, "artifact": True})]
         jobs += [(f"whole run {e}", "run", {"rung": e}) for e in eager]
     return jobs
+
+
+def changes_graph(rung: str, sets: list[str], more: list[str]) -> bool:
+    """Whether TrainConfig changes `more` (on top of `sets`) change what `rung` compiles."""
+    base = T.with_changes(T.preset(rung), **T.parse_sets(sets))
+    return T.graph_key(T.with_changes(base, **T.parse_sets(more))) != T.graph_key(base)
 
 
 def runs_whole(change: dict) -> bool:
@@ -356,9 +364,11 @@ def measure(args, dev, variants: dict, bytecode: dict | None = None) -> dict:
            "variant_artifacts": {}}
     jobs = plan_jobs(args.rung, args.eager, variants, parts)
     with tempfile.TemporaryDirectory(prefix="labkit-artifact-") as root:
-        # the artifact holds compiled graphs for one config: a variant with TrainConfig changes needs its own
+        # the artifact holds compiled graphs for one config: a variant whose TrainConfig changes reach the graph
+        # (T.GRAPH_FIELDS) needs its own
         folders = {None: str(Path(root) / "base")}
-        folders.update({v: str(Path(root) / f"v{i}") for i, (v, c) in enumerate(variants.items()) if c.get("sets")
+        folders.update({v: str(Path(root) / f"v{i}") for i, (v, c) in enumerate(variants.items())
+                        if changes_graph(args.rung, args.set, c.get("sets", []))
                         and any(h.get("variant") == v and h.get("artifact") for _, _, h in jobs)})
         for v, folder in folders.items():
             sets = args.set + (variants[v]["sets"] if v else [])
