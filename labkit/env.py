@@ -302,28 +302,30 @@ def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = N
     """Set TF32 (matmul and cuDNN), cudnn.benchmark, cudnn.benchmark_limit (algorithms timed per shape) and
     cudnn.deterministic for a block, then restore them.
 
-    None leaves a switch as it is. Strict fp32 needs tf32=False: cuDNN convolutions use TF32 by default.
+    None leaves a switch as it is, untouched: setting the float32 matmul precision, even to its current value,
+    changes torch.compile's cache keys, so a block that only sets cuDNN switches must not write it back (an
+    artifact built in one process would then miss in the next). Strict fp32 needs tf32=False: cuDNN
+    convolutions use TF32 by default.
     """
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark,
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark_limit)
+    cudnn = torch.backends.cudnn
+    given = {"benchmark": cudnn_benchmark, "deterministic": cudnn_deterministic, "benchmark_limit": cudnn_limit}
+    saved = {k: getattr(cudnn, k) for k, v in given.items() if v is not None}
+    if tf32 is not None:
+        saved_tf32 = (torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())
     try:
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.backends.cudnn.allow_tf32 = tf32
+            cudnn.allow_tf32 = tf32
             torch.set_float32_matmul_precision("high" if tf32 else "highest")
-        if cudnn_benchmark is not None:
-            torch.backends.cudnn.benchmark = cudnn_benchmark
-        if cudnn_deterministic is not None:
-            torch.backends.cudnn.deterministic = cudnn_deterministic
-        if cudnn_limit is not None:
-            torch.backends.cudnn.benchmark_limit = cudnn_limit
+        for k in saved:
+            setattr(cudnn, k, given[k])
         yield
     finally:
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, prec,
-         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
-         torch.backends.cudnn.benchmark_limit) = saved
-        torch.set_float32_matmul_precision(prec)
+        for k, v in saved.items():
+            setattr(cudnn, k, v)
+        if tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32, prec = saved_tf32
+            torch.set_float32_matmul_precision(prec)
 
 
 def check_packages(packages=None) -> list[dict]:
