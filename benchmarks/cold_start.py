@@ -141,12 +141,11 @@ def child(spec: dict) -> int:
         AsyncCompile.warm_pool()
     dev = pick_device(spec["device"])
     cfg = T.with_changes(T.plan_ladder(dev, quick=False, names=[spec["rung"]]).rungs[0], **T.parse_sets(spec["sets"]))
+    warmup = CW.start(cfg, dev)  # as `labkit train` does: cuDNN's timing overlaps loading the data and the artifact
     ds = D.load(cfg.data)
-    # as `labkit train` does: cuDNN times the convolutions while the artifact loads
-    loaded, warmed = CW.warm_while(cfg, dev, lambda: CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)])
-                                   if spec["artifacts"] else None)
+    loaded = CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)]) if spec["artifacts"] else None
     with inductor_config.patch(spec["inductor"]), dynamo_config.patch(spec["dynamo"]):
-        rec = {**CT.first_steps(cfg, dev, ds, spec["steps"]), "cudnn_warmup": warmed}
+        rec = CT.first_steps(cfg, dev, ds, spec["steps"], warmup=warmup)
     compiled = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
                 "graph_breaks": sum(counters["graph_break"].values()),
                 **{k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},

@@ -1,21 +1,23 @@
-"""Time cuDNN's convolution algorithms before the first step, while the compile-cache artifact loads beside it.
+"""Time cuDNN's backward convolution algorithms in a thread, while the process loads, not in the first step.
 
 With `cudnn.benchmark`, PyTorch times cuDNN's candidate algorithms the first time it meets a convolution shape,
 forward and both halves of backward, and keeps the fastest. At the top rung's batch of 4096 that timing is part
 of the first step. The shapes are known from the config alone, before the data, the model or the compiled graph
-exist, so `warm_while(cfg, device, load)` times them on this thread while `load` (the artifact: files and Python)
-runs in another; the timing is GPU work inside cuDNN, which releases the GIL.
+exist, so `start()` times them while the main thread loads the compile-cache artifact, the data and the model.
 
-The timing must run on the threads that train. PyTorch keeps the timed choices per thread (its cuDNN v8 cache is
-thread_local: an execution plan is tied to its thread's cuDNN handle), and a choice is found again only by the same
-shape, dtype, memory format and switches. So the forward convolutions run here, on the thread that will run the
-model's forward, and their backward goes through autograd, whose device thread runs every backward on that GPU
-(the compiled graph's too). A warm-up timed in a thread of its own filled a cache no step reads
+PyTorch keeps the timed choices per thread (its cuDNN v8 cache is thread_local: an execution plan is tied to its
+thread's cuDNN handle), so a choice is found again only on the thread that timed it. Backward is what another
+thread can reach: autograd runs every backward on a GPU in that device's own worker thread, the compiled graph's
+backward too. So the warm-up's thread hands each backward convolution to autograd and waits, the GIL released,
+while cuDNN times it there, and the step's backward finds the choice. The forward convolutions run on the thread
+that calls the model, so their timing stays in the first step: timing them on the main thread too, with the
+artifact loading in a thread beside it, made the first step shorter and the whole run no shorter
 (`benchmarks/results/cold_start_warmup.json`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -76,55 +78,82 @@ def applies(cfg: TrainConfig, device) -> bool:
             and torch.backends.cudnn.is_available())
 
 
-def warm_while(cfg: TrainConfig, device, load, world_size: int = 1, work=None):
-    """Run `load()` in a thread while this thread times `cfg`'s convolutions; returns (load's result, report).
+class Warmup:
+    """A thread running `work(shapes)`; `wait()` joins it and reports. An exception from `work` is recorded, not
+    raised: the warm-up only saves time, and the first step times whatever is missing itself."""
 
-    The report is None where nothing applies (`applies`), else shapes (distinct convolutions timed), seconds
-    (the timing's own), waited_s (how long `load` took beyond it) and error (None, or one line: the first step
-    then times what is missing itself; the warm-up only saves time, so it never fails the run). An exception
-    from `load` is raised here, after the timing. `work(shapes)` replaces the timing (tests).
+    def __init__(self, shapes: list[ConvShape], work):
+        self.shapes = shapes
+        self._work = work
+        self._seconds: float | None = None
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="labkit-cudnn-warmup", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._work(self.shapes)
+        except Exception as e:  # noqa: BLE001
+            self._error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        self._seconds = time.perf_counter() - t0
+
+    def wait(self) -> dict:
+        """Block until the warm-up is done. Returns shapes (distinct convolutions), seconds (the thread's own time),
+        waited_s (how long this call blocked: the part the caller did not hide) and error (None, or one line)."""
+        t0 = time.perf_counter()
+        self._thread.join()
+        return {"shapes": len(self.shapes), "seconds": self._seconds, "waited_s": time.perf_counter() - t0,
+                "error": self._error}
+
+
+def start(cfg: TrainConfig, device, world_size: int = 1) -> Warmup | None:
+    """Start timing `cfg`'s backward convolutions on `device`; None where nothing applies (`applies`).
+
+    Until `wait()` returns, the warm-up holds the process's cuDNN switches (benchmark, its limit, TF32) at `cfg`'s
+    values and uses autograd's device thread: the caller runs no convolution and no backward of its own before.
     """
     if not applies(cfg, device):
-        return load(), None
-    box: dict = {}
-
-    def run_load():
-        try:
-            box["result"] = load()
-        except BaseException as e:  # noqa: BLE001  (re-raised on the calling thread)
-            box["error"] = e
-
-    loader = threading.Thread(target=run_load, name="labkit-load-beside-warmup", daemon=True)
-    loader.start()
-    shapes = conv_shapes(cfg, world_size)
-    t0 = time.perf_counter()
-    error = None
-    try:
-        (work or (lambda sh: time_algorithms(cfg, device, sh)))(shapes)
-    except Exception as e:  # noqa: BLE001
-        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    seconds = time.perf_counter() - t0
-    loader.join()
-    report = {"shapes": len(shapes), "seconds": seconds, "waited_s": time.perf_counter() - t0 - seconds,
-              "error": error}
-    if "error" in box:
-        raise box["error"]
-    return box.get("result"), report
+        return None
+    return Warmup(conv_shapes(cfg, world_size), lambda shapes: time_backward(cfg, device, shapes))
 
 
-def time_algorithms(cfg: TrainConfig, device, shapes: list[ConvShape]) -> None:
-    """Run each shape's forward convolution on this thread and its backward through autograd, under
-    cudnn.benchmark in `cfg`'s dtype and memory format, so cuDNN's timed choices are cached where training
-    looks them up."""
+def out_shape(s: ConvShape) -> tuple[int, ...]:
+    """The output shape of convolution `s`: N, out channels, H, W."""
+    hw = [(n + 2 * p - d * (k - 1) - 1) // st + 1
+          for n, k, st, p, d in zip(s.input[2:], s.weight[2:], s.stride, s.padding, s.dilation, strict=True)]
+    return (s.input[0], s.weight[0], *hw)
+
+
+def time_backward(cfg: TrainConfig, device, shapes: list[ConvShape]) -> None:
+    """Give autograd each shape's backward convolution (input and weight gradients) under cudnn.benchmark, in
+    `cfg`'s dtype and memory format, so cuDNN's timed choices are cached in autograd's thread for `device`."""
     import torch
-    import torch.nn.functional as F
 
     from labkit.env import torch_switches
 
+    class ConvBackward(torch.autograd.Function):
+        """A node whose backward is the convolution's backward; its forward computes nothing."""
+
+        @staticmethod
+        def forward(ctx, x, w, s):
+            ctx.save_for_backward(x, w)
+            ctx.s = s
+            return x.new_empty(out_shape(s))  # only its shape matters: backward gets the gradient it is given
+
+        @staticmethod
+        def backward(ctx, gy):
+            x, w = ctx.saved_tensors
+            s = ctx.s
+            gx, gw, _ = torch.ops.aten.convolution_backward(gy, x, w, None, s.stride, s.padding, s.dilation, False,
+                                                            [0] * len(s.padding), s.groups, [s.input_grad, True, False])
+            return gx, gw, None
+
     dtype = getattr(torch, AUTOCAST.get(cfg.precision, "float32"))
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    with torch.cuda.device(device), torch_switches(tf32=TF32.get(cfg.precision), cudnn_benchmark=True,
-                                                   cudnn_limit=cfg.cudnn_limit), torch.enable_grad():
+    cuda = torch.device(device).type == "cuda"  # on a CPU (tests) the same nodes run, with nothing to time
+    with torch.cuda.device(device) if cuda else contextlib.nullcontext(), torch.enable_grad(), \
+            torch_switches(tf32=TF32.get(cfg.precision), cudnn_benchmark=True, cudnn_limit=cfg.cudnn_limit):
         gen = torch.Generator(device=device).manual_seed(0)  # not the default generator: training's seeds stay as set
 
         def rand(shape, grad=False):
@@ -133,8 +162,9 @@ def time_algorithms(cfg: TrainConfig, device, shapes: list[ConvShape]) -> None:
 
         for s in shapes:
             x, w = rand(s.input, s.input_grad), rand(s.weight, True)
-            y = F.conv2d(x, w, None, s.stride, s.padding, s.dilation, s.groups)
-            y.backward(rand(y.shape))
-            del x, w, y
+            ConvBackward.apply(x, w, s).backward(rand(out_shape(s)))
+            del x, w
+    if cuda:
         torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()  # the activations it allocated are the caller's memory again, not this cache's
+        torch.cuda.empty_cache()  # the tensors it allocated are the caller's memory again, not this cache's
+

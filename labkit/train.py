@@ -282,7 +282,7 @@ def peak_lr(cfg: TrainConfig) -> float:
 
 
 def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D.ImageData | None = None,
-          peak_tflops: float | None = None, progress=None, on_step=None) -> dict:
+          peak_tflops: float | None = None, progress=None, on_step=None, warmup: CW.Warmup | None = None) -> dict:
     """Train ResNet-18 as `cfg` says and return a result record.
 
     Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
@@ -291,10 +291,14 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     mfu (against `peak_tflops`), losses (one per optimizer step), accuracy, config, env.
     `progress` (a tqdm bar) and `on_step(steps_done)` (e.g. a profiler's `step`) are called after each step;
     the step's phases carry record_function labels: data, forward, backward, optimizer.
+    `warmup`: a cuDNN warm-up the caller started for `cfg` (`labkit.cudnn_warmup.start`) so that it overlaps the
+    caller's own loading too; without one, one starts here where it applies. Its report is `cudnn_warmup`.
     """
     t_start = time.perf_counter()
     dev = pick_device(device)
     check_config(cfg, dev)
+    if warmup is None:
+        warmup = CW.start(cfg, dev, world()[1])  # cuDNN times backward convolutions while the data and model load
     if dataset is None:
         dataset = D.load(cfg.data, cfg.n_train, cfg.n_test, seed=0)
     ds = dataset.subset(cfg.n_train, cfg.n_test)
@@ -306,6 +310,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
         steps_total = min(steps_total, cfg.max_steps)
     lr = peak_lr(cfg)
     step = _make_step(cfg, model, net, lr, steps_total, dev)
+    warmed = warmup.wait() if warmup is not None else None  # before the first step: none of its kernels beside ours
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     on_epoch = (lambda: evaluate(model, ds, cfg, dev)) if cfg.eval_every_epoch else None
@@ -324,6 +329,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if cfg.loader == "pil" and cfg.workers != 0:
         del batches.loader  # stop persistent workers now, not at interpreter exit
     rec = _record(cfg, dev, run, batches.steps_per_epoch * cfg.batch_size, flops, peak_tflops, acc)
+    rec["cudnn_warmup"] = warmed
     # where a run's wall time goes besides its epochs: a compiled rung's wait is not all in the first step
     rec["stages_s"] = {"setup": t_loop - t_start, "loop": t_eval - t_loop, "final_evaluation": time.perf_counter() - t_eval}
     return rec
@@ -962,13 +968,11 @@ def _cli_train(args) -> int:
                  if dev.type == "cuda" else "a CPU trains bf16 rungs in its default precision"))
     cfg = with_changes(fitted, **parse_sets(args.set))
     check_config(cfg, dev)
+    warmup = CW.start(cfg, dev, world()[1])  # cuDNN times backward convolutions while the artifact, data and model load
     t_cache = time.perf_counter()
-    # cuDNN times the convolutions here while the artifact loads in a thread: both before the first step
-    graphs = [graph_key(cfg)] if cfg.compile else []
-    loaded, warmed = CW.warm_while(cfg, dev, lambda: CA.load_for_cli(args, dev, graphs), world()[1])
+    loaded = CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
     t_train = time.perf_counter()
-    rec = train(cfg, dev)
-    rec["cudnn_warmup"] = warmed
+    rec = train(cfg, dev, warmup=warmup)
     rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,
                        "compile_cache_load": t_train - t_cache, **rec.get("stages_s", {})}
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
