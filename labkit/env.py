@@ -302,16 +302,21 @@ def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = N
     """Set TF32 (matmul and cuDNN), cudnn.benchmark, cudnn.benchmark_limit (algorithms timed per shape) and
     cudnn.deterministic for a block, then restore them.
 
-    None leaves a switch as it is, untouched: setting the float32 matmul precision, even to its current value,
-    changes torch.compile's cache keys, so a block that only sets cuDNN switches must not write it back (an
-    artifact built in one process would then miss in the next). Strict fp32 needs tf32=False: cuDNN
-    convolutions use TF32 by default.
+    None leaves a switch as it is, untouched, and a block leaves no trace: setting the float32 matmul precision,
+    even to its current value, changes torch.compile's cache keys, so a compile-cache artifact built in one process
+    would miss in another that had run such a block (`benchmarks/results/cold_start_warmup_keys.json`). Strict fp32
+    needs tf32=False: cuDNN convolutions use TF32 by default.
     """
     cudnn = torch.backends.cudnn
     given = {"benchmark": cudnn_benchmark, "deterministic": cudnn_deterministic, "benchmark_limit": cudnn_limit}
     saved = {k: getattr(cudnn, k) for k, v in given.items() if v is not None}
     if tf32 is not None:
         saved_tf32 = (torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())
+        # the precision setters also mark these as set ("none" -> "ieee"): put back what they were, or the
+        # compile-cache keys after the block differ from before it
+        marks = [m for m in (torch.backends.cuda.matmul, getattr(torch.backends.mkldnn, "matmul", None))
+                 if hasattr(m, "fp32_precision")]
+        saved_marks = [m.fp32_precision for m in marks]
     try:
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -326,6 +331,8 @@ def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = N
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32, prec = saved_tf32
             torch.set_float32_matmul_precision(prec)
+            for m, mark in zip(marks, saved_marks, strict=True):
+                m.fp32_precision = mark
 
 
 def check_packages(packages=None) -> list[dict]:

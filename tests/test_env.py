@@ -120,3 +120,14 @@ def test_torch_switches_leave_matmul_precision_alone_unless_tf32_is_given(monkey
     with env.torch_switches(tf32=True):
         pass
     assert calls == ["high", torch.get_float32_matmul_precision()]
+
+
+def test_a_tf32_block_leaves_the_precision_settings_as_it_found_them():
+    # torch's precision setters mark the new-style settings as set ("none" -> "ieee"), which compile keys include
+    marks = [m for m in (torch.backends.cuda.matmul, getattr(torch.backends.mkldnn, "matmul", None))
+             if hasattr(m, "fp32_precision")]
+    before = [m.fp32_precision for m in marks] + [torch.get_float32_matmul_precision()]
+    for tf32 in (True, False):
+        with env.torch_switches(tf32=tf32):
+            assert torch.backends.cuda.matmul.allow_tf32 is tf32
+        assert [m.fp32_precision for m in marks] + [torch.get_float32_matmul_precision()] == before
