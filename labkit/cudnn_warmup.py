@@ -1,4 +1,4 @@
-"""Time cuDNN's backward convolution algorithms in a thread, while the process loads, not in the first step.
+"""Time cuDNN's backward convolution algorithms in a thread while the process loads (`TrainConfig.cudnn_warmup`).
 
 With `cudnn.benchmark`, PyTorch times cuDNN's candidate algorithms the first time it meets a convolution shape,
 forward and both halves of backward, and keeps the fastest. At the top rung's batch of 4096 that timing is part
@@ -10,9 +10,13 @@ thread's cuDNN handle), so a choice is found again only on the thread that timed
 thread can reach: autograd runs every backward on a GPU in that device's own worker thread, the compiled graph's
 backward too. So the warm-up's thread hands each backward convolution to autograd and waits, the GIL released,
 while cuDNN times it there, and the step's backward finds the choice. The forward convolutions run on the thread
-that calls the model, so their timing stays in the first step: timing them on the main thread too, with the
-artifact loading in a thread beside it, made the first step shorter and the whole run no shorter
-(`benchmarks/results/cold_start_warmup.json`).
+that calls the model, so their timing stays in the first step.
+
+Measured on an H100 with the top rung's artifact, on and off in alternating fresh processes: timing on a thread
+of its own filled a cache no step reads (`benchmarks/results/cold_start_warmup_thread.json`); timing on the
+training thread with the artifact loading beside it shortened the first step but not the whole run
+(`cold_start_warmup_main.json`); this design left both within noise (`cold_start_warmup.json`). So it is off by
+default, kept for cards where cuDNN's timing is a larger share of the start.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ def conv_shapes(cfg: TrainConfig, world_size: int = 1, image: tuple[int, int, in
         shapes[ConvShape((n, *inp[0].shape[1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
                          tuple(m.dilation), m.groups, inp[0].requires_grad)] = None
 
-    model = resnet18(width=cfg.width).eval()
+    with torch.random.fork_rng(devices=[]):  # the model's initialisation leaves the caller's random stream alone
+        model = resnet18(width=cfg.width).eval()
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             m.register_forward_hook(hook)

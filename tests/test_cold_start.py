@@ -117,3 +117,10 @@ def test_without_installed_bytecode_every_process_shares_one_bytecode_folder_fil
     monkeypatch.setenv("PYTHONPYCACHEPREFIX", "")
     info = cs.installed_bytecode("as-found", str(tmp_path))  # the machine as it is: only the import times
     assert len(seen) == 1 and seen[0]["PYTHONPYCACHEPREFIX"] == "" and "prefix" not in info
+
+
+def test_a_variant_gets_its_own_artifact_only_when_it_changes_the_graph(cs):
+    assert not cs.changes_graph("muon", [], ["cudnn_warmup=false"])  # the same graph: the base artifact serves
+    assert not cs.changes_graph("muon", ["epochs=3"], ["cudnn_limit=3"])
+    assert cs.changes_graph("muon", [], ["batch_size=1024"])
+    assert cs.changes_graph("muon", ["batch_size=1024"], ["compile_combo=true"])

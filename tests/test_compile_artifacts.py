@@ -242,7 +242,7 @@ def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, 
     assert capsys.readouterr().out.startswith(f"{path}: ok\n  0.0 MB, built ")
 
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", fake_info)
-    monkeypatch.setattr(T, "train", lambda cfg, dev: {"img_per_s": 1.0, "final_loss": 2.0, "accuracy": None})
+    monkeypatch.setattr(T, "train", lambda cfg, dev, **kw: {"img_per_s": 1.0, "final_loss": 2.0, "accuracy": None})
     out = tmp_path / "train.json"
     assert main(["train", "--preset", "compile", "--device", "cpu", "--json", str(out)]) == 0
     assert (f"compile cache: loaded 2 cached graphs and kernels from {path} (compiling in this process"

@@ -358,14 +358,19 @@ def test_train_runs_a_rung_as_the_ladder_runs_it_on_this_device_and_says_what_ch
     from labkit.cli import main
 
     ran = []
-    monkeypatch.setattr(T, "train", lambda cfg, dev: ran.append(cfg) or {"img_per_s": 1.0, "final_loss": 2.0,
-                                                                          "accuracy": None})
-    assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache"]) == 0
+    monkeypatch.setattr(T, "train", lambda cfg, dev, **kw: ran.append(cfg) or {"img_per_s": 1.0, "final_loss": 2.0,
+                                                                                "accuracy": None})
+    # a CPU cannot replay CUDA graphs: without --set compile=none the command stops before loading anything
+    assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache"]) == 2
+    assert "CUDA graphs (compile=reduce-overhead) need a CUDA GPU" in capsys.readouterr().err
+    assert ran == []
+    assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache",
+                 "--set", "compile=none"]) == 0
     assert ran[-1].precision == "default" and ran[-1].batch_size == 256  # as the quick CPU ladder runs it
     assert "muon: bf16 -> default, as the ladder runs it here: a CPU trains bf16 rungs in its default precision" \
         in capsys.readouterr().out
     assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache",
-                 "--set", "precision=bf16", "batch_size=512"]) == 0
+                 "--set", "precision=bf16", "batch_size=512", "compile=none"]) == 0
     assert ran[-1].precision == "bf16" and ran[-1].batch_size == 512
     capsys.readouterr()
     assert main(["train", "--quick", "--device", "cpu", "--preset", "resident_data", "--no-compile-cache"]) == 0
