@@ -664,3 +664,39 @@ def _own_bn_numbers_match(res, page, pct):
     assert (f"(`ddp_scaling_no_broadcast.json`, 2x NVIDIA H200) gave {three(again['weak_efficiency_rounds'])}: one GPU "
             f"ran {_span(ips(1), '{:,.0f}')} img/s, two GPUs {_span(ips(2), '{:,.0f}')}") in page
 
+
+
+def test_results_page_cudnn_warmup_rows_match_their_records():
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    page = " ".join(results_page().split())
+    art, off = "whole run muon, artifact", "whole run muon, artifact, no warm-up"
+
+    def cell(d, label, key):
+        return _span([r[key] for r in d["jobs"][label]["runs"]]) + " s"
+
+    rows = [("its own thread, forward and backward", "cold_start_warmup_thread.json", "3d22ab1"),
+            ("the training thread, the artifact loading beside it", "cold_start_warmup_main.json", "577e074"),
+            ("backward only, through autograd's device thread", "cold_start_warmup.json", "1adf512")]
+    for name, file, commit in rows:
+        d = json.loads((res / file).read_text())
+        assert d["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and d["env"]["git_commit"].startswith(commit)
+        assert "--variant 'no warm-up:set.cudnn_warmup=false'" in d["env"]["command"]
+        assert (f"| {name} | {cell(d, art, 'first_step_s')} / {cell(d, off, 'first_step_s')} | "
+                f"{cell(d, art, 'wall_s')} / {cell(d, off, 'wall_s')} | `{file}` |") in page, name
+    main = json.loads((res / "cold_start_warmup_main.json").read_text())
+    both = [r["stages_s"]["compile_cache_load"] for r in main["jobs"][art]["runs"]]
+    alone = [r["stages_s"]["compile_cache_load"] for r in main["jobs"][off]["runs"]]
+    assert f"together they took {_span(both)} s, against {_span(alone)} s for loading alone" in page
+    kept = json.loads((res / "cold_start_warmup.json").read_text())["jobs"]
+    for key in ("first_step_s", "wall_s"):  # "both its numbers stayed within noise": the spreads overlap
+        on, no = ([r[key] for r in kept[label]["runs"]] for label in (art, off))
+        assert min(on) <= max(no) and min(no) <= max(on)
+    keys = json.loads((res / "cold_start_warmup_keys.json").read_text())
+    missed = keys["jobs"]["first step, artifact, no warm-up"]["runs"]
+    assert all(r["compiled"].get("fxgraph_cache_miss") == 2 for r in missed)
+    assert f"the first step compiled from scratch: {_span([r['first_step_s'] for r in missed])} s" in page
+    from labkit.presets import TrainConfig
+
+    assert TrainConfig().cudnn_warmup is False  # "off by default"
