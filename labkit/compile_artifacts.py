@@ -214,12 +214,16 @@ def place_autotune_results(keys: list[str], cache: str, kernels_in: str | None) 
     for key in keys:
         if not _AUTOTUNE_KEY.fullmatch(key):  # a path from the file: only ever a folder and a name below
             continue
+        try:
+            result = (Path(cache) / key).read_bytes()
+        except OSError:
+            continue  # not written here: that kernel times its configs, the others still get theirs
         dst = Path(kernels_in) / key
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes((Path(cache) / key).read_bytes())
+            dst.write_bytes(result)
         except OSError:
-            break
+            break  # the folder cannot be written: nor can it for the rest
         placed += 1
     return placed
 

@@ -108,7 +108,7 @@ def test_autotuning_results_go_where_the_cached_kernels_look_for_them(tmp_path, 
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_text(f'{{"XBLOCK": 1024, "key": "{k}"}}')
         info = CacheInfo()
-        info.artifacts["autotune"] += keys + hostile
+        info.artifacts["autotune"] += ["aa/gone.best_config"] + keys + hostile  # listed first, never written: skipped
         return info
 
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"graphs" * 10, CacheInfo()))
