@@ -51,27 +51,19 @@ def micro_batch(cfg: TrainConfig, world_size: int = 1) -> int:
 
 def conv_shapes(cfg: TrainConfig, world_size: int = 1, image: tuple[int, int, int] = IMAGE) -> list[ConvShape]:
     """The distinct convolution calls of one training step of `cfg`'s ResNet-18: one image through the model on
-    the CPU (milliseconds; the meta device would import torch's compiler first), each input's batch then set to
-    the micro-batch."""
+    the CPU (`labkit.models.layer_macs`; milliseconds, where the meta device would import torch's compiler
+    first), each input's batch then set to the micro-batch."""
     import torch
     from torch import nn
 
-    from labkit.models import resnet18
-
-    shapes: dict[ConvShape, None] = {}
-    n = micro_batch(cfg, world_size)
-
-    def hook(m, inp, out):
-        shapes[ConvShape((n, *inp[0].shape[1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
-                         tuple(m.dilation), m.groups, inp[0].requires_grad)] = None
+    from labkit.models import layer_macs, resnet18
 
     with torch.random.fork_rng(devices=[]):  # the model's initialisation leaves the caller's random stream alone
-        model = resnet18(width=cfg.width).eval()
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            m.register_forward_hook(hook)
-    with torch.enable_grad():
-        model(torch.zeros(1, *image))
+        model = resnet18(width=cfg.width)
+    n = micro_batch(cfg, world_size)
+    shapes = {ConvShape((n, *r["input_shape"][1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
+                        tuple(m.dilation), m.groups, r["input_grad"]): None
+              for r in layer_macs(model, (1, *image)) if isinstance(m := r["layer"], nn.Conv2d)}
     return list(shapes)
 
 
@@ -100,7 +92,9 @@ class Warmup:
         try:
             self._work(self.shapes)
         except Exception as e:  # noqa: BLE001
-            self._error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            from labkit.env import error_line
+
+            self._error = error_line(e)
         self._seconds = time.perf_counter() - t0
 
     def wait(self) -> dict:

@@ -335,6 +335,12 @@ def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = N
                 m.fp32_precision = mark
 
 
+def error_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
+
+
 def check_packages(packages=None) -> list[dict]:
     """Import each required package; returns one row per package with its version and any error (one line)."""
     rows = []
@@ -344,8 +350,7 @@ def check_packages(packages=None) -> list[dict]:
             try:
                 importlib.import_module(mod)
             except Exception as e:  # any failure to import is what doctor reports
-                msg = str(e).strip().splitlines()
-                row["error"] = f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
+                row["error"] = error_line(e)
         if row["version"] is None and row["error"] is None and mod is not None:
             row["version"] = getattr(sys.modules.get(mod), "__version__", "unknown")
         rows.append(row)

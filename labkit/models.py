@@ -68,8 +68,8 @@ def resnet18(num_classes: int = 10, width: int = 64, zero_init_residual: bool = 
 
 
 def layer_macs(model: nn.Module, input_shape=(1, 3, 32, 32)) -> list[dict]:
-    """Per conv/linear layer call of one forward pass: its multiply-accumulates (per input, batch 1 assumed)
-    and whether autograd will compute the gradient of its input and of its weight.
+    """Per conv/linear layer call of one forward pass: its multiply-accumulates (per input, batch 1 assumed),
+    its input's shape, and whether autograd will compute the gradient of its input and of its weight.
 
     Runs the forward with autograd on (eval mode, zeros input), so `input_grad` is exactly what backward
     will compute: False for a layer fed the image (or anything else that does not require grad).
@@ -78,12 +78,13 @@ def layer_macs(model: nn.Module, input_shape=(1, 3, 32, 32)) -> list[dict]:
 
     def conv_hook(m, inp, out):
         k = m.kernel_size[0] * m.kernel_size[1] * (m.in_channels // m.groups)
-        rows.append({"layer": m, "macs": out.numel() // out.shape[0] * k, "input_grad": inp[0].requires_grad,
-                     "weight_grad": m.weight.requires_grad})
+        rows.append({"layer": m, "macs": out.numel() // out.shape[0] * k, "input_shape": tuple(inp[0].shape),
+                     "input_grad": inp[0].requires_grad, "weight_grad": m.weight.requires_grad})
 
     def linear_hook(m, inp, out):
         rows.append({"layer": m, "macs": out.numel() // out.shape[-1] // out.shape[0] * m.in_features
-                     * m.out_features, "input_grad": inp[0].requires_grad, "weight_grad": m.weight.requires_grad})
+                     * m.out_features, "input_shape": tuple(inp[0].shape), "input_grad": inp[0].requires_grad,
+                     "weight_grad": m.weight.requires_grad})
 
     hooks = [m.register_forward_hook(conv_hook) for m in model.modules() if isinstance(m, nn.Conv2d)]
     hooks += [m.register_forward_hook(linear_hook) for m in model.modules() if isinstance(m, nn.Linear)]

@@ -389,7 +389,7 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
     if cfg.compile:
         # static shapes: the batch never changes (partial batches are dropped), so no dynamic-shape kernels
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile, dynamic=False)
-    micro = cfg.batch_size // world()[1] // cfg.accumulation
+    micro = CW.micro_batch(cfg, world()[1])
 
     def step(x, y):
         if cfg.compile in GRAPH_MODES:
