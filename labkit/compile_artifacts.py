@@ -68,16 +68,21 @@ def default_folder() -> Path:
     return Path(os.environ.get("LABKIT_COMPILE_CACHE") or Path.home() / ".cache" / "labkit" / "compile-cache")
 
 
+def artifact_stem(device: torch.device | str) -> str:
+    """The card and torch version in a file name, e.g. nvidia-h100-80gb-hbm3-sm90-torch2.11.0+cu130."""
+    return f"{_slug(card(device))}-torch{_slug(torch.__version__)}"
+
+
 def artifact_path(device: torch.device | str, folder: str | os.PathLike | None = None) -> Path:
     """The artifact file for this card and torch version, e.g. nvidia-h100-80gb-hbm3-sm90-torch2.11.0+cu130.compile-cache."""
-    return Path(folder or default_folder()) / f"{_slug(card(device))}-torch{_slug(torch.__version__)}{SUFFIX}"
+    return Path(folder or default_folder()) / f"{artifact_stem(device)}{SUFFIX}"
 
 
-def _unpack(blob: bytes) -> tuple[dict, bytes]:
+def _unpack(blob: bytes, magic: bytes = MAGIC) -> tuple[dict, bytes]:
     """(header, payload) of an artifact file; ValueError naming what is wrong."""
-    if not blob.startswith(MAGIC):
+    if not blob.startswith(magic):
         raise ValueError("not a labkit compile cache")
-    line, sep, payload = blob[len(MAGIC):].partition(b"\n")
+    line, sep, payload = blob[len(magic):].partition(b"\n")
     if not sep:
         raise ValueError("header cut short")
     try:
@@ -265,6 +270,12 @@ def save(device: torch.device | str, folder: str | os.PathLike | None = None, *,
               "sha256": hashlib.sha256(payload).hexdigest(), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "git_commit": git_commit(), "entries": {k: len(v) for k, v in info.artifacts.items()},
               "note": note or {}}
+    return _write(path, MAGIC, header, payload, say)
+
+
+def _write(path: Path, magic: bytes, header: dict, payload: bytes, say) -> Path | None:
+    """Write magic, the header line and the payload to `path` atomically (a reader never sees half a file);
+    None with one line saying why when the folder cannot be written."""
     bad = unwritable(path.parent)
     if bad:
         say(f"compile cache: {path.parent} cannot be written ({bad}): no artifact saved")
@@ -272,7 +283,7 @@ def save(device: torch.device | str, folder: str | os.PathLike | None = None, *,
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + json.dumps(header).encode() + b"\n" + payload)
+            f.write(magic + json.dumps(header).encode() + b"\n" + payload)
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

@@ -25,6 +25,7 @@ from torch.profiler import record_function
 from labkit import compile_artifacts as CA
 from labkit import cudnn_warmup as CW
 from labkit import data as D
+from labkit import precompiled as P
 from labkit import report
 from labkit.bench import synchronize
 from labkit.env import LabkitError, environment, native_bf16, pick_device, process_age_s, torch_switches
@@ -282,7 +283,8 @@ def peak_lr(cfg: TrainConfig) -> float:
 
 
 def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D.ImageData | None = None,
-          peak_tflops: float | None = None, progress=None, on_step=None, warmup: CW.Warmup | None = None) -> dict:
+          peak_tflops: float | None = None, progress=None, on_step=None, warmup: CW.Warmup | None = None,
+          precompiled=None) -> dict:
     """Train ResNet-18 as `cfg` says and return a result record.
 
     Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
@@ -293,6 +295,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     the step's phases carry record_function labels: data, forward, backward, optimizer.
     `warmup`: a cuDNN warm-up the caller started for `cfg` (`labkit.cudnn_warmup.start`) so that it overlaps the
     caller's own loading too; without one, one starts here where it applies. Its report is `cudnn_warmup`.
+    `precompiled`: the compiled forward loaded from its file (`labkit.precompiled.load`), run instead of
+    torch.compile; the record's `precompiled` says whether it was.
     """
     t_start = time.perf_counter()
     dev = pick_device(device)
@@ -309,7 +313,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if cfg.max_steps is not None:
         steps_total = min(steps_total, cfg.max_steps)
     lr = peak_lr(cfg)
-    step = _make_step(cfg, model, net, lr, steps_total, dev)
+    step = _make_step(cfg, model, net, lr, steps_total, dev, precompiled)
     warmed = warmup.wait() if warmup is not None else None  # before the first step: none of its kernels beside ours
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -330,6 +334,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
         del batches.loader  # stop persistent workers now, not at interpreter exit
     rec = _record(cfg, dev, run, batches.steps_per_epoch * cfg.batch_size, flops, peak_tflops, acc)
     rec["cudnn_warmup"] = warmed
+    rec["precompiled"] = precompiled is not None
     # where a run's wall time goes besides its epochs: a compiled rung's wait is not all in the first step
     rec["stages_s"] = {"setup": t_loop - t_start, "loop": t_eval - t_loop, "final_evaluation": time.perf_counter() - t_eval}
     return rec
@@ -369,13 +374,25 @@ def graph_key(cfg: TrainConfig) -> dict:
     return {f: getattr(cfg, f) for f in GRAPH_FIELDS}
 
 
+def precompile(cfg: TrainConfig, dev: torch.device, dataset: D.ImageData, folder=None, say=print):
+    """Compile `cfg`'s forward (and backward) for its micro-batch and save it whole for later runs
+    (`labkit.precompiled`); returns the file, or None with one line saying why. Compiles nothing else."""
+    ds = dataset.subset(cfg.n_train, cfg.n_test)
+    model, _, _ = _build_model(cfg, ds.num_classes, dev)
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    one = D.normalize(D.to_nchw_uint8(ds.x_train[:1], dev))
+    x = torch.zeros((CW.micro_batch(cfg, world()[1]), *one.shape[1:]), device=dev).contiguous(memory_format=fmt)
+    with _switches(cfg):
+        return P.build(cfg, model.train(), x, graph_key(cfg), folder, say=say)
+
+
 def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, lr: float, steps_total: int,
-               dev: torch.device):
+               dev: torch.device, precompiled=None):
     """The optimizer step as a function step(x, y) -> the first micro-batch's loss (on the device).
 
     Holds the optimizer, the warm-up-then-linear-decay schedule, the fp16 GradScaler, checkpointing and
-    torch.compile. Its phases carry record_function labels, which cost next to nothing without a profiler and let
-    labkit.profiling split the step.
+    torch.compile, or `precompiled` (`labkit.precompiled.load`) in its place. Its phases carry record_function
+    labels, which cost next to nothing without a profiler and let labkit.profiling split the step.
     """
     opt = _make_optimizer(cfg, model, lr)
     warm = max(1, int(cfg.warmup_frac * steps_total))
@@ -386,7 +403,11 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
     if cfg.checkpointing:
         def fwd(x):
             return _checkpointed_forward(model, x)
-    if cfg.compile:
+    if precompiled is not None:
+        def fwd(x):  # its autocast is inside it: called outside ours, as at its build (its guards check that)
+            with torch.autocast(dev.type, enabled=False):
+                return precompiled(model, x)
+    elif cfg.compile:
         # static shapes: the batch never changes (partial batches are dropped), so no dynamic-shape kernels
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile, dynamic=False)
     micro = CW.micro_batch(cfg, world()[1])
@@ -970,9 +991,11 @@ def _cli_train(args) -> int:
     check_config(cfg, dev)
     warmup = CW.start(cfg, dev, world()[1])  # cuDNN times backward convolutions while the artifact, data and model load
     t_cache = time.perf_counter()
-    loaded = CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
+    # the saved forward needs no artifact: nothing else in the run compiles
+    pre = None if args.no_compile_cache else P.load(cfg, dev, graph_key(cfg), world_size=world()[1])
+    loaded = None if pre else CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
     t_train = time.perf_counter()
-    rec = train(cfg, dev, warmup=warmup)
+    rec = train(cfg, dev, warmup=warmup, precompiled=pre)
     rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,
                        "compile_cache_load": t_train - t_cache, **rec.get("stages_s", {})}
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "

@@ -54,9 +54,25 @@ def build(device=None, names: list[str] | None = None, *, quick: bool = False, s
                 "graphs": [T.graph_key(T.with_changes(c, **changes)) for c in plan.rungs],
                 "kernels_in": kernels_in}  # cached kernels keep this path: see CA.place_autotune_results
         saved = CA.save(dev, folder, note=note, say=log)
-    if saved:
-        log(f"compile cache: wrote {saved} ({saved.stat().st_size / 1e6:.1f} MB)")
+        if saved:
+            log(f"compile cache: wrote {saved} ({saved.stat().st_size / 1e6:.1f} MB)")
+            _precompile([T.with_changes(c, **changes) for c in plan.rungs], dev, ds, folder, log)
     return saved
+
+
+def _precompile(configs, dev, ds, folder, log) -> None:
+    """Save each rung's compiled forward whole beside the artifact (`labkit.precompiled`), where it applies."""
+    from labkit import precompiled as P
+    from labkit import train as T
+
+    for cfg in configs:
+        if not P.applies(cfg, dev):
+            continue
+        t0 = time.perf_counter()
+        path = T.precompile(cfg, dev, ds, folder, say=log)
+        if path:
+            log(f"compile cache: wrote {path.name} for {cfg.name} in {time.perf_counter() - t0:.1f} s "
+                f"({path.stat().st_size / 1e6:.1f} MB)")
 
 
 def add_cli(sub) -> None:
