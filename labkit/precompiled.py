@@ -135,11 +135,15 @@ def load(cfg: TrainConfig, device: torch.device, graph: dict, folder: str | os.P
         return None
     import torch._inductor.config as inductor_config
 
+    threads = inductor_config.compile_threads
+    # nothing will compile: no pool of compile workers to start for the loaded kernels and to wait for at exit
+    CA._keep_compile_workers()
     # the loaded graph takes CUDA graphs from inductor's global switch, not from the compile mode it was built with
     try:
         with inductor_config.patch({"triton.cudagraphs": cfg.compile in GRAPH_MODES}), CA._quiet("torch._dynamo"):
             fn = torch.compiler.load_compiled_function(io.BytesIO(payload))
     except Exception as e:  # noqa: BLE001 - whatever torch's loader raises means: compile instead
+        inductor_config.compile_threads = threads  # the artifact path decides its workers itself
         say(f"precompiled forward {path} could not be loaded ({error_line(e)}): compiling with the artifact instead")
         return None
     say(f"precompiled forward: loaded {path.name} (the first step traces nothing)")
