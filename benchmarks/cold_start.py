@@ -23,6 +23,9 @@ artifact=true times the variant's first step with the artifact loaded instead of
 fields or environment variables alone also runs whole with `run` in --parts, cold and with the artifact (its own
 if it changes TrainConfig fields: another top rung). Whole runs record where their wall time went (the train
 record's stages, and what the process took after its result).
+With the artifact, a run takes the rung's forward saved whole (`labkit.precompiled`, written by the artifact's
+build) as `labkit train` does; `--variant "artifact path:env.LABKIT_PRECOMPILED=0"` runs torch.compile on the
+artifact beside it.
 Cold means no torch.compile caches, not no Python bytecode: every process finds torch's .pyc as an install leaves
 it, even where this machine's torch has none (--bytecode installed, the default; the record keeps the import times
 both ways); --bytecode as-found runs the machine as it is.
@@ -54,6 +57,7 @@ import compile_time as CT  # noqa: E402  (its first_steps: the same timed first 
 from labkit import compile_artifacts as CA  # noqa: E402
 from labkit import cudnn_warmup as CW  # noqa: E402
 from labkit import data as D  # noqa: E402
+from labkit import precompiled as P  # noqa: E402
 from labkit import train as T  # noqa: E402
 from labkit.bench import save_result  # noqa: E402
 from labkit.env import LabkitError, bytecode_status, pick_device  # noqa: E402
@@ -143,15 +147,20 @@ def child(spec: dict) -> int:
     cfg = T.with_changes(T.plan_ladder(dev, quick=False, names=[spec["rung"]]).rungs[0], **T.parse_sets(spec["sets"]))
     warmup = CW.start(cfg, dev)  # as `labkit train` does: cuDNN's timing overlaps loading the data and the artifact
     ds = D.load(cfg.data)
-    loaded = CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)]) if spec["artifacts"] else None
+    # as `labkit train` does: the saved forward where the artifact folder has one for this graph, else the artifact
+    t_load = time.perf_counter()
+    pre = P.load(cfg, dev, T.graph_key(cfg), spec["artifacts"]) if spec["artifacts"] else None
+    loaded = None if pre else CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)]) if spec["artifacts"] else None
+    load_s = time.perf_counter() - t_load
     with inductor_config.patch(spec["inductor"]), dynamo_config.patch(spec["dynamo"]):
-        rec = CT.first_steps(cfg, dev, ds, spec["steps"], warmup=warmup)
+        rec = CT.first_steps(cfg, dev, ds, spec["steps"], warmup=warmup, precompiled=pre)
     compiled = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
                 "graph_breaks": sum(counters["graph_break"].values()),
                 **{k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
                 **{k: v for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache")}}
     Path(spec["record"]).write_text(json.dumps({**rec, "ready_s": ready_s, "result_s": time.time() - spec["t0"],
-                                                "compiled": compiled, "loaded": loaded,
+                                                "compiled": compiled, "loaded": loaded, "load_s": load_s,
+                                                "precompiled": pre is not None,
                                                 "compile_phases_s": compile_phases()}))
     return 0
 

@@ -34,13 +34,14 @@ from labkit.env import LabkitError, pick_device
 COMPILED = [n for n in T.RUNG_NAMES if T.preset(n).compile]
 
 
-def first_steps(cfg: T.TrainConfig, dev, ds: D.ImageData, steps: int, warmup=None) -> dict:
+def first_steps(cfg: T.TrainConfig, dev, ds: D.ImageData, steps: int, warmup=None, precompiled=None) -> dict:
     """Seconds of the first step and of the first `steps` steps (one epoch, no evaluation); `warmup`: a cuDNN
-    warm-up the caller started (`labkit.cudnn_warmup.start`), reported as `cudnn_warmup`."""
+    warm-up the caller started (`labkit.cudnn_warmup.start`), reported as `cudnn_warmup`; `precompiled`: the
+    forward loaded from its file (`labkit.precompiled.load`) instead of torch.compile."""
     cfg = T.with_changes(cfg, epochs=1, max_steps=steps, evaluate=False)
     synchronize(dev)
     t0 = time.perf_counter()
-    r = T.train(cfg, dev, dataset=ds, warmup=warmup)
+    r = T.train(cfg, dev, dataset=ds, warmup=warmup, precompiled=precompiled)
     synchronize(dev)
     return {"first_step_s": r["first_step_s"], "steps_s": time.perf_counter() - t0, "steps": r["steps"],
             "cudnn_warmup": r["cudnn_warmup"]}

@@ -3,6 +3,7 @@
 `labkit compile-cache --build` runs the first steps of each compiled rung from an empty cache folder, so every
 graph and kernel is compiled and recorded, and saves them with `labkit.compile_artifacts` (the file format,
 loading and its fallbacks live there); `labkit ladder` and `labkit train` load the artifact before training.
+Beside it goes each rung's forward saved whole (`labkit.precompiled`), which `labkit train` runs instead.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from labkit import compile_artifacts as CA
+from labkit import precompiled as P
 from labkit.bench import compile_cache, unwritable
 from labkit.env import LabkitError, pick_device
 
@@ -62,7 +64,6 @@ def build(device=None, names: list[str] | None = None, *, quick: bool = False, s
 
 def _precompile(configs, dev, ds, folder, log) -> None:
     """Save each rung's compiled forward whole beside the artifact (`labkit.precompiled`), where it applies."""
-    from labkit import precompiled as P
     from labkit import train as T
 
     for cfg in configs:
@@ -100,4 +101,7 @@ def _cli(a) -> int:
         rungs = ", ".join(header.get("note", {}).get("rungs", [])) or "?"
         print(f"  {header['bytes'] / 1e6:.1f} MB, built {header.get('built')} at commit "
               f"{str(header.get('git_commit'))[:12]} for rungs {rungs}")
+        saved = sorted(CA.artifact_path(dev, a.dir).parent.glob(f"{CA.artifact_stem(dev)}.*{P.SUFFIX}"))
+        print(f"  {len(saved)} precompiled forward(s) beside it (labkit.precompiled)"
+              + ("" if P.supported() else ": this torch cannot load them"))
     return 0 if state == "ok" else 1

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from labkit import compile_artifacts as CA
+from labkit import precompiled as P
 from labkit import train as T
 from labkit import warmstart
 from labkit.bench import compile_cache, unwritable
@@ -274,12 +275,15 @@ def test_a_built_artifact_names_the_graphs_it_holds_as_the_training_commands_wil
                                                                                      fake_saved):
     """`--build --set` records each rung's graph key with the changes applied: `labkit train` with the same
     --set finds its graph there and loads without compile workers."""
-    trained = []
+    trained, precompiled = [], []
     monkeypatch.setattr(T, "train", lambda cfg, dev, dataset=None: trained.append(cfg))
+    monkeypatch.setattr(T, "precompile", lambda cfg, dev, ds, folder, say: precompiled.append((cfg, folder)))
     path = warmstart.build("cpu", ["compile"], folder=tmp_path, sets=["batch_size=32", "epochs=9"],
                            log=lambda msg: None)
     header, _ = CA._unpack(path.read_bytes())
     assert header["note"]["graphs"] == [T.graph_key(trained[0])] and trained[0].batch_size == 32
+    if P.supported():  # and the rung's forward saved whole beside it, for the same graph
+        assert [(T.graph_key(c), f) for c, f in precompiled] == [(T.graph_key(trained[0]), tmp_path)]
     assert os.path.isabs(header["note"]["kernels_in"])  # where its kernels were compiled: they look there
     # what `labkit train --preset compile --set batch_size=32 epochs=3` compiles where bf16 runs natively (a GPU
     # from the A100 on; the ladder trains a CPU's bf16 rungs in its default precision): epochs change no graph
