@@ -12,9 +12,10 @@ process with no trace and no cache lookup. torch 2.11 has it behind `torch._dyna
 
 The saved function is `forward(model, x)` with the rung's autocast inside it, so it is called outside autocast and
 its guards (checked at every call) see the tensors as they were at the build. A file is used only where it was
-built for this card, torch version and graph (`labkit.train.graph_key`), in a single process (DDP wraps the model),
-without checkpointing. A missing file means the artifact path, silently; a stale, corrupt or unloadable one the
-same, with one line saying why. `LABKIT_PRECOMPILED=0` turns the file off (to measure the artifact path beside it).
+built for this card, torch version, graph (`labkit.train.graph_key`) and model code (`code_version`), in a single
+process (DDP wraps the model), without checkpointing. A missing file means the artifact path, silently; a stale,
+corrupt or unloadable one the same, with one line saying why. `LABKIT_PRECOMPILED=0` turns the file off (to
+measure the artifact path beside it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,6 +71,15 @@ def forward_for(cfg: TrainConfig, device: torch.device):
     return forward
 
 
+def code_version() -> str:
+    """A hash of the code the saved function was traced from (the model's module and this one). Loading skips the
+    trace, so a file built before that code changed would run the old model: it is stale instead."""
+    from labkit import models
+
+    blob = b"".join(Path(m.__file__).read_bytes() for m in (models, sys.modules[__name__]))
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
 def supported() -> bool:
     """Whether this torch can save and load a compiled function (torch 2.11+)."""
     import torch._dynamo.config as dynamo_config
@@ -107,7 +118,8 @@ def build(cfg: TrainConfig, model: torch.nn.Module, x: torch.Tensor, graph: dict
     with tempfile.TemporaryDirectory(prefix="labkit-precompiled-") as tmp:
         saved.save_compiled_function(os.path.join(tmp, "forward"))
         payload = Path(tmp, "forward").read_bytes()
-    header = {"card": CA.card(x.device), "torch": torch.__version__, "graph": graph, "bytes": len(payload),
+    header = {"card": CA.card(x.device), "torch": torch.__version__, "graph": graph, "code": code_version(),
+              "bytes": len(payload),
               "sha256": hashlib.sha256(payload).hexdigest(), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "git_commit": git_commit(), "compile_s": round(time.perf_counter() - t0, 2)}
     return CA._write(path_for(x.device, graph, folder), MAGIC, header, payload, say)
@@ -127,8 +139,8 @@ def load(cfg: TrainConfig, device: torch.device, graph: dict, folder: str | os.P
     except (OSError, ValueError) as e:
         say(f"precompiled forward {path} is unusable ({error_line(e)}): compiling with the artifact instead")
         return None
-    want = {"card": CA.card(device), "torch": torch.__version__, "graph": graph}
-    wrong = [k for k, v in want.items() if header.get(k) != v]
+    want = {"card": CA.card(device), "torch": torch.__version__, "graph": graph, "code": code_version()}
+    wrong = [{"code": "model code"}.get(k, k) for k, v in want.items() if header.get(k) != v]
     if wrong:
         say(f"precompiled forward {path} is stale (built for another {' and '.join(wrong)}): compiling with the "
             f"artifact instead")

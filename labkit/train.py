@@ -406,7 +406,13 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
     if precompiled is not None:
         def fwd(x):  # its autocast is inside it: called outside ours, as at its build (its guards check that)
             with torch.autocast(dev.type, enabled=False):
-                return precompiled(model, x)
+                try:
+                    return precompiled(model, x)
+                except RuntimeError as e:
+                    if "GuardManager check failed" not in str(e):
+                        raise
+                    raise LabkitError(f"the saved forward (labkit compile-cache) does not fit this run ({e}): "
+                                      f"rebuild it, or set LABKIT_PRECOMPILED=0") from None
     elif cfg.compile:
         # static shapes: the batch never changes (partial batches are dropped), so no dynamic-shape kernels
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile, dynamic=False)

@@ -12,6 +12,7 @@ from labkit import compile_artifacts as CA
 from labkit import precompiled as P
 from labkit import train as T
 from labkit.bench import compile_cache
+from labkit.env import LabkitError
 
 CPU = torch.device("cpu")
 needs_aot = pytest.mark.skipif(not P.supported(), reason="this torch cannot save compiled functions")
@@ -104,8 +105,8 @@ def test_a_missing_file_is_silent_and_a_bad_one_is_said_once(tmp_path, lines, in
     assert P.load(cfg, CPU, graph, tmp_path, say=say) is None
     assert got.pop() == (f"precompiled forward {path} is unusable (ValueError: not a labkit compile cache): "
                          f"compiling with the artifact instead")
-    mine = {"card": CA.card(CPU), "torch": torch.__version__, "graph": graph}
-    for other, what in (({"torch": "1.0"}, "torch"), ({"graph": {"graph": 2}}, "graph")):
+    mine = {"card": CA.card(CPU), "torch": torch.__version__, "graph": graph, "code": P.code_version()}
+    for other, what in (({"torch": "1.0"}, "torch"), ({"graph": {"graph": 2}}, "graph"), ({"code": "0"}, "model code")):
         _write(path, {**mine, **other})
         assert P.load(cfg, CPU, graph, tmp_path, say=say) is None
         assert got.pop() == (f"precompiled forward {path} is stale (built for another {what}): compiling with the "
@@ -130,6 +131,12 @@ def test_training_runs_a_loaded_forward_outside_autocast_in_place_of_torch_compi
                          compile="default", precision="bf16", evaluate=False)
     rec = T.train(cfg, "cpu", precompiled=loaded)
     assert calls == [False, False] and rec["precompiled"] and rec["steps"] == 2
+
+    def unfit(model, x):
+        raise RuntimeError("GuardManager check failed, reason: a size")
+
+    with pytest.raises(LabkitError, match="the saved forward .* does not fit this run .*LABKIT_PRECOMPILED=0"):
+        T.train(cfg, "cpu", precompiled=unfit)
 
 
 def test_labkit_train_loads_the_saved_forward_instead_of_the_artifact(tmp_path, monkeypatch, capsys):
