@@ -111,17 +111,21 @@ def build(cfg: TrainConfig, model: torch.nn.Module, x: torch.Tensor, graph: dict
         say(f"precompiled forward: not built ({why})")
         return None
     t0 = time.perf_counter()
-    with dynamo_config.patch(enable_aot_compile=True):
-        compiled = torch.compile(fn, fullgraph=True, dynamic=False,
-                                 mode=None if cfg.compile == "default" else cfg.compile)
-        saved = compiled.aot_compile(((model, x), {}))
-    with tempfile.TemporaryDirectory(prefix="labkit-precompiled-") as tmp:
-        saved.save_compiled_function(os.path.join(tmp, "forward"))
-        payload = Path(tmp, "forward").read_bytes()
+    try:  # the artifact is saved already: a forward that cannot be saved whole costs only this line
+        with dynamo_config.patch(enable_aot_compile=True):
+            compiled = torch.compile(fn, fullgraph=True, dynamic=False,
+                                     mode=None if cfg.compile == "default" else cfg.compile)
+            saved = compiled.aot_compile(((model, x), {}))
+        with tempfile.TemporaryDirectory(prefix="labkit-precompiled-") as tmp:
+            saved.save_compiled_function(os.path.join(tmp, "forward"))
+            payload = Path(tmp, "forward").read_bytes()
+    except Exception as e:  # noqa: BLE001 - torch's experimental API: any failure means no file, said once
+        say(f"precompiled forward: not built ({error_line(e)})")
+        return None
     header = {"card": CA.card(x.device), "torch": torch.__version__, "graph": graph, "code": code_version(),
-              "bytes": len(payload),
-              "sha256": hashlib.sha256(payload).hexdigest(), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "git_commit": git_commit(), "compile_s": round(time.perf_counter() - t0, 2)}
+              "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest(),
+              "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit(),
+              "compile_s": round(time.perf_counter() - t0, 2)}
     return CA._write(path_for(x.device, graph, folder), MAGIC, header, payload, say)
 
 

@@ -74,6 +74,14 @@ def test_a_saved_forward_loads_and_computes_what_the_model_does_with_its_backwar
         fn(model, torch.randn(4, 3, 8, 8))
 
 
+def test_a_forward_that_cannot_be_saved_whole_is_said_once(tmp_path, lines, monkeypatch):
+    got, say = lines
+    monkeypatch.setattr(P, "supported", lambda: True)
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("graph break\nmore")))
+    assert P.build(T.TrainConfig(compile="default"), Tiny(), torch.randn(2, 3, 8, 8), {}, tmp_path, say=say) is None
+    assert got == ["precompiled forward: not built (RuntimeError: graph break)"] and not list(tmp_path.iterdir())
+
+
 def test_where_a_saved_forward_applies(monkeypatch):
     monkeypatch.delenv("LABKIT_PRECOMPILED", raising=False)
     compiled = T.TrainConfig(compile="default")
