@@ -148,9 +148,10 @@ def child(spec: dict) -> int:
     warmup = CW.start(cfg, dev)  # as `labkit train` does: cuDNN's timing overlaps loading the data and the artifact
     ds = D.load(cfg.data)
     # as `labkit train` does: the saved forward where the artifact folder has one for this graph, else the artifact
-    t_load = time.perf_counter()
-    pre = P.load(cfg, dev, T.graph_key(cfg), spec["artifacts"]) if spec["artifacts"] else None
-    loaded = None if pre else CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)]) if spec["artifacts"] else None
+    t_load, pre, loaded = time.perf_counter(), None, None
+    if spec["artifacts"]:
+        pre = P.load(cfg, dev, T.graph_key(cfg), spec["artifacts"])
+        loaded = None if pre else CA.load(dev, spec["artifacts"], graphs=[T.graph_key(cfg)])
     load_s = time.perf_counter() - t_load
     with inductor_config.patch(spec["inductor"]), dynamo_config.patch(spec["dynamo"]):
         rec = CT.first_steps(cfg, dev, ds, spec["steps"], warmup=warmup, precompiled=pre)

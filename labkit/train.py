@@ -380,8 +380,8 @@ def precompile(cfg: TrainConfig, dev: torch.device, dataset: D.ImageData, folder
     ds = dataset.subset(cfg.n_train, cfg.n_test)
     model, _, _ = _build_model(cfg, ds.num_classes, dev)
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    one = D.normalize(D.to_nchw_uint8(ds.x_train[:1], dev))
-    x = torch.zeros((CW.micro_batch(cfg, world()[1]), *one.shape[1:]), device=dev).contiguous(memory_format=fmt)
+    image = D.to_nchw_uint8(ds.x_train[:1], dev).shape[1:]  # the step's input: normalized float32, this shape
+    x = torch.zeros((CW.micro_batch(cfg, world()[1]), *image), device=dev).contiguous(memory_format=fmt)
     with _switches(cfg):
         return P.build(cfg, model.train(), x, graph_key(cfg), folder, say=say)
 
