@@ -232,7 +232,7 @@ def run_process(cmd: list[str], env: dict, record: Path, timeout_s: float) -> di
 
 
 def _cache_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "compile cache" in line]
+    return [line for line in stderr.splitlines() if "compile cache" in line or "tiered start" in line]
 
 
 def first_steps_job(rung: str, dev, steps: int, artifacts: str | None, variant: dict, timeout_s: float,
@@ -254,11 +254,12 @@ def whole_run_job(rung: str, dev, epochs: int, artifacts: str | None, timeout_s:
     waits."""
     with tempfile.TemporaryDirectory(prefix="labkit-cold-") as d:
         record = Path(d) / "train.json"
+        # cold: the compile-cache folder is empty (fresh_env), as on a new machine
         cmd = [sys.executable, "-m", "labkit", "train", "--preset", rung, "--device", str(dev),
-               "--set", f"epochs={epochs}", *sets, "--json", str(record)] + ([] if artifacts else ["--no-compile-cache"])
+               "--set", f"epochs={epochs}", *sets, "--json", str(record)]
         rec = run_process(cmd, fresh_env(Path(d), artifacts, env), record, timeout_s)
     kept = ("wall_s", "error", "said", "first_step_s", "epoch_s", "img_per_s", "img_per_s_all", "accuracy",
-            "final_loss", "compile_cache", "stages_s", "cudnn_warmup")
+            "final_loss", "compile_cache", "stages_s", "cudnn_warmup", "tiered")
     return {k: rec[k] for k in kept if k in rec}
 
 

@@ -297,7 +297,8 @@ def _write(path: Path, magic: bytes, header: dict, payload: bytes, say) -> Path 
 def add_flag(parser) -> None:
     """The --no-compile-cache switch of the commands that load the artifact before training."""
     parser.add_argument("--no-compile-cache", action="store_true",
-                        help="don't load the saved torch.compile artifact (labkit compile-cache): compile from scratch")
+                        help="don't load the saved torch.compile artifact (labkit compile-cache): compile from scratch "
+                             "before the first step")
 
 
 def load_for_cli(args, device, graphs: list[dict]) -> dict | None:

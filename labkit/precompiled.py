@@ -129,10 +129,14 @@ def build(cfg: TrainConfig, model: torch.nn.Module, x: torch.Tensor, graph: dict
     return CA._write(path_for(x.device, graph, folder), MAGIC, header, payload, say)
 
 
-def load(cfg: TrainConfig, device: torch.device, graph: dict, folder: str | os.PathLike | None = None, *,
-         world_size: int = 1, say=CA._say):
-    """The saved forward for `graph` as a callable f(model, x), or None: where it does not apply, no file
-    (silent), or a file that is unreadable, corrupt, stale or that torch cannot load (one line each)."""
+INSTEAD = "compiling with the artifact instead"  # what a run does when the file is unusable
+
+
+def find(cfg: TrainConfig, device: torch.device, graph: dict, folder: str | os.PathLike | None = None, *,
+         world_size: int = 1, say=CA._say, then: str = INSTEAD) -> tuple[Path, bytes] | None:
+    """The saved forward's file for `graph` and its payload, checked without loading it, or None: where it does
+    not apply, no file (silent), or a file that is unreadable, corrupt or stale (one line each, ending `then`:
+    what the caller does instead)."""
     if not applies(cfg, device, world_size):
         return None
     path = path_for(device, graph, folder)
@@ -141,14 +145,18 @@ def load(cfg: TrainConfig, device: torch.device, graph: dict, folder: str | os.P
     try:
         header, payload = CA._unpack(path.read_bytes(), MAGIC)
     except (OSError, ValueError) as e:
-        say(f"precompiled forward {path} is unusable ({error_line(e)}): compiling with the artifact instead")
+        say(f"precompiled forward {path} is unusable ({error_line(e)}): {then}")
         return None
     want = {"card": CA.card(device), "torch": torch.__version__, "graph": graph, "code": code_version()}
     wrong = [{"code": "model code"}.get(k, k) for k, v in want.items() if header.get(k) != v]
     if wrong:
-        say(f"precompiled forward {path} is stale (built for another {' and '.join(wrong)}): compiling with the "
-            f"artifact instead")
+        say(f"precompiled forward {path} is stale (built for another {' and '.join(wrong)}): {then}")
         return None
+    return path, payload
+
+
+def load_found(cfg: TrainConfig, path: Path, payload: bytes, *, say=CA._say, then: str = INSTEAD):
+    """Load a payload `find` returned as a callable f(model, x), or None with one line (torch cannot load it)."""
     import torch._inductor.config as inductor_config
 
     threads = inductor_config.compile_threads
@@ -160,7 +168,15 @@ def load(cfg: TrainConfig, device: torch.device, graph: dict, folder: str | os.P
             fn = torch.compiler.load_compiled_function(io.BytesIO(payload))
     except Exception as e:  # noqa: BLE001 - whatever torch's loader raises means: compile instead
         inductor_config.compile_threads = threads  # the artifact path decides its workers itself
-        say(f"precompiled forward {path} could not be loaded ({error_line(e)}): compiling with the artifact instead")
+        say(f"precompiled forward {path} could not be loaded ({error_line(e)}): {then}")
         return None
     say(f"precompiled forward: loaded {path.name} (the first step traces nothing)")
     return fn
+
+
+def load(cfg: TrainConfig, device: torch.device, graph: dict, folder: str | os.PathLike | None = None, *,
+         world_size: int = 1, say=CA._say):
+    """The saved forward for `graph` as a callable f(model, x), or None: where it does not apply, no file
+    (silent), or a file that is unreadable, corrupt, stale or that torch cannot load (one line each)."""
+    found = find(cfg, device, graph, folder, world_size=world_size, say=say)
+    return None if found is None else load_found(cfg, *found, say=say)

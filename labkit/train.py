@@ -27,6 +27,7 @@ from labkit import cudnn_warmup as CW
 from labkit import data as D
 from labkit import precompiled as P
 from labkit import report
+from labkit import tiered as TI
 from labkit.bench import synchronize
 from labkit.env import LabkitError, environment, native_bf16, pick_device, process_age_s, torch_switches
 from labkit.models import resnet18, train_flops_per_image
@@ -284,7 +285,7 @@ def peak_lr(cfg: TrainConfig) -> float:
 
 def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D.ImageData | None = None,
           peak_tflops: float | None = None, progress=None, on_step=None, warmup: CW.Warmup | None = None,
-          precompiled=None) -> dict:
+          precompiled=None, tier=None) -> dict:
     """Train ResNet-18 as `cfg` says and return a result record.
 
     Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
@@ -296,7 +297,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     `warmup`: a cuDNN warm-up the caller started for `cfg` (`labkit.cudnn_warmup.start`) so that it overlaps the
     caller's own loading too; without one, one starts here where it applies. Its report is `cudnn_warmup`.
     `precompiled`: the compiled forward loaded from its file (`labkit.precompiled.load`), run instead of
-    torch.compile; the record's `precompiled` says whether it was.
+    torch.compile; the record's `precompiled` says whether it was. `tier`: a compiled forward on its way
+    (`labkit.tiered.start`), the steps eager until it is ready; the caller closes it and records its report.
     """
     t_start = time.perf_counter()
     dev = pick_device(device)
@@ -313,7 +315,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if cfg.max_steps is not None:
         steps_total = min(steps_total, cfg.max_steps)
     lr = peak_lr(cfg)
-    step = _make_step(cfg, model, net, lr, steps_total, dev, precompiled)
+    step = _make_step(cfg, model, net, lr, steps_total, dev, precompiled, tier)
     warmed = warmup.wait() if warmup is not None else None  # before the first step: none of its kernels beside ours
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -377,22 +379,22 @@ def graph_key(cfg: TrainConfig) -> dict:
 def precompile(cfg: TrainConfig, dev: torch.device, dataset: D.ImageData, folder=None, say=print):
     """Compile `cfg`'s forward (and backward) for its micro-batch and save it whole for later runs
     (`labkit.precompiled`); returns the file, or None with one line saying why. Compiles nothing else."""
-    ds = dataset.subset(cfg.n_train, cfg.n_test)
-    model, _, _ = _build_model(cfg, ds.num_classes, dev)
+    model, _, _ = _build_model(cfg, dataset.num_classes, dev)
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    image = D.to_nchw_uint8(ds.x_train[:1], dev).shape[1:]  # the step's input: normalized float32, this shape
+    image = D.to_nchw_uint8(dataset.x_train[:1], dev).shape[1:]  # the step's input: normalized float32, this shape
     x = torch.zeros((CW.micro_batch(cfg, world()[1]), *image), device=dev).contiguous(memory_format=fmt)
     with _switches(cfg):
         return P.build(cfg, model.train(), x, graph_key(cfg), folder, say=say)
 
 
 def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, lr: float, steps_total: int,
-               dev: torch.device, precompiled=None):
+               dev: torch.device, precompiled=None, tier=None):
     """The optimizer step as a function step(x, y) -> the first micro-batch's loss (on the device).
 
     Holds the optimizer, the warm-up-then-linear-decay schedule, the fp16 GradScaler, checkpointing and
-    torch.compile, or `precompiled` (`labkit.precompiled.load`) in its place. Its phases carry record_function
-    labels, which cost next to nothing without a profiler and let labkit.profiling split the step.
+    torch.compile, or `precompiled` (`labkit.precompiled.load`) in its place, or `tier` (`labkit.tiered.start`):
+    eager until its forward is ready, then that forward. Its phases carry record_function labels, which cost
+    next to nothing without a profiler and let labkit.profiling split the step.
     """
     opt = _make_optimizer(cfg, model, lr)
     warm = max(1, int(cfg.warmup_frac * steps_total))
@@ -404,22 +406,15 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
         def fwd(x):
             return _checkpointed_forward(model, x)
     if precompiled is not None:
-        def fwd(x):  # its autocast is inside it: called outside ours, as at its build (its guards check that)
-            with torch.autocast(dev.type, enabled=False):
-                try:
-                    return precompiled(model, x)
-                except RuntimeError as e:
-                    if "GuardManager check failed" not in str(e):
-                        raise
-                    raise LabkitError(f"the saved forward (labkit compile-cache) does not fit this run ({e}): "
-                                      f"rebuild it, or set LABKIT_PRECOMPILED=0") from None
-    elif cfg.compile:
+        fwd = _loaded_forward(precompiled, model, dev)
+    elif cfg.compile and tier is None:
         # static shapes: the batch never changes (partial batches are dropped), so no dynamic-shape kernels
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile, dynamic=False)
     micro = CW.micro_batch(cfg, world()[1])
+    compiled = tier is None  # with a tier: from the step that switches
 
-    def step(x, y):
-        if cfg.compile in GRAPH_MODES:
+    def update(x, y, fwd):
+        if compiled and cfg.compile in GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs of the last may be reused
         for i in range(cfg.accumulation):
             xs, ys = (x, y) if cfg.accumulation == 1 else (x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])
@@ -436,7 +431,39 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
             sched.step()
         return first
 
+    if tier is None:
+        return lambda x, y: update(x, y, fwd)
+    loaded = None
+
+    def step(x, y):  # eager until the tier's forward is ready: the switch comes between steps, timed once
+        nonlocal compiled, loaded
+        if loaded is None and (fn := tier.forward()) is not None:
+            compiled, loaded = True, _loaded_forward(fn, model, dev)
+            synchronize(dev)
+            t0 = time.perf_counter()
+            loss = update(x, y, loaded)
+            synchronize(dev)
+            tier.count(True, time.perf_counter() - t0)
+            return loss
+        tier.count(loaded is not None)
+        return update(x, y, loaded or fwd)
+
     return step
+
+
+def _loaded_forward(fn, model: torch.nn.Module, dev: torch.device):
+    """fwd(x) calling a loaded compiled forward f(model, x) (`labkit.precompiled`): outside the step's autocast,
+    as at its build (its own autocast is inside it and its guards check that); a guard failure is a clear error."""
+    def fwd(x):
+        with torch.autocast(dev.type, enabled=False):
+            try:
+                return fn(model, x)
+            except RuntimeError as e:
+                if "GuardManager check failed" not in str(e):
+                    raise
+                raise LabkitError(f"the saved forward (labkit compile-cache) does not fit this run ({e}): "
+                                  f"rebuild it, or set LABKIT_PRECOMPILED=0") from None
+    return fwd
 
 
 @dataclass
@@ -949,7 +976,10 @@ def add_cli(sub) -> None:
     CA.add_flag(p)
     p.set_defaults(func=_cli_ladder)
 
-    t = sub.add_parser("train", help="train ResNet-18 with one ladder preset (and overrides)")
+    t = sub.add_parser("train", help="train ResNet-18 with one ladder preset (and overrides)",
+                       epilog="A compiled preset trains eager until its compiled forward is loaded (or, on a GPU "
+                              "with none saved, compiled beside the run), then switches to it (labkit.tiered); "
+                              "LABKIT_TIERED=0 waits for it before the first step instead.")
     t.add_argument("--preset", default="baseline", help=f"ladder rung: {', '.join(RUNG_NAMES)}")
     t.add_argument("--quick", action="store_true", help="small CPU-sized run")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -997,11 +1027,18 @@ def _cli_train(args) -> int:
     check_config(cfg, dev)
     warmup = CW.start(cfg, dev, world()[1])  # cuDNN times backward convolutions while the artifact, data and model load
     t_cache = time.perf_counter()
-    # the saved forward needs no artifact: nothing else in the run compiles
-    pre = None if args.no_compile_cache else P.load(cfg, dev, graph_key(cfg), world_size=world()[1])
-    loaded = None if pre else CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
-    t_train = time.perf_counter()
-    rec = train(cfg, dev, warmup=warmup, precompiled=pre)
+    pre = tier = loaded = None
+    if not args.no_compile_cache:  # eager steps while the compiled forward loads or compiles beside the run
+        tier = TI.start(cfg, dev, graph_key(cfg), world_size=world()[1])
+    try:
+        if tier is None:  # the saved forward needs no artifact: nothing else in the run compiles
+            pre = None if args.no_compile_cache else P.load(cfg, dev, graph_key(cfg), world_size=world()[1])
+            loaded = None if pre else CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
+        t_train = time.perf_counter()
+        rec = train(cfg, dev, warmup=warmup, precompiled=pre, tier=tier)
+    finally:
+        tiered = tier.close() if tier is not None else None
+    rec["tiered"] = tiered
     rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,
                        "compile_cache_load": t_train - t_cache, **rec.get("stages_s", {})}
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "

@@ -1,0 +1,206 @@
+"""Train eager while the compiled forward loads or compiles beside the run, then switch to it.
+
+    labkit train --preset muon            # eager steps until the rung's compiled forward is ready, then it
+    LABKIT_TIERED=0 labkit train ...      # load or compile before the first step instead, as the ladder does
+
+A compiled rung's first step waits for its compiled forward: seconds to load the saved one (`labkit.precompiled`:
+torch's compiler modules, the graph, its kernels) and tens of seconds to compile it on a machine with nothing
+cached. The model, its optimizer and the data are the same whichever forward runs, and the compiled forward
+computes what the eager one does (to rounding), so the steps before it is ready run eager and the run switches
+at the next step after. A student's command then trains from its first second, and the record's `tiered` says
+how many steps ran each way, when the forward was ready and what the step that switched cost.
+
+Where the forward comes from:
+- its saved file (`labkit.precompiled.find`), loaded in a thread of this process;
+- no usable file, on a GPU: a child process (`python -m labkit.tiered`, at low priority) compiles it, with the
+  compile-cache artifact if there is one, and saves it in the compile-cache folder, where this run's thread
+  loads it and every later run finds it. A run that ends first stops the child, with one line saying so.
+On a CPU the training has no cores to spare for either: the run loads or compiles before its first step, as before.
+Anything that goes wrong on the way costs one line, and the run goes on eager.
+
+Only the forward (and its backward) changes hands, between steps, on the training thread: the loading thread
+hands over one callable. It imports torch's compiler only after the training thread has imported dynamo
+(`start`), because two threads importing the same package can each meet it half made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from labkit import compile_artifacts as CA
+from labkit import precompiled as P
+from labkit.bench import unwritable
+from labkit.env import error_line
+from labkit.presets import TrainConfig
+
+ENV = "LABKIT_TIERED"  # "0": no eager start (load or compile before the first step)
+STOP_WAIT_S = 10.0     # how long a stopped child gets to exit before it is killed
+CHILD = [sys.executable, "-m", "labkit.tiered"]  # the compiling child's command, its spec (JSON) appended
+
+
+class Tier:
+    """A compiled forward on its way (from `start`): `forward()` hands it over once ready, `close()` ends it."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device, say):
+        self.cfg, self.device, self.say = cfg, device, say
+        self.t0 = time.perf_counter()
+        self.source: str | None = None    # "saved forward" (a file) or "compiled beside the run" (a child)
+        self.ready_s: float | None = None  # seconds from `start` to the forward being ready
+        self.eager_steps = 0
+        self.compiled_steps = 0
+        self.switch_step_s: float | None = None  # the first compiled step's seconds (CUDA graph capture, ...)
+        self.stopped = False               # the run ended before the child compiled
+        self._fn = None
+        self._ready = threading.Event()
+        self._child: subprocess.Popen | None = None
+        self._lock = threading.Lock()      # between close() and the thread starting the child
+        self._tmp: str | None = None       # where the child writes when the compile-cache folder cannot be written
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    def forward(self):
+        """The loaded forward f(model, x) once it is ready, else None (this step runs eager); never waits."""
+        return self._fn if self._ready.is_set() else None
+
+    def count(self, compiled: bool, step_s: float | None = None) -> None:
+        """Note a step taken eager or compiled; `step_s`: the seconds of the first compiled one."""
+        if compiled:
+            self.compiled_steps += 1
+            if step_s is not None:
+                self.switch_step_s = step_s
+        else:
+            self.eager_steps += 1
+
+    def report(self) -> dict:
+        """The record's `tiered`: where the forward came from, when it was ready, the steps each way."""
+        return {"source": self.source, "ready_s": self.ready_s, "eager_steps": self.eager_steps,
+                "compiled_steps": self.compiled_steps, "switch_step_s": self.switch_step_s,
+                "stopped_compiling": self.stopped}
+
+    def close(self) -> dict:
+        """Stop a compile still running (one line), wait for the loading thread; returns `report()`."""
+        with self._lock:
+            child, self._closing = self._child, True
+        if child is not None and child.poll() is None:
+            self.stopped = True
+            _stop(child)
+            self.say("tiered start: the run ended before its compiled forward was ready: stopped compiling it "
+                     "(`labkit compile-cache --build` compiles it once for every later run)")
+        if self._thread is not None:
+            self._thread.join()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        return self.report()
+
+    def _run(self, found, graph: dict, folder) -> None:
+        try:
+            if found is None:
+                found = self._compile(graph, folder)
+            if found is not None:
+                fn = P.load_found(self.cfg, *found, say=self.say, then="the run stays eager")
+                if fn is not None:
+                    self._fn, self.ready_s = fn, round(time.perf_counter() - self.t0, 3)
+        except Exception as e:  # noqa: BLE001 - the run goes on eager whatever went wrong here
+            self.say(f"tiered start: the compiled forward could not be readied ({error_line(e)}): the run stays eager")
+        finally:
+            self._ready.set()
+
+    def _compile(self, graph: dict, folder) -> tuple[Path, bytes] | None:
+        """Compile and save the forward in a child process; the saved file's (path, payload), or None."""
+        target = Path(folder) if folder else CA.default_folder()
+        if unwritable(target):  # this run can still use it: compile into a folder of its own
+            self._tmp = tempfile.mkdtemp(prefix="labkit-tiered-")
+            target = Path(self._tmp)
+        spec = {"config": asdict(self.cfg), "device": str(self.device), "graph": graph, "folder": str(target),
+                "artifact_folder": str(folder) if folder else None}
+        with tempfile.TemporaryFile() as log:
+            with self._lock:
+                if self._closing:
+                    return None
+                self._child = subprocess.Popen([*CHILD, json.dumps(spec)],
+                                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               start_new_session=True)  # its compile workers stop with it
+            self.say(f"tiered start: compiling {self.cfg.name}'s forward beside the run (pid {self._child.pid}); "
+                     f"training eager meanwhile")
+            code = self._child.wait()
+            if self.stopped:
+                return None
+            if code != 0:
+                log.seek(0)
+                tail = log.read().decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
+                self.say(f"tiered start: compiling the forward failed ({tail[0]}): the run stays eager")
+                return None
+        self.source = "compiled beside the run"
+        return P.find(self.cfg, self.device, graph, target, say=self.say, then="the run stays eager")
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """End `child` and its compile workers (its process group): politely, then for sure."""
+    for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            child.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def applies(cfg: TrainConfig, device: torch.device, world_size: int = 1) -> bool:
+    """Whether a run of `cfg` starts eager: a compiled forward that can be saved (`labkit.precompiled.applies`),
+    on a GPU (a CPU's training has no cores to spare for loading or compiling beside it: measured there, the
+    eager steps and the load slowed each other so that the run took as long as waiting), LABKIT_TIERED not 0."""
+    return os.environ.get(ENV, "1") != "0" and device.type == "cuda" and P.applies(cfg, device, world_size)
+
+
+def start(cfg: TrainConfig, device: torch.device, graph: dict, folder=None, *, world_size: int = 1,
+          say=CA._say) -> Tier | None:
+    """Start readying `cfg`'s compiled forward beside the run (its saved file, else a child that compiles it),
+    or None where that does not apply (`applies`). Call `close()` on what it returns when the run ends, also
+    when it fails."""
+    if not applies(cfg, device, world_size):
+        return None
+    found = P.find(cfg, device, graph, folder, world_size=world_size, say=say, then="compiling it beside the run")
+    # the training thread imports dynamo before the loading thread starts: its optimizer and data path import
+    # it too, and two threads importing one package can each see it half made
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.config  # noqa: F401
+
+    tier = Tier(cfg, device, say)
+    if found is not None:
+        tier.source = "saved forward"
+    tier._thread = threading.Thread(target=tier._run, args=(found, graph, folder), daemon=True,
+                                    name="labkit-tiered")
+    tier._thread.start()
+    return tier
+
+
+def _child(spec: dict) -> int:
+    """`python -m labkit.tiered SPEC`: compile the forward of SPEC's config and save it in SPEC's folder."""
+    os.nice(10)  # the training process beside it comes first
+    from labkit import data as D
+    from labkit import train as T
+
+    cfg, dev = TrainConfig(**spec["config"]), torch.device(spec["device"])
+    CA.load(dev, spec["artifact_folder"], graphs=[spec["graph"]], say=lambda m: None)  # its graphs, if any
+    ds = D.load(cfg.data, 64, 64, seed=0)  # only its image shape and classes are read
+    return 0 if T.precompile(cfg, dev, ds, spec["folder"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_child(json.loads(sys.argv[1])))
