@@ -20,7 +20,8 @@ Anything that goes wrong on the way costs one line, and the run goes on eager.
 
 Only the forward (and its backward) changes hands, between steps, on the training thread: the loading thread
 hands over one callable. It imports torch's compiler only after the training thread has imported dynamo
-(`start`), because two threads importing the same package can each meet it half made.
+(`start`), because two threads importing the same package can each meet it half made, and inductor's CUDA graph
+trees, which keep their state in the storage of the thread that imported them, are imported by the training thread.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from labkit import compile_artifacts as CA
 from labkit import precompiled as P
 from labkit.bench import unwritable
 from labkit.env import error_line
-from labkit.presets import TrainConfig
+from labkit.presets import GRAPH_MODES, TrainConfig
 
 ENV = "LABKIT_TIERED"  # "0": no eager start (load or compile before the first step)
 STOP_WAIT_S = 10.0     # how long a stopped child gets to exit before it is killed
@@ -180,6 +181,9 @@ def start(cfg: TrainConfig, device: torch.device, graph: dict, folder=None, *, w
     # it too, and two threads importing one package can each see it half made
     import torch._dynamo  # noqa: F401
     import torch._inductor.config  # noqa: F401
+
+    if cfg.compile in GRAPH_MODES:  # its import keeps the CUDA graph trees in the importing thread's storage only
+        import torch._inductor.cudagraph_trees  # noqa: F401
 
     tier = Tier(cfg, device, say)
     if found is not None:
