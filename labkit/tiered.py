@@ -19,13 +19,16 @@ On a CPU the training has no cores to spare for either: the run loads or compile
 Anything that goes wrong on the way costs one line, and the run goes on eager.
 
 Only the forward (and its backward) changes hands, between steps, on the training thread: the loading thread
-hands over one callable. It imports torch's compiler only after the training thread has imported dynamo
-(`start`), because two threads importing the same package can each meet it half made, and inductor's CUDA graph
-trees, which keep their state in the storage of the thread that imported them, are imported by the training thread.
+hands over one callable. The loading thread also imports torch's compiler (dynamo, inductor, Triton), which is
+most of a load: the training thread meets those modules only when it builds its optimizer (torch's optimizers
+import dynamo), outside any import of its own, so it waits for them there rather than importing them half made.
+Inductor's CUDA graph trees keep state per thread, set up by torch 2.11 only in the thread that imported them:
+`graph_trees_here` sets it up in the training thread at the handover.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -70,10 +73,17 @@ class Tier:
         self._tmp: str | None = None       # where the child writes when the compile-cache folder cannot be written
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._handed = False               # forward() has given the training thread the forward
 
     def forward(self):
-        """The loaded forward f(model, x) once it is ready, else None (this step runs eager); never waits."""
-        return self._fn if self._ready.is_set() else None
+        """The loaded forward f(model, x) once it is ready, else None (this step runs eager); never waits.
+        Called on the training thread, which the forward's CUDA graphs then belong to."""
+        if not self._ready.is_set() or self._fn is None:
+            return None
+        if not self._handed and self.cfg.compile in GRAPH_MODES:
+            graph_trees_here()
+        self._handed = True
+        return self._fn
 
     def count(self, compiled: bool, step_s: float | None = None) -> None:
         """Note a step taken eager or compiled; `step_s`: the seconds of the first compiled one."""
@@ -148,6 +158,24 @@ class Tier:
         return P.find(self.cfg, self.device, graph, target, say=self.say, then="the run stays eager")
 
 
+def graph_trees_here() -> None:
+    """Set up inductor's CUDA graph trees for the calling thread. torch 2.11 sets them up only in the thread that
+    imported them (and the autograd threads it starts), newer torch in any thread that asks; here the loading
+    thread imported them, and the training thread replays the graphs."""
+    from torch._inductor import cudagraph_trees as ct
+
+    if hasattr(ct.local, "tree_manager_containers") or torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    init = getattr(ct, "_initialize_tls", None)  # newer torch's own
+    if init is not None:
+        init(ct.local)
+        return
+    ct.local.tree_manager_containers = {}
+    ct.local.tree_manager_locks = collections.defaultdict(threading.Lock)
+    for name in ("tree_manager_containers", "tree_manager_locks"):  # autograd's threads copy these from ours
+        torch._C._stash_obj_in_tls(name, getattr(ct.local, name))
+
+
 def _stop(child: subprocess.Popen) -> None:
     """End `child` and its compile workers (its process group): politely, then for sure."""
     for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, None)):
@@ -177,14 +205,6 @@ def start(cfg: TrainConfig, device: torch.device, graph: dict, folder=None, *, w
     if not applies(cfg, device, world_size):
         return None
     found = P.find(cfg, device, graph, folder, world_size=world_size, say=say, then="compiling it beside the run")
-    # the training thread imports dynamo before the loading thread starts: its optimizer and data path import
-    # it too, and two threads importing one package can each see it half made
-    import torch._dynamo  # noqa: F401
-    import torch._inductor.config  # noqa: F401
-
-    if cfg.compile in GRAPH_MODES:  # its import keeps the CUDA graph trees in the importing thread's storage only
-        import torch._inductor.cudagraph_trees  # noqa: F401
-
     tier = Tier(cfg, device, say)
     if found is not None:
         tier.source = "saved forward"
