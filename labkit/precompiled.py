@@ -84,13 +84,19 @@ def supported() -> bool:
     """Whether this torch can save and load a compiled function (torch 2.11+)."""
     import torch._dynamo.config as dynamo_config
 
-    return hasattr(dynamo_config, "enable_aot_compile") and hasattr(torch.compiler, "load_compiled_function")
+    return hasattr(dynamo_config, "enable_aot_compile") and loadable()
+
+
+def loadable() -> bool:
+    """Whether this torch can load a saved compiled function: asked without importing dynamo (seconds), which
+    a run that loads one imports beside its training (`labkit.tiered`)."""
+    return hasattr(torch.compiler, "load_compiled_function")
 
 
 def applies(cfg: TrainConfig, device: torch.device, world_size: int = 1) -> bool:
     """Whether a run of `cfg` can take its forward from a file (see the module's docstring)."""
     return (bool(cfg.compile) and world_size == 1 and not cfg.checkpointing and forward_for(cfg, device) is not None
-            and os.environ.get("LABKIT_PRECOMPILED", "1") != "0" and supported())
+            and os.environ.get("LABKIT_PRECOMPILED", "1") != "0" and loadable())
 
 
 def path_for(device: torch.device, graph: dict, folder: str | os.PathLike | None = None) -> Path:

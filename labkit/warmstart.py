@@ -103,5 +103,5 @@ def _cli(a) -> int:
               f"{str(header.get('git_commit'))[:12]} for rungs {rungs}")
         saved = sorted(CA.artifact_path(dev, a.dir).parent.glob(f"{CA.artifact_stem(dev)}.*{P.SUFFIX}"))
         print(f"  {len(saved)} precompiled forward(s) beside it (labkit.precompiled)"
-              + ("" if P.supported() else ": this torch cannot load them"))
+              + ("" if P.loadable() else ": this torch cannot load them"))
     return 0 if state == "ok" else 1
