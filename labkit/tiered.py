@@ -132,8 +132,11 @@ class Tier:
     def _compile(self, graph: dict, folder) -> tuple[Path, bytes] | None:
         """Compile and save the forward in a child process; the saved file's (path, payload), or None."""
         target = Path(folder) if folder else CA.default_folder()
-        if unwritable(target):  # this run can still use it: compile into a folder of its own
+        bad = unwritable(target)
+        if bad:  # this run can still use it: compile into a folder of its own
             self._tmp = tempfile.mkdtemp(prefix="labkit-tiered-")
+            self.say(f"tiered start: {target} cannot be written ({bad}): the compiled forward goes to {self._tmp}, "
+                     f"for this run only")
             target = Path(self._tmp)
         spec = {"config": asdict(self.cfg), "device": str(self.device), "graph": graph, "folder": str(target),
                 "artifact_folder": str(folder) if folder else None}

@@ -176,6 +176,8 @@ def test_an_unwritable_cache_folder_gets_a_folder_of_the_run_removed_at_the_end(
     tier._thread.join()
     own = seen.read_text()
     assert os.path.basename(own).startswith("labkit-tiered-") and os.path.isdir(own)
+    assert got[0].startswith(f"tiered start: {tmp_path / 'file' / 'cache'} cannot be written (")
+    assert got[0].endswith(f"): the compiled forward goes to {own}, for this run only")
     tier.close()
     assert not os.path.exists(own)
 
