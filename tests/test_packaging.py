@@ -754,3 +754,65 @@ def test_results_page_cudnn_choice_and_saved_forward_rows_match_their_records():
     assert pool["env"]["git_commit"].startswith("19c6660")
     assert (f"{after(pool, art)} s after the result, against {after(pool, path)} s on the artifact path" in page
             and f"the run: {after(pre, art)} s after the result" in page)
+
+
+def test_results_page_tiered_start_rows_match_their_records():
+    import json
+    import statistics
+
+    res = ROOT / "benchmarks" / "results"
+    page = " ".join(results_page().split())
+    tiered = json.loads((res / "cold_start_tiered.json").read_text())
+    warm = json.loads((res / "cold_start_tiered_warmup.json").read_text())
+    for d, variant in ((tiered, "--variant waiting:env.LABKIT_TIERED=0"),
+                       (warm, "--variant 'cudnn warm-up:set.cudnn_warmup=true'")):
+        assert d["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and d["env"]["git_commit"].startswith("a7daa1b")
+        assert d["env"]["torch"].startswith("2.11") and variant in d["env"]["command"]
+
+    def runs(d, label):
+        return d["jobs"][label]["runs"]
+
+    def span(d, label, key, fmt="{:.1f}", scale=1.0):
+        lo, hi = (fmt.format(f(r[key] for r in runs(d, label)) * scale) for f in (min, max))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    top, eager = "whole run muon", "whole run batch_fused"
+    for name, label in (("top rung, cold, tiered", f"{top}, cold"), ("top rung, cold, waiting", f"{top}, cold, waiting"),
+                        ("top rung, artifact, tiered", f"{top}, artifact"),
+                        ("top rung, artifact, waiting", f"{top}, artifact, waiting"), ("eager `batch_fused`", eager)):
+        row = (f"| {name} | {span(tiered, label, 'first_step_s')} s | {span(tiered, label, 'wall_s')} s | "
+               f"{span(tiered, label, 'img_per_s', '{:,.0f}')} | {span(tiered, label, 'accuracy', scale=100)}% |")
+        assert row in page, name
+
+    cold = [r["tiered"] for r in runs(tiered, f"{top}, cold")]
+    assert all(t["eager_steps"] == 60 and t["compiled_steps"] == 0 and t["stopped_compiling"] for t in cold)
+    ratio = (statistics.median(r["wall_s"] for r in runs(tiered, f"{top}, cold"))
+             / statistics.median(r["wall_s"] for r in runs(tiered, f"{top}, cold, waiting")))
+    assert 0.25 < ratio < 0.42  # "about a third of the wait"
+    art = [r["tiered"] for r in runs(tiered, f"{top}, artifact")]
+    ready = f"{min(t['ready_s'] for t in art):.1f}–{max(t['ready_s'] for t in art):.1f} s"
+    switch = f"{min(t['switch_step_s'] for t in art):.2f}–{max(t['switch_step_s'] for t in art):.2f} s"
+    assert all(t["eager_steps"] == 1 and t["source"] == "saved forward" for t in art)
+    assert f"ready {ready} after the run started, after one eager step" in page
+    assert f"The step that switched took {switch}." in page
+
+    def firsts(d, label):  # rounds in which the top rung finished before the eager rung (runs are in round order)
+        return sum(a["wall_s"] < e["wall_s"] for a, e in zip(runs(d, label), runs(d, eager), strict=True))
+
+    def overlap(d, a, b):
+        xs, ys = ([r["wall_s"] for r in runs(d, lb)] for lb in (a, b))
+        return min(xs) <= max(ys) and min(ys) <= max(xs)
+
+    assert firsts(tiered, f"{top}, artifact") == 2 and overlap(tiered, f"{top}, artifact", eager)
+    assert "finished first in two of three rounds. The spreads overlap" in page
+    wu = f"{top}, artifact, cudnn warm-up"
+    assert firsts(warm, wu) == firsts(warm, f"{top}, artifact") == 3 and overlap(warm, f"{top}, artifact", eager)
+    assert not overlap(warm, wu, eager)
+    slowest = {lb: max(r["wall_s"] for r in runs(warm, lb)) for lb in (wu, f"{top}, artifact")}
+    fastest = min(r["wall_s"] for r in runs(warm, eager))
+    assert (f"its slowest run took {slowest[f'{top}, artifact']:.2f} s and the eager rung's fastest {fastest:.2f} s. "
+            f"With it, every run finished before every eager run, but only just: its slowest took {slowest[wu]:.2f} s. "
+            f"Three runs a side and a {fastest - slowest[wu]:.2f} s margin") in page
+    assert (f"Its first step fell to {span(warm, wu, 'first_step_s')} s from {span(warm, f'{top}, artifact', 'first_step_s')} s, "
+            f"and its whole run took {span(warm, wu, 'wall_s')} s, against {span(warm, f'{top}, artifact', 'wall_s')} s "
+            f"without it and {span(warm, eager, 'wall_s')} s for the eager rung.") in page
