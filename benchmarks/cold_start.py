@@ -12,7 +12,9 @@ a new Colab machine, and the runs alternate within one call so drift on the mach
   first step, artifact      the same after loading the project's artifact (labkit compile-cache), built once
                             at the start of the call in its own process, for this card and torch version
   whole run, cold/artifact  `labkit train --preset TOP` from starting the process to its result (interpreter,
-                            imports, data, compile, all epochs, test accuracy): the student's wait
+                            imports, data, compile, all epochs, test accuracy): the student's wait. It starts
+                            tiered (`labkit.tiered`: eager steps until the compiled forward is loaded or, cold,
+                            compiled beside the run); `--variant "waiting:env.LABKIT_TIERED=0"` waits for it
   whole run, eager rungs    the same command for the fastest eager rungs (default batch_fused, cudnn_benchmark)
 With --variants (or --variant LABEL:KEY=VALUE,...) each variant times the cold first step with one thing
 about compiling changed: env.NAME=VALUE (environment, e.g. TORCHINDUCTOR_COMPILE_THREADS),

@@ -85,6 +85,13 @@ class Tier:
         self._handed = True
         return self._fn
 
+    def reject(self, why: str) -> None:
+        """The handed-over forward does not fit the run (its guards said so at the switch): one line, eager on."""
+        self._fn = None
+        self.source = None
+        self.eager_steps += 1  # the step it refused, taken eager
+        self.say(f"tiered start: {why}; the run goes on eager")
+
     def count(self, compiled: bool, step_s: float | None = None) -> None:
         """Note a step taken eager or compiled; `step_s`: the seconds of the first compiled one."""
         if compiled:
@@ -118,6 +125,8 @@ class Tier:
 
     def _run(self, found, graph: dict, folder) -> None:
         try:
+            import torch._dynamo  # noqa: F401  (first: the training thread's optimizer waits for this one)
+
             if found is None:
                 found = self._compile(graph, folder)
             if found is not None:

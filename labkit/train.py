@@ -441,7 +441,12 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
             compiled, loaded = True, _loaded_forward(fn, model, dev)
             synchronize(dev)
             t0 = time.perf_counter()
-            loss = update(x, y, loaded)
+            try:
+                loss = update(x, y, loaded)
+            except LabkitError as e:  # its guards reject this run before it computes anything: eager to the end
+                compiled, loaded = False, None
+                tier.reject(str(e))
+                return update(x, y, fwd)
             synchronize(dev)
             tier.count(True, time.perf_counter() - t0)
             return loss

@@ -64,6 +64,18 @@ def test_steps_run_eager_until_the_forward_is_ready_then_it_runs_from_the_next_s
     never._ready.set()
     assert T.train(cfg, "cpu", tier=never)["steps"] == 6 and never.close()["compiled_steps"] == 0
 
+    def unfit(model, x):  # its guards reject the run at the switch, before it computes anything
+        raise RuntimeError("GuardManager check failed, reason: a size")
+
+    refused = TI.Tier(cfg, CPU, say)
+    refused._fn, refused.source = unfit, "saved forward"
+    rec = T.train(cfg, "cpu", tier=refused, on_step=lambda n: n == 1 and refused._ready.set())
+    report = refused.close()
+    assert rec["steps"] == 6 and report["eager_steps"] == 6 and report["compiled_steps"] == 0
+    assert report["source"] is None and len(rec["losses"]) == 6
+    assert got == ["tiered start: the saved forward (labkit compile-cache) does not fit this run (GuardManager check "
+                   "failed, reason: a size): rebuild it, or set LABKIT_PRECOMPILED=0; the run goes on eager"]
+
 
 @pytest.mark.skipif(not P.supported(), reason="this torch cannot save compiled functions")
 def test_a_saved_forward_loads_in_a_thread_and_is_handed_over_once_ready(tmp_path, lines, anywhere):
