@@ -816,3 +816,19 @@ def test_results_page_tiered_start_rows_match_their_records():
     assert (f"Its first step fell to {span(warm, wu, 'first_step_s')} s from {span(warm, f'{top}, artifact', 'first_step_s')} s, "
             f"and its whole run took {span(warm, wu, 'wall_s')} s, against {span(warm, f'{top}, artifact', 'wall_s')} s "
             f"without it and {span(warm, eager, 'wall_s')} s for the eager rung.") in page
+
+    rep = json.loads((res / "cold_start_tiered_repeat.json").read_text())
+    assert rep["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and rep["env"]["git_commit"].startswith("75687af")
+    base = f"{top}, artifact"
+    assert (f"where the eager rung was faster: {span(rep, eager, 'wall_s')} s. There the tiered top rung took "
+            f"{span(rep, base, 'wall_s')} s and finished after the eager rung in every round. With the warm-up it took "
+            f"{span(rep, wu, 'wall_s')} s and finished first in one round of four.") in page
+    assert firsts(rep, base) == 0 and firsts(rep, wu) == 1 and len(runs(rep, eager)) == 4
+
+    def paired(key, sign=1):  # the tiered top rung's stage minus the eager rung's, round by round
+        def stage(r):
+            return r["wall_s"] - sum(v or 0.0 for v in r["stages_s"].values()) if key == "exit" else r["stages_s"][key]
+        return _span([sign * (stage(a) - stage(b)) for a, b in zip(runs(rep, base), runs(rep, eager), strict=True)])
+
+    assert (f"setup took {paired('setup')} s longer, its loop {paired('loop', -1)} s less, and its exit "
+            f"{paired('exit')} s longer.") in page
