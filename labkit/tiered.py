@@ -60,7 +60,7 @@ class Tier:
     def __init__(self, cfg: TrainConfig, device: torch.device, say):
         self.cfg, self.device, self.say = cfg, device, say
         self.t0 = time.perf_counter()
-        self.source: str | None = None    # "saved forward" (a file) or "compiled beside the run" (a child)
+        self.source: str | None = None    # the forward in use: "saved forward" (a file), "compiled beside the run"
         self.ready_s: float | None = None  # seconds from `start` to the forward being ready
         self.eager_steps = 0
         self.compiled_steps = 0
@@ -127,12 +127,14 @@ class Tier:
         try:
             import torch._dynamo  # noqa: F401  (first: the training thread's optimizer waits for this one)
 
+            source = "saved forward" if found is not None else "compiled beside the run"
             if found is None:
                 found = self._compile(graph, folder)
             if found is not None:
                 fn = P.load_found(self.cfg, *found, say=self.say, then="the run stays eager")
                 if fn is not None:
-                    self._fn, self.ready_s = fn, round(time.perf_counter() - self.t0, 3)
+                    self._fn, self.source = fn, source
+                    self.ready_s = round(time.perf_counter() - self.t0, 3)
         except Exception as e:  # noqa: BLE001 - the run goes on eager whatever went wrong here
             self.say(f"tiered start: the compiled forward could not be readied ({error_line(e)}): the run stays eager")
         finally:
@@ -166,7 +168,6 @@ class Tier:
                 tail = log.read().decode(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
                 self.say(f"tiered start: compiling the forward failed ({tail[0]}): the run stays eager")
                 return None
-        self.source = "compiled beside the run"
         return P.find(self.cfg, self.device, graph, target, say=self.say, then="the run stays eager")
 
 
@@ -218,8 +219,6 @@ def start(cfg: TrainConfig, device: torch.device, graph: dict, folder=None, *, w
         return None
     found = P.find(cfg, device, graph, folder, world_size=world_size, say=say, then="compiling it beside the run")
     tier = Tier(cfg, device, say)
-    if found is not None:
-        tier.source = "saved forward"
     tier._thread = threading.Thread(target=tier._run, args=(found, graph, folder), daemon=True,
                                     name="labkit-tiered")
     tier._thread.start()

@@ -272,3 +272,18 @@ def test_labkit_train_starts_tiered_and_closes_it_even_when_training_fails(tmp_p
     monkeypatch.setattr(CA, "load_for_cli", lambda args, *a: None)
     assert main(["train", "--preset", "compile", "--device", "cpu", "--no-compile-cache"]) == 0
     assert len(started) == 2 and trained[-1]["tier"] is None  # compile from scratch, before the first step
+
+
+def test_a_saved_forward_torch_cannot_load_costs_one_line_and_the_run_stays_eager(tmp_path, lines, anywhere):
+    got, say = lines
+    header = {"card": CA.card(CPU), "torch": torch.__version__, "graph": GRAPH, "code": P.code_version(), "bytes": 4,
+              "sha256": __import__("hashlib").sha256(b"junk").hexdigest()}
+    path = CA._write(P.path_for(CPU, GRAPH, tmp_path), P.MAGIC, header, b"junk", print)
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(compile_threads=inductor_config.compile_threads):
+        tier = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
+        tier._thread.join()
+    assert tier.forward() is None and tier.close()["source"] is None
+    assert len(got) == 1 and got[0].startswith(f"precompiled forward {path} could not be loaded (")
+    assert got[0].endswith("): the run stays eager")
