@@ -12,7 +12,7 @@ how many steps ran each way, when the forward was ready and what the step that s
 
 Where the forward comes from:
 - its saved file (`labkit.precompiled.find`), loaded in a thread of this process;
-- no usable file, on a GPU: a child process (`python -m labkit.tiered`, at low priority) compiles it, with the
+- no usable file, on a GPU: a child process (`python -m labkit.warmstart`, at low priority) compiles it, with the
   compile-cache artifact if there is one, and saves it in the compile-cache folder, where this run's thread
   loads it and every later run finds it. A run that ends first stops the child, with one line saying so.
 On a CPU the training has no cores to spare for either: the run loads or compiles before its first step, as before.
@@ -51,7 +51,8 @@ from labkit.presets import GRAPH_MODES, TrainConfig
 
 ENV = "LABKIT_TIERED"  # "0": no eager start (load or compile before the first step)
 STOP_WAIT_S = 10.0     # how long a stopped child gets to exit before it is killed
-CHILD = [sys.executable, "-m", "labkit.tiered"]  # the compiling child's command, its spec (JSON) appended
+# the compiling child's command (`labkit.warmstart.build_forward`), its spec (JSON) appended
+CHILD = [sys.executable, "-m", "labkit.warmstart"]
 
 
 class Tier:
@@ -223,19 +224,3 @@ def start(cfg: TrainConfig, device: torch.device, graph: dict, folder=None, *, w
                                     name="labkit-tiered")
     tier._thread.start()
     return tier
-
-
-def _child(spec: dict) -> int:
-    """`python -m labkit.tiered SPEC`: compile the forward of SPEC's config and save it in SPEC's folder."""
-    os.nice(10)  # the training process beside it comes first
-    from labkit import data as D
-    from labkit import train as T
-
-    cfg, dev = TrainConfig(**spec["config"]), torch.device(spec["device"])
-    CA.load(dev, spec["artifact_folder"], graphs=[spec["graph"]], say=lambda m: None)  # its graphs, if any
-    ds = D.load(cfg.data, 64, 64, seed=0)  # only its image shape and classes are read
-    return 0 if T.precompile(cfg, dev, ds, spec["folder"]) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(_child(json.loads(sys.argv[1])))

@@ -8,7 +8,9 @@ Beside it goes each rung's forward saved whole (`labkit.precompiled`), which `la
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -105,3 +107,22 @@ def _cli(a) -> int:
         print(f"  {len(saved)} precompiled forward(s) beside it (labkit.precompiled)"
               + ("" if P.loadable() else ": this torch cannot load them"))
     return 0 if state == "ok" else 1
+
+
+def build_forward(spec: dict) -> int:
+    """`python -m labkit.warmstart SPEC`, the tiered start's child (`labkit.tiered`): compile the forward of SPEC's
+    config and save it in SPEC's folder, with the artifact's graphs if there are any. Exit 0 when saved."""
+    import torch
+
+    from labkit import data as D
+    from labkit import train as T
+
+    os.nice(10)  # the training process beside it comes first
+    cfg, dev = T.TrainConfig(**spec["config"]), torch.device(spec["device"])
+    CA.load(dev, spec["artifact_folder"], graphs=[spec["graph"]], say=lambda m: None)
+    ds = D.load(cfg.data, 64, 64, seed=0)  # only its image shape and classes are read
+    return 0 if T.precompile(cfg, dev, ds, spec["folder"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(build_forward(json.loads(sys.argv[1])))

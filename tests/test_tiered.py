@@ -208,6 +208,8 @@ def test_where_the_tiered_start_applies(monkeypatch):
 
 
 def test_the_childs_config_is_the_runs(monkeypatch):
+    from labkit import warmstart
+
     built = []
     monkeypatch.setattr(os, "nice", lambda n: None)
     monkeypatch.setattr(CA, "load", lambda dev, folder, graphs, say: built.append(("artifact", folder, graphs)))
@@ -215,7 +217,8 @@ def test_the_childs_config_is_the_runs(monkeypatch):
     cfg = T.preset("muon")
     spec = json.loads(json.dumps({"config": asdict(cfg), "device": "cpu", "graph": T.graph_key(cfg),
                                   "folder": "/out", "artifact_folder": "/art"}))
-    assert TI._child(spec) == 1  # precompile returned nothing: exit 1, the run stays eager
+    assert TI.CHILD[-2:] == ["-m", "labkit.warmstart"]
+    assert warmstart.build_forward(spec) == 1  # precompile returned nothing: exit 1, the run stays eager
     assert built == [("artifact", "/art", [T.graph_key(cfg)]), (cfg, CPU, 10, "/out")]
 
 
