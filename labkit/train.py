@@ -443,8 +443,9 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
             t0 = time.perf_counter()
             try:
                 loss = update(x, y, loaded)
-            except LabkitError as e:  # its guards reject this run before it computes anything: eager to the end
+            except LabkitError as e:  # its guards reject this run: the step again, eager, and eager to the end
                 compiled, loaded = False, None
+                opt.zero_grad(set_to_none=True)  # what micro-batches it took before refusing one
                 tier.reject(str(e))
                 return update(x, y, fwd)
             synchronize(dev)

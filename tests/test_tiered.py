@@ -290,3 +290,24 @@ def test_a_saved_forward_torch_cannot_load_costs_one_line_and_the_run_stays_eage
     assert tier.forward() is None and tier.close()["source"] is None
     assert len(got) == 1 and got[0].startswith(f"precompiled forward {path} could not be loaded (")
     assert got[0].endswith("): the run stays eager")
+
+
+def test_a_switch_refused_partway_through_an_accumulated_step_trains_as_the_eager_run_does(lines):
+    got, say = lines
+    cfg = _tiny(accumulation=2)
+    calls = []
+
+    def refuses_the_second(model, x):  # the first micro-batch computes, the second is refused
+        calls.append(x.shape[0])
+        if len(calls) == 2:
+            raise RuntimeError("GuardManager check failed, reason: a size")
+        return model(x)
+
+    eager = TI.Tier(cfg, CPU, say)
+    eager._ready.set()
+    want = T.train(cfg, "cpu", tier=eager)
+    refused = TI.Tier(cfg, CPU, say)
+    refused._fn = refuses_the_second
+    got_rec = T.train(cfg, "cpu", tier=refused, on_step=lambda n: n == 1 and refused._ready.set())
+    assert len(calls) == 2 and got_rec["losses"] == want["losses"]  # the first micro-batch's gradients not twice
+    assert refused.close()["eager_steps"] == 6 and len(got) == 1
