@@ -90,7 +90,6 @@ class Tier:
         """The handed-over forward does not fit the run (its guards said so at the switch): one line, eager on."""
         self._fn = None
         self.source = None
-        self.eager_steps += 1  # the step it refused, taken eager
         self.say(f"tiered start: {why}; the run goes on eager")
 
     def count(self, compiled: bool, step_s: float | None = None) -> None:

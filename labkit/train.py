@@ -447,6 +447,7 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
                 compiled, loaded = False, None
                 opt.zero_grad(set_to_none=True)  # what micro-batches it took before refusing one
                 tier.reject(str(e))
+                tier.count(False)
                 return update(x, y, fwd)
             synchronize(dev)
             tier.count(True, time.perf_counter() - t0)

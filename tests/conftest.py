@@ -33,6 +33,22 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def lines():
+    """(got, say): a `say` callback for code that reports in lines, and the list of what it said."""
+    got = []
+    return got, got.append
+
+
+@pytest.fixture
+def inductor():
+    """torch._inductor.config, its compile_threads restored after the test (loading a saved forward sets it)."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(compile_threads=inductor_config.compile_threads):
+        yield inductor_config
+
+
 def benchmark_module(name: str):
     """benchmarks/NAME.py imported as a module (the benchmarks are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")

@@ -17,12 +17,6 @@ from labkit.env import LabkitError
 
 
 @pytest.fixture
-def lines():
-    got = []
-    return got, got.append
-
-
-@pytest.fixture
 def fake_saved(monkeypatch):
     """save() with torch's packer replaced: a small blob, no compiling (a CPU compile takes many seconds)."""
     from torch.compiler._cache import CacheInfo

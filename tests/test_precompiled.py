@@ -18,21 +18,6 @@ CPU = torch.device("cpu")
 needs_aot = pytest.mark.skipif(not P.supported(), reason="this torch cannot save compiled functions")
 
 
-@pytest.fixture
-def lines():
-    got = []
-    return got, got.append
-
-
-@pytest.fixture
-def inductor():
-    """torch._inductor.config, its compile_threads restored after the test (a load sets it)."""
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(compile_threads=inductor_config.compile_threads):
-        yield inductor_config
-
-
 class Tiny(nn.Module):
     """A convolution, BatchNorm (training statistics), ReLU and a classifier: a few kernels to compile on a CPU."""
 

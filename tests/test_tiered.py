@@ -26,12 +26,6 @@ GRAPH = {"graph": 1}
 
 
 @pytest.fixture
-def lines():
-    got = []
-    return got, got.append
-
-
-@pytest.fixture
 def anywhere(monkeypatch):
     """The tiered start on this CPU too (it applies on GPUs only)."""
     monkeypatch.setattr(TI, "applies", lambda cfg, dev, world_size=1: True)
@@ -78,15 +72,13 @@ def test_steps_run_eager_until_the_forward_is_ready_then_it_runs_from_the_next_s
 
 
 @pytest.mark.skipif(not P.supported(), reason="this torch cannot save compiled functions")
-def test_a_saved_forward_loads_in_a_thread_and_is_handed_over_once_ready(tmp_path, lines, anywhere):
+def test_a_saved_forward_loads_in_a_thread_and_is_handed_over_once_ready(tmp_path, lines, anywhere, inductor):
     got, say = lines
     cfg = _tiny()
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10))
     x = torch.zeros(cfg.batch_size, 3, 8, 8)
     model(x)  # the lazy layer takes its shape
-    import torch._inductor.config as inductor_config
-
-    with compile_cache(tmp_path / "cache"), inductor_config.patch(compile_threads=inductor_config.compile_threads):
+    with compile_cache(tmp_path / "cache"):
         assert P.build(cfg, model, x, GRAPH, tmp_path, say=say)
         tier = TI.start(cfg, CPU, GRAPH, tmp_path, say=say)
         tier._thread.join()
@@ -277,16 +269,14 @@ def test_labkit_train_starts_tiered_and_closes_it_even_when_training_fails(tmp_p
     assert len(started) == 2 and trained[-1]["tier"] is None  # compile from scratch, before the first step
 
 
-def test_a_saved_forward_torch_cannot_load_costs_one_line_and_the_run_stays_eager(tmp_path, lines, anywhere):
+def test_a_saved_forward_torch_cannot_load_costs_one_line_and_the_run_stays_eager(tmp_path, lines, anywhere,
+                                                                                   inductor):
     got, say = lines
     header = {"card": CA.card(CPU), "torch": torch.__version__, "graph": GRAPH, "code": P.code_version(), "bytes": 4,
               "sha256": __import__("hashlib").sha256(b"junk").hexdigest()}
     path = CA._write(P.path_for(CPU, GRAPH, tmp_path), P.MAGIC, header, b"junk", print)
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(compile_threads=inductor_config.compile_threads):
-        tier = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
-        tier._thread.join()
+    tier = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
+    tier._thread.join()
     assert tier.forward() is None and tier.close()["source"] is None
     assert len(got) == 1 and got[0].startswith(f"precompiled forward {path} could not be loaded (")
     assert got[0].endswith("): the run stays eager")
