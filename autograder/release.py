@@ -124,7 +124,7 @@ dependencies = [
 course = {json.dumps(proj["optional-dependencies"]["course"])}
 
 [project.scripts]
-labkit = "labkit.cli:main"
+labkit = "{proj["scripts"]["labkit"]}"
 
 [tool.setuptools.packages.find]
 include = ["labkit*", "autograder*"]

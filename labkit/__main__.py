@@ -1,5 +1,3 @@
-import sys
+from labkit.cli import console
 
-from labkit.cli import main
-
-sys.exit(main())
+console()

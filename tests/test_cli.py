@@ -124,3 +124,43 @@ def test_data_with_no_images_is_an_error_not_a_default(n, capsys):
     assert cli.main(["data", "--n", n, "--device", "cpu", "--sweep", "padding"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--n must be >= 1" in err and len(err.splitlines()) == 1
+
+
+LEAVE = """
+import atexit, os, sys, threading, time
+from labkit import cli
+
+class Teardown:  # freed only by the interpreter's teardown, which a fast exit skips
+    def __init__(self):
+        self.mark, self.open = sys.argv[1] + ".teardown", open  # builtins may be gone by then
+
+    def __del__(self):
+        self.open(self.mark, "w").write("x")
+
+kept = Teardown()
+atexit.register(lambda: open(sys.argv[1] + ".atexit", "w").write("x"))
+if sys.argv[2] == "thread":  # a thread that is not a daemon: waited for, as a normal exit does
+    threading.Thread(target=lambda: (time.sleep(0.5), open(sys.argv[1] + ".thread", "w").write("x"))).start()
+sys.stdout.write("the result, no newline")
+cli.leave(3)
+"""
+
+
+@pytest.mark.parametrize("case", ["fast", "thread", "off"])
+def test_leaving_keeps_exit_handlers_output_code_and_threads(tmp_path, case):
+    env = dict(__import__("os").environ, LABKIT_FAST_EXIT="0" if case == "off" else "1")
+    base = tmp_path / "mark"
+    r = subprocess.run([sys.executable, "-c", LEAVE, str(base), case], capture_output=True, text=True, timeout=60,
+                       env=env, cwd=ROOT)
+    assert r.returncode == 3 and r.stdout == "the result, no newline", r.stderr
+    assert Path(f"{base}.atexit").exists()  # temporary folders, logging, worker pools: still closed
+    assert Path(f"{base}.thread").exists() == (case == "thread")
+    assert Path(f"{base}.teardown").exists() == (case != "fast")  # the skipped part, and only where it is safe
+
+
+def test_the_labkit_command_leaves_through_leave():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["labkit"] == "labkit.cli:console"
+    assert "console()" in (ROOT / "labkit" / "__main__.py").read_text()
