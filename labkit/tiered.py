@@ -20,11 +20,8 @@ Anything that goes wrong on the way costs one line, and the run goes on eager.
 
 Only the forward (and its backward) changes hands, between steps, on the training thread: the loading thread
 hands over one callable. The loading thread also imports torch's compiler (dynamo, inductor, Triton), which is
-most of a load, and it starts only once the training thread has built its optimizer (`setup_done`): imports and
-loading hold the GIL, and beside the training thread's setup they lengthened it by 0.8-1.1 s, while the first
-step, timing cuDNN's algorithms at the rung's batch, leaves the GIL free for seconds. torch's optimizers import
-dynamo, so the training thread has imported it by then (`LABKIT_TIERED=early` loads from the start, to measure
-the difference). A child compiling the forward starts at once: it is another process.
+most of a load: the training thread meets those modules only when it builds its optimizer (torch's optimizers
+import dynamo), outside any import of its own, so it waits for them there rather than importing them half made.
 Inductor's CUDA graph trees keep state per thread, set up by torch 2.11 only in the thread that imported them:
 `graph_trees_here` sets it up in the training thread at the handover.
 """
@@ -52,7 +49,7 @@ from labkit.bench import unwritable
 from labkit.env import error_line
 from labkit.presets import GRAPH_MODES, TrainConfig
 
-ENV = "LABKIT_TIERED"  # "0": no eager start (load or compile before the first step); "early": load during setup
+ENV = "LABKIT_TIERED"  # "0": no eager start (load or compile before the first step)
 STOP_WAIT_S = 10.0     # how long a stopped child gets to exit before it is killed
 # the compiling child's command (`labkit.warmstart.build_forward`), its spec (JSON) appended
 CHILD = [sys.executable, "-m", "labkit.warmstart"]
@@ -72,19 +69,12 @@ class Tier:
         self.stopped = False               # the run ended before the child compiled
         self._fn = None
         self._ready = threading.Event()
-        self._go = threading.Event()       # the training thread's setup is done: loading may take the GIL
-        if os.environ.get(ENV) == "early":
-            self._go.set()
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()      # between close() and the thread starting the child
         self._tmp: str | None = None       # where the child writes when the compile-cache folder cannot be written
         self._thread: threading.Thread | None = None
         self._closing = False
         self._handed = False               # forward() has given the training thread the forward
-
-    def setup_done(self) -> None:
-        """The training thread has built its model, data and optimizer: the loading thread may start."""
-        self._go.set()
 
     def forward(self):
         """The loaded forward f(model, x) once it is ready, else None (this step runs eager); never waits.
@@ -121,7 +111,6 @@ class Tier:
         """Stop a compile still running (one line), wait for the loading thread; returns `report()`."""
         with self._lock:
             child, self._closing = self._child, True
-        self._go.set()  # a run that failed in its setup: the thread has nothing to wait for
         if child is not None and child.poll() is None:
             self.stopped = True
             _stop(child)
@@ -136,13 +125,12 @@ class Tier:
 
     def _run(self, found, graph: dict, folder) -> None:
         try:
+            import torch._dynamo  # noqa: F401  (first: the training thread's optimizer waits for this one)
+
             source = "saved forward" if found is not None else "compiled beside the run"
             if found is None:
                 found = self._compile(graph, folder)
-            self._go.wait()
-            if found is not None and not self._closing:
-                import torch._dynamo  # noqa: F401  (whole, first: "early", the training thread's optimizer waits for it)
-
+            if found is not None:
                 fn = P.load_found(self.cfg, *found, say=self.say, then="the run stays eager")
                 if fn is not None:
                     self._fn, self.source = fn, source

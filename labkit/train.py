@@ -397,8 +397,6 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
     next to nothing without a profiler and let labkit.profiling split the step.
     """
     opt = _make_optimizer(cfg, model, lr)
-    if tier is not None:
-        tier.setup_done()  # the optimizer imported dynamo here, with no compiler import beside it
     warm = max(1, int(cfg.warmup_frac * steps_total))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps_total - s) / max(1, steps_total - warm)))

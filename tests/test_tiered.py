@@ -81,7 +81,6 @@ def test_a_saved_forward_loads_in_a_thread_and_is_handed_over_once_ready(tmp_pat
     with compile_cache(tmp_path / "cache"):
         assert P.build(cfg, model, x, GRAPH, tmp_path, say=say)
         tier = TI.start(cfg, CPU, GRAPH, tmp_path, say=say)
-        tier.setup_done()
         tier._thread.join()
         fn = tier.forward()
         assert fn is not None and fn(model, x).shape == (cfg.batch_size, 10)
@@ -89,55 +88,6 @@ def test_a_saved_forward_loads_in_a_thread_and_is_handed_over_once_ready(tmp_pat
     assert report["source"] == "saved forward" and report["ready_s"] > 0
     assert got == [f"precompiled forward: loaded {P.path_for(CPU, GRAPH, tmp_path).name} (the first step traces "
                    f"nothing)"]
-
-
-def test_the_load_waits_for_the_training_threads_setup_and_a_child_does_not(tmp_path, lines, anywhere, monkeypatch):
-    got, say = lines
-    loaded = []
-    monkeypatch.setattr(P, "find", lambda *a, **k: (tmp_path / "f.forward", b"saved"))
-    monkeypatch.setattr(P, "load_found", lambda cfg, path, payload, **kw: loaded.append(payload) or "forward")
-    tier = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
-    time.sleep(0.3)  # the setup goes on: nothing is loaded beside it
-    assert loaded == [] and tier.forward() is None and tier._thread.is_alive()
-    tier.setup_done()
-    tier._thread.join(timeout=30)
-    assert loaded == [b"saved"] and tier.forward() == "forward"
-    assert tier.close()["source"] == "saved forward"
-
-    failed = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)  # a setup that failed: close() ends the thread
-    t0 = time.perf_counter()
-    assert failed.close()["source"] is None and time.perf_counter() - t0 < 5
-    assert len(loaded) == 1 and not failed._thread.is_alive()
-
-    monkeypatch.setenv(TI.ENV, "early")  # from the start, as measured beside it
-    early = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
-    early._thread.join(timeout=30)
-    assert len(loaded) == 2 and early.close()["source"] == "saved forward"
-
-    monkeypatch.delenv(TI.ENV)
-    monkeypatch.setattr(P, "find", lambda *a, **k: None)
-    started = tmp_path / "started"
-    monkeypatch.setattr(TI, "CHILD", _child_script(tmp_path, f"open({str(started)!r}, 'w').write('x')"))
-    child = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
-    for _ in range(200):  # another process: it compiles during the setup
-        if started.exists():
-            break
-        time.sleep(0.05)
-    assert started.exists() and child._thread.is_alive()
-    child.close()
-    assert got == [f"tiered start: compiling {_tiny().name}'s forward beside the run (pid {child._child.pid}); "
-                   f"training eager meanwhile"]
-
-
-def test_training_says_its_setup_is_done_once_its_optimizer_is_built(monkeypatch):
-    order = []
-    make = T._make_optimizer
-    monkeypatch.setattr(T, "_make_optimizer", lambda *a: order.append("optimizer") or make(*a))
-    tier = TI.Tier(_tiny(), CPU, print)
-    tier._ready.set()  # no forward comes: eager throughout
-    monkeypatch.setattr(tier, "setup_done", lambda: order.append("setup done"))
-    T.train(_tiny(), "cpu", tier=tier, on_step=lambda n: order.append("step"))
-    assert order[:3] == ["optimizer", "setup done", "step"]
 
 
 def _child_script(tmp_path, body: str) -> list[str]:
@@ -162,7 +112,6 @@ def test_without_a_file_a_child_compiles_it_and_the_run_loads_what_it_saved(tmp_
     loaded = []
     monkeypatch.setattr(P, "load_found", lambda cfg, path, payload, **kw: loaded.append(payload) or "forward")
     tier = TI.start(cfg, CPU, GRAPH, tmp_path, say=say)
-    tier.setup_done()
     tier._thread.join()
     assert tier.forward() == "forward" and loaded == [b"saved"]
     assert P.path_for(CPU, GRAPH, tmp_path).exists()  # kept for every later run
@@ -176,7 +125,6 @@ def test_a_child_that_fails_costs_one_line_and_the_run_stays_eager(tmp_path, lin
     got, say = lines
     monkeypatch.setattr(TI, "CHILD", _child_script(tmp_path, "print('CUDA out of memory'); sys.exit(3)"))
     tier = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
-    tier.setup_done()
     tier._thread.join()
     assert tier.forward() is None and tier.close()["source"] is None
     assert got[1:] == ["tiered start: compiling the forward failed (CUDA out of memory): the run stays eager"]
@@ -229,7 +177,6 @@ def test_an_unwritable_cache_folder_gets_a_folder_of_the_run_removed_at_the_end(
     seen = tmp_path / "seen"
     monkeypatch.setattr(TI, "CHILD", _child_script(tmp_path, f"open({str(seen)!r}, 'w').write(spec['folder'])"))
     tier = TI.start(_tiny(), CPU, GRAPH, tmp_path / "file" / "cache", say=say)
-    tier.setup_done()
     tier._thread.join()
     own = seen.read_text()
     assert os.path.basename(own).startswith("labkit-tiered-") and os.path.isdir(own)
@@ -329,7 +276,6 @@ def test_a_saved_forward_torch_cannot_load_costs_one_line_and_the_run_stays_eage
               "sha256": __import__("hashlib").sha256(b"junk").hexdigest()}
     path = CA._write(P.path_for(CPU, GRAPH, tmp_path), P.MAGIC, header, b"junk", print)
     tier = TI.start(_tiny(), CPU, GRAPH, tmp_path, say=say)
-    tier.setup_done()
     tier._thread.join()
     assert tier.forward() is None and tier.close()["source"] is None
     assert len(got) == 1 and got[0].startswith(f"precompiled forward {path} could not be loaded (")
