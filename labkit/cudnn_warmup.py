@@ -71,7 +71,7 @@ def applies(cfg: TrainConfig, device) -> bool:
     """Whether a warm-up has anything to do: cuDNN autotuning on, on a CUDA device with cuDNN."""
     import torch
 
-    return (cfg.cudnn_warmup and cfg.cudnn_benchmark and getattr(device, "type", None) == "cuda"
+    return (bool(cfg.cudnn_warmup) and cfg.cudnn_benchmark and getattr(device, "type", None) == "cuda"
             and torch.backends.cudnn.is_available())
 
 

@@ -40,7 +40,7 @@ def test_backward_nodes_run_and_leave_the_switches_and_the_seeds_as_they_were():
 
 
 def test_it_starts_only_where_cudnn_autotunes_on_a_gpu_and_is_off_by_default():
-    assert TOP.cudnn_warmup is False and TOP.cudnn_benchmark is True
+    assert TOP.cudnn_warmup is None and TOP.cudnn_benchmark is True  # None: on only where labkit train starts tiered
     on = with_changes(TOP, cudnn_warmup=True)
     assert CW.start(on, torch.device("cpu")) is None
     assert not CW.applies(TOP, torch.device("cuda"))

@@ -245,6 +245,7 @@ def test_labkit_train_starts_tiered_and_closes_it_even_when_training_fails(tmp_p
             return {"source": "saved forward"}
 
     started, trained = [], []
+    monkeypatch.setattr(TI, "applies", lambda cfg, dev, world_size=1: True)
     monkeypatch.setattr(TI, "start", lambda cfg, dev, graph, world_size=1: started.append(graph) or Fake())
     monkeypatch.setattr(P, "load", lambda *a, **k: pytest.fail("loaded before the first step"))
     monkeypatch.setattr(CA, "load_for_cli", lambda *a: pytest.fail("artifact loaded"))
@@ -267,6 +268,23 @@ def test_labkit_train_starts_tiered_and_closes_it_even_when_training_fails(tmp_p
     monkeypatch.setattr(CA, "load_for_cli", lambda args, *a: None)
     assert main(["train", "--preset", "compile", "--device", "cpu", "--no-compile-cache"]) == 0
     assert len(started) == 2 and trained[-1]["tier"] is None  # compile from scratch, before the first step
+
+
+def test_the_cudnn_warmup_is_on_where_labkit_train_starts_tiered_unless_set(monkeypatch):
+    from labkit.cli import main
+
+    monkeypatch.setattr(TI, "start", lambda *a, **k: None)
+    monkeypatch.setattr(CA, "load_for_cli", lambda *a: None)
+    warmed = []
+    monkeypatch.setattr(T.CW, "start", lambda cfg, dev, world_size=1: warmed.append(cfg.cudnn_warmup))
+    monkeypatch.setattr(T, "train", lambda cfg, dev, **kw: {"img_per_s": 1.0, "final_loss": 2.0, "accuracy": None})
+    for tiered, sets, want in ((True, [], True), (True, ["cudnn_warmup=false"], False), (False, [], False),
+                               (False, ["cudnn_warmup=true"], True)):
+        monkeypatch.setattr(TI, "applies", lambda cfg, dev, world_size=1, on=tiered: on)
+        assert main(["train", "--preset", "compile", "--device", "cpu", *[a for s in sets for a in ("--set", s)]]) == 0
+        assert warmed[-1] is want, (tiered, sets)
+    assert main(["train", "--preset", "compile", "--device", "cpu", "--no-compile-cache"]) == 0
+    assert warmed[-1] is False  # compiled before the first step: as the ladder runs it
 
 
 def test_a_saved_forward_torch_cannot_load_costs_one_line_and_the_run_stays_eager(tmp_path, lines, anywhere,
