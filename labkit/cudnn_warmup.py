@@ -15,8 +15,10 @@ that calls the model, so their timing stays in the first step.
 Measured on an H100 with the top rung's artifact, on and off in alternating fresh processes: timing on a thread
 of its own filled a cache no step reads (`benchmarks/results/cold_start_warmup_thread.json`); timing on the
 training thread with the artifact loading beside it shortened the first step but not the whole run
-(`cold_start_warmup_main.json`); this design left both within noise (`cold_start_warmup.json`). So it is off by
-default, kept for cards where cuDNN's timing is a larger share of the start.
+(`cold_start_warmup_main.json`); this design left both within noise (`cold_start_warmup.json`) where the first
+step waited for the compiled forward. Beside the tiered start (`labkit.tiered`), whose first step runs eager,
+it shortened the whole run in every round (`cold_start_tiered_warmup_rounds.json`), so `TrainConfig.cudnn_warmup`
+is None by default: on where `labkit train` starts tiered, off elsewhere.
 """
 
 from __future__ import annotations

@@ -699,7 +699,7 @@ def test_results_page_cudnn_warmup_rows_match_their_records():
     assert f"the first step compiled from scratch: {_span([r['first_step_s'] for r in missed])} s" in page
     from labkit.presets import TrainConfig
 
-    assert TrainConfig().cudnn_warmup is False  # "off by default"
+    assert TrainConfig().cudnn_warmup is None  # "off by default, except where `labkit train` starts tiered"
 
 
 def test_results_page_cudnn_choice_and_saved_forward_rows_match_their_records():
@@ -832,3 +832,97 @@ def test_results_page_tiered_start_rows_match_their_records():
 
     assert (f"setup took {paired('setup')} s longer, its loop {paired('loop', -1)} s less, and its exit "
             f"{paired('exit')} s longer.") in page
+
+
+def test_results_page_fast_exit_gate_and_tiered_warmup_match_their_records():
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    page = " ".join(results_page().split())
+    recs = {name: json.loads((res / f"{name}.json").read_text()) for name in
+            ("cold_start_fast_exit", "cold_start_tiered_gate", "cold_start_tiered_warmup_rounds",
+             "cold_start_tiered_final", "cold_start_tiered_repeat")}
+    for name, commit in (("cold_start_fast_exit", "088580c"), ("cold_start_tiered_gate", "088580c"),
+                         ("cold_start_tiered_warmup_rounds", "480dc43"), ("cold_start_tiered_final", "1f23e9b")):
+        env = recs[name]["env"]
+        assert env["device_name"] == "NVIDIA H100 80GB HBM3" and env["git_commit"].startswith(commit), name
+        assert env["torch"].startswith("2.11") and f"commit {commit}" in page
+
+    def runs(name, label):
+        return recs[name]["jobs"][label]["runs"]
+
+    def span(name, label, what, fmt="{:.1f}"):
+        get = what if callable(what) else (lambda r: r[what])
+        return _span([get(r) for r in runs(name, label)], fmt)
+
+    def after(r):
+        return r["wall_s"] - sum(v or 0.0 for v in r["stages_s"].values())
+
+    def stage(key):
+        return lambda r: r["stages_s"][key]
+
+    top, eager = "whole run muon, artifact", "whole run batch_fused"
+    early = f"{top}, loading from the start"
+
+    def firsts(name, label):  # rounds in which it finished before the eager rung (runs are in round order)
+        return sum(a["wall_s"] < e["wall_s"] for a, e in zip(runs(name, label), runs(name, eager), strict=True))
+
+    def ratios(name, label):
+        return _span([a["wall_s"] / e["wall_s"] for a, e in zip(runs(name, label), runs(name, eager), strict=True)],
+                     "{:.3f}")
+
+    fx = "cold_start_fast_exit"
+    assert "--variant 'full exit:env.LABKIT_FAST_EXIT=0'" in recs[fx]["env"]["command"]
+    assert (f"The top rung spent {span(fx, top, after, '{:.2f}')} s after its result, against "
+            f"{span(fx, f'{top}, full exit', after, '{:.2f}')} s with the teardown") in page
+    assert (f"Its whole run took {span(fx, top, 'wall_s')} s, against {span(fx, f'{top}, full exit', 'wall_s')} s "
+            f"with the teardown.") in page
+    assert (f"spent {span(fx, eager, after, '{:.2f}')} s after its result. In `cold_start_tiered_repeat.json` it spent "
+            f"{span('cold_start_tiered_repeat', eager, after, '{:.2f}')} s, and the top rung "
+            f"{span('cold_start_tiered_repeat', top, after, '{:.2f}')} s.") in page
+
+    assert (f"The setup then took {span(fx, top, stage('setup'))} s instead of {span(fx, early, stage('setup'))} s, "
+            f"but the forward was ready later and the loop took longer: {span(fx, top, stage('loop'))} s against "
+            f"{span(fx, early, stage('loop'))} s.") in page
+    gate = "cold_start_tiered_gate"
+    assert (f"it finished before the eager rung in {firsts(fx, top)} and {firsts(gate, top)} rounds, and loading "
+            f"from the start did so in {firsts(fx, early)} and {firsts(gate, early)}.") in page
+
+    wr, wu = "cold_start_tiered_warmup_rounds", f"{top}, cudnn warm-up"
+    assert "--variant 'cudnn warm-up:set.cudnn_warmup=true'" in recs[wr]["env"]["command"]
+    assert (f"the tiered top rung took {span(wr, wu, 'wall_s')} s, against {span(wr, top, 'wall_s')} s without it. "
+            f"It was the faster of the two in every round.") in page
+    assert all(a["wall_s"] < b["wall_s"] for a, b in zip(runs(wr, wu), runs(wr, top), strict=True))
+    assert firsts(wr, wu) == 8 and firsts(wr, top) == 4 and len(runs(wr, eager)) == 8
+    assert f"It finished before the eager rung ({span(wr, eager, 'wall_s')} s) in 8 of 8 rounds, against 4 of 8" in page
+
+    fin = "cold_start_tiered_final"
+    assert "--parts run" in recs[fin]["env"]["command"]
+    assert "--variant 'no warm-up:set.cudnn_warmup=false'" in recs[fin]["env"]["command"]
+    total = len(runs(fin, eager))
+    for name, label in (("top rung, artifact", top), ("top rung, artifact, no warm-up", f"{top}, no warm-up"),
+                        ("top rung, cold", "whole run muon, cold"),
+                        ("top rung, cold, no warm-up", "whole run muon, cold, no warm-up")):
+        assert (f"| {name} | {span(fin, label, 'first_step_s')} s | {span(fin, label, 'wall_s')} s | "
+                f"{firsts(fin, label)} of {total} | {ratios(fin, label)} |") in page, name
+    assert f"| eager `batch_fused` | {span(fin, eager, 'first_step_s')} s | {span(fin, eager, 'wall_s')} s | | |" in page
+    warmed = [r["cudnn_warmup"] for r in runs(fin, top)]
+    assert all(w and w["shapes"] and w["error"] is None for w in warmed)  # on by default: the record shows it ran
+    assert all(r["cudnn_warmup"] is None for r in runs(fin, f"{top}, no warm-up"))
+    assert firsts(fin, top) == total and firsts(wr, wu) == 8 and f"{total + 8} of {total + 8}" in page
+    assert "0.830–0.981 in the 8-round call, 0.860–0.997 here" in page
+    assert ratios(wr, wu) == "0.830–0.981" and ratios(fin, top) == "0.860–0.997"
+    assert f"({span(fin, top, 'wall_s')} s against {span(fin, eager, 'wall_s')} s)" in page
+    assert max(r["wall_s"] for r in runs(fin, top)) > min(r["wall_s"] for r in runs(fin, eager))  # "still overlap"
+    assert f"Accuracy stayed at {_span([r['accuracy'] * 100 for r in runs(fin, top)])}%" in page
+    assert f"Steady speed was {span(fin, top, 'img_per_s', '{:,.0f}')} img/s." in page
+    slow = min(runs(fin, top), key=lambda r: r["img_per_s"])
+    assert slow["tiered"]["eager_steps"] == 15 and f"which took {slow['epoch_s'][1]:.2f} s" in page
+    cold = [r["tiered"] for r in runs(fin, "whole run muon, cold")]
+    assert all(t["eager_steps"] == 60 and t["stopped_compiling"] for t in cold)
+    assert (f"eager steps run at {span(fin, 'whole run muon, cold', 'img_per_s', '{:,.0f}')} img/s, against "
+            f"{span(fin, eager, 'img_per_s', '{:,.0f}')} for `batch_fused`") in page
+
+    from labkit.presets import TrainConfig
+
+    assert TrainConfig().cudnn_warmup is None  # on only where labkit train starts tiered
