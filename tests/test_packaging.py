@@ -836,6 +836,7 @@ def test_results_page_tiered_start_rows_match_their_records():
 
 def test_results_page_fast_exit_gate_and_tiered_warmup_match_their_records():
     import json
+    import statistics
 
     res = ROOT / "benchmarks" / "results"
     page = " ".join(results_page().split())
@@ -912,6 +913,21 @@ def test_results_page_fast_exit_gate_and_tiered_warmup_match_their_records():
     assert firsts(fin, top) == total and firsts(wr, wu) == 8 and f"{total + 8} of {total + 8}" in page
     assert "0.830–0.981 in the 8-round call, 0.860–0.997 here" in page
     assert ratios(wr, wu) == "0.830–0.981" and ratios(fin, top) == "0.860–0.997"
+    rep = "cold_start_tiered_final_repeat"
+    recs[rep] = json.loads((res / f"{rep}.json").read_text())
+    assert recs[rep]["env"]["git_commit"].startswith("ad2bb7b") and "commit ad2bb7b, 6 rounds" in page
+    assert recs[rep]["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and recs[rep]["env"]["torch"].startswith("2.11")
+    assert (f"the top rung took {span(rep, top, 'wall_s')} s against {span(rep, eager, 'wall_s')} s. It finished "
+            f"first in {firsts(rep, top)} of {len(runs(rep, eager))} rounds, and its ratio over the eager rung was "
+            f"{ratios(rep, top)}.") in page
+
+    def medians(name, label):
+        return (statistics.median(r["wall_s"] for r in runs(name, label))
+                / statistics.median(r["wall_s"] for r in runs(name, eager)))
+
+    assert (f"Median over median was {medians(wr, wu):.3f}, {medians(fin, top):.3f} and {medians(rep, top):.3f}, and "
+            f"the top rung finished first in {firsts(wr, wu) + firsts(fin, top) + firsts(rep, top)} of "
+            f"{8 + total + len(runs(rep, eager))} rounds.") in page
     assert f"({span(fin, top, 'wall_s')} s against {span(fin, eager, 'wall_s')} s)" in page
     assert max(r["wall_s"] for r in runs(fin, top)) > min(r["wall_s"] for r in runs(fin, eager))  # "still overlap"
     assert f"Accuracy stayed at {_span([r['accuracy'] * 100 for r in runs(fin, top)])}%" in page
