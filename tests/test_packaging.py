@@ -930,6 +930,10 @@ def test_results_page_fast_exit_gate_and_tiered_warmup_match_their_records():
             f"{8 + total + len(runs(rep, eager))} rounds.") in page
     assert f"({span(fin, top, 'wall_s')} s against {span(fin, eager, 'wall_s')} s)" in page
     assert max(r["wall_s"] for r in runs(fin, top)) > min(r["wall_s"] for r in runs(fin, eager))  # "still overlap"
+    recs["cold_start_tiered_warmup"] = json.loads((res / "cold_start_tiered_warmup.json").read_text())
+    before = [firsts(name, wu) for name in ("cold_start_tiered_warmup", "cold_start_tiered_repeat")]
+    assert (f"with the warm-up, first in {before[0]} of 3 rounds on one machine and {before[1]} of 4 on "
+            f"another") in page
     assert f"Accuracy stayed at {_span([r['accuracy'] * 100 for r in runs(fin, top)])}%" in page
     assert f"Steady speed was {span(fin, top, 'img_per_s', '{:,.0f}')} img/s." in page
     slow = min(runs(fin, top), key=lambda r: r["img_per_s"])
