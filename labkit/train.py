@@ -1047,8 +1047,8 @@ def _cli_train(args) -> int:
         t_train = time.perf_counter()
         rec = train(cfg, dev, warmup=warmup, precompiled=pre, tier=tier)
     finally:
-        tiered = tier.close() if tier is not None else None
-    rec["tiered"] = tiered
+        tier_report = tier.close() if tier is not None else None
+    rec["tiered"] = tier_report
     rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,
                        "compile_cache_load": t_train - t_cache, **rec.get("stages_s", {})}
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
