@@ -38,13 +38,15 @@ from labkit.diagnosis import load_trace
 from labkit.env import LabkitError, pick_device, torch_switches
 from labkit.models import resnet18, train_flops_per_image
 
-# label: (batch, torch.compile mode, inductor config patches)
+# label: (batch, torch.compile mode, inductor config patches[, resnet18 keyword arguments])
 MODEL_VARIANTS = {
     "512-reduce-overhead": (512, "reduce-overhead", {}),
     "256-reduce-overhead": (256, "reduce-overhead", {}),
     "1024-reduce-overhead": (1024, "reduce-overhead", {}),
     "512-reduce-overhead-coordinate-descent": (512, "reduce-overhead", {"coordinate_descent_tuning": True}),
     "512-max-autotune": (512, "max-autotune", {}),
+    "4096-reduce-overhead": (4096, "reduce-overhead", {}),
+    "4096-reduce-overhead-matmul-edges": (4096, "reduce-overhead", {}, {"matmul_edges": True}),
 }
 # large-batch aids: blocks start as identities, no weight decay on BatchNorm/biases
 RECIPE = dict(zero_init_residual=True, bn_weight_decay=False)
@@ -78,6 +80,7 @@ TRAIN_VARIANTS = {
     "batch 4096, Muon": MUON_4096,
     "batch 4096, Muon, lr 8e-3": dict(MUON_4096, lr=8e-3),
     "batch 4096, Muon + tuning": dict(MUON_4096, compile_tuning=True),
+    "batch 4096, Muon, matmul edges": dict(MUON_4096, matmul_edges=True),
 }
 # what a plain run measures (the rest on request): the rung against the best large-batch recipes found so far
 DEFAULT_TRAIN_VARIANTS = ("rung (batch 512)", "batch 2048, lr 0.05", "batch 2048, zero-init + no BN decay, lr 0.1",
@@ -89,10 +92,10 @@ KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
 )
 
 
-def _compiled_step(dev, batch: int, mode: str | None):
+def _compiled_step(dev, batch: int, mode: str | None, model_kw: dict | None = None):
     torch._dynamo.reset()  # each variant compiles from scratch: no shapes or modes left over from the last
     torch.manual_seed(0)
-    model = resnet18().to(dev).to(memory_format=torch.channels_last)
+    model = resnet18(**(model_kw or {})).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, fused=True)
     fwd = torch.compile(model, mode=mode, dynamic=False) if mode else model
     x = torch.randn(batch, 3, 32, 32, device=dev).contiguous(memory_format=torch.channels_last)
@@ -134,13 +137,13 @@ def optimizer_steps(dev) -> dict:
     return out
 
 
-def model_step(dev, batch: int, mode: str | None, inductor: dict) -> dict:
+def model_step(dev, batch: int, mode: str | None, inductor: dict, model_kw: dict | None = None) -> dict:
     """img/s of forward + backward + fused SGD on one resident random batch, and the compile seconds."""
     import torch._inductor.config as inductor_config
 
     with inductor_config.patch(inductor) if inductor else contextlib.nullcontext(), \
             torch_switches(cudnn_benchmark=True):
-        step = _compiled_step(dev, batch, mode)
+        step = _compiled_step(dev, batch, mode, model_kw)
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize(dev)
@@ -150,12 +153,12 @@ def model_step(dev, batch: int, mode: str | None, inductor: dict) -> dict:
             "compile_s": compile_s}
 
 
-def kernel_breakdown(dev, batch: int = 512, steps: int = 5) -> dict:
+def kernel_breakdown(dev, batch: int = 512, steps: int = 5, model_kw: dict | None = None) -> dict:
     """GPU time per step by kernel class for the compiled step without CUDA graphs (ms), and the wall time."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch_switches(cudnn_benchmark=True):
-        step = _compiled_step(dev, batch, "default")
+        step = _compiled_step(dev, batch, "default", model_kw)
         for _ in range(10):
             step()
         torch.cuda.synchronize(dev)
@@ -183,6 +186,50 @@ def kernel_breakdown(dev, batch: int = 512, steps: int = 5) -> dict:
             "ms_per_step_by_class": dict(sorted(by_class.items(), key=lambda kv: -kv[1])),
             "share_by_class": {k: v / total for k, v in by_class.items()} if total else {},
             "top_kernels_ms_per_step": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12])}
+
+
+def conv_shape_times(dev, batch: int) -> list[dict]:
+    """Milliseconds and TFLOP/s of each distinct convolution of the training step at `batch` (bf16, channels_last,
+    cuDNN autotuned): forward, input gradient (where training computes it) and weight gradient, each alone, with
+    how many times the step runs it.
+    """
+    from labkit import cudnn_warmup as CW
+    from labkit.models import layer_macs
+
+    calls = [CW.ConvShape((batch, *r["input_shape"][1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
+                          tuple(m.dilation), m.groups, r["input_grad"])
+             for r in layer_macs(resnet18(), (1, 3, 32, 32)) if isinstance(m := r["layer"], torch.nn.Conv2d)]
+    rows = []
+    with torch_switches(cudnn_benchmark=True):
+        for sh in dict.fromkeys(calls):
+            passes, macs = _conv_passes(sh, dev)
+            row = {"input": list(sh.input), "weight": list(sh.weight), "stride": list(sh.stride),
+                   "per_step": calls.count(sh)}
+            for name, fn in passes.items():
+                t = time_fn(fn, device=dev, warmup=3, repeats=10).median
+                row[name] = {"ms": 1e3 * t, "tflops": 2 * macs / t / 1e12}
+            rows.append(row)
+            print(f"conv {sh.input} x {sh.weight} stride {sh.stride[0]} (x{row['per_step']}): "
+                  + ", ".join(f"{n} {row[n]['ms']:.3f} ms ({row[n]['tflops']:.0f} TFLOP/s)" for n in passes), flush=True)
+    return rows
+
+
+def _conv_passes(sh, dev) -> tuple[dict, int]:
+    """The passes training runs of convolution `sh` as callables on random bf16 channels_last data, and its MACs."""
+    x = torch.randn(sh.input, device=dev, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(sh.weight, device=dev, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    y = F.conv2d(x, w, None, sh.stride, sh.padding, sh.dilation, sh.groups)
+    gy = torch.randn_like(y)
+    args = (None, list(sh.stride), list(sh.padding), list(sh.dilation), False, [0, 0], sh.groups)
+
+    def backward(mask):
+        return lambda: torch.ops.aten.convolution_backward(gy, x, w, *args, mask)
+
+    passes = {"forward": lambda: F.conv2d(x, w, None, sh.stride, sh.padding, sh.dilation, sh.groups),
+              "weight grad": backward([False, True, False])}
+    if sh.input_grad:
+        passes["input grad"] = backward([True, False, False])
+    return passes, y.numel() * w[0].numel()
 
 
 def train_variant(base, changes: dict, dev, ds, peak: float, seeds: int, label: str) -> dict:
@@ -218,13 +265,33 @@ def train_variant(base, changes: dict, dev, ds, peak: float, seeds: int, label: 
     return out
 
 
+def _model_variant(dev, label: str) -> dict:
+    batch, mode, patch, *kw = MODEL_VARIANTS[label]
+    try:
+        return model_step(dev, batch, mode, patch, kw[0] if kw else None)
+    except Exception as e:  # one variant failing (an autotune error, say) must not lose the others
+        r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+        print(f"model step only, {label}: FAILED {r['error']}", flush=True)
+        return r
+
+
+def _print_kernels(k: dict, what: str = "") -> None:
+    print(f"kernels at batch {k['batch']}{what} (compiled, no CUDA graphs): {k['kernel_ms_per_step']:.2f} ms of "
+          f"kernels in {k['wall_ms_per_step']:.2f} ms per step, {k['kernels_per_step']:.0f} kernels", flush=True)
+    for c, ms in k["ms_per_step_by_class"].items():
+        print(f"  {c:<30} {ms:6.2f} ms/step ({100 * k['share_by_class'][c]:.0f}%)", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parts", nargs="+", default=["model", "kernels", "optimizer", "train"],
-                    choices=["model", "kernels", "optimizer", "train"])
+                    choices=["convs", "model", "kernels", "optimizer", "train"])
+    ap.add_argument("--batch", type=int, default=512, help="batch of the convs and kernels parts (default 512)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the model-step variants this many times, in interleaved rounds (the median is kept)")
     ap.add_argument("--variants", nargs="+", default=list(MODEL_VARIANTS), choices=list(MODEL_VARIANTS),
                     metavar="LABEL", help="model-step variants to time (default: all)")
     ap.add_argument("--train-variants", nargs="+", default=None, choices=list(TRAIN_VARIANTS), metavar="LABEL",
@@ -253,26 +320,31 @@ def main(argv=None) -> int:
     def save():
         return save_result("top_rung", res, out_dir=args.out, device=dev)
 
+    if "convs" in args.parts:
+        res["conv_shapes"] = {"batch": args.batch, "rows": conv_shape_times(dev, args.batch)}
+        save()
     if "model" in args.parts:
-        for label in args.variants:
-            batch, mode, patch = MODEL_VARIANTS[label]
-            try:
-                r = model_step(dev, batch, mode, patch)
-            except Exception as e:  # one variant failing (an autotune error, say) must not lose the others
-                r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-            res["model_step"][label] = r
-            if "error" in r:
-                print(f"model step only, {label}: FAILED {r['error']}", flush=True)
-            else:
-                print(f"model step only, {label}: {r['img_per_s']:,.0f} img/s (MFU "
-                      f"{100 * r['img_per_s'] * flops / peak / 1e12:.1f}%, compile {r['compile_s']:.0f} s)", flush=True)
-            save()
+        res["rounds"] = args.rounds
+        for rnd in range(args.rounds):
+            for label in args.variants:
+                r = _model_variant(dev, label)
+                if args.rounds > 1:
+                    prev = res["model_step"].get(label, {"runs": []})
+                    runs = prev["runs"] + [r]
+                    ok = [x["img_per_s"] for x in runs if "img_per_s" in x]
+                    r = {"runs": runs} | ({"img_per_s": statistics.median(ok), "img_per_s_min": min(ok),
+                                          "img_per_s_max": max(ok)} if ok else {})
+                res["model_step"][label] = r
+                if "img_per_s" in r:
+                    print(f"model step only, {label} (round {rnd + 1}): {r['img_per_s']:,.0f} img/s (MFU "
+                          f"{100 * r['img_per_s'] * flops / peak / 1e12:.1f}%)", flush=True)
+                save()
     if "kernels" in args.parts:
-        res["kernels"] = k = kernel_breakdown(dev)
-        print(f"kernels at batch 512 (compiled, no CUDA graphs): {k['kernel_ms_per_step']:.2f} ms of kernels in "
-              f"{k['wall_ms_per_step']:.2f} ms per step, {k['kernels_per_step']:.0f} kernels", flush=True)
-        for c, ms in k["ms_per_step_by_class"].items():
-            print(f"  {c:<30} {ms:6.2f} ms/step ({100 * k['share_by_class'][c]:.0f}%)", flush=True)
+        res["kernels"] = k = kernel_breakdown(dev, batch=args.batch)
+        _print_kernels(k)
+        if any(len(MODEL_VARIANTS[v]) > 3 and MODEL_VARIANTS[v][3].get("matmul_edges") for v in args.variants):
+            res["kernels_matmul_edges"] = k = kernel_breakdown(dev, batch=args.batch, model_kw={"matmul_edges": True})
+            _print_kernels(k, " with matmul edges")
         save()
     if "optimizer" in args.parts:
         res["optimizer_step_ms"] = optimizer_steps(dev)

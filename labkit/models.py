@@ -12,10 +12,41 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class MatmulConv2d(nn.Conv2d):
+    """A Conv2d (same weight, same result) computed as one matrix product over its patches.
+
+    Only for the two convolutions of ResNet-18 that cuDNN runs far below its rate elsewhere in the network: the
+    3x3 stem over 3 input channels (a 27-long reduction; ~20 TFLOP/s where the 3x3 convolutions run 460-770 on
+    an H200) and the 1x1 stride-2 shortcuts, whose input gradient cuDNN writes at full resolution, three zeros in
+    four (`benchmarks/results/top_rung_conv_shapes.json`). As a matrix product over channels_last patches,
+    torch.compile fuses the patch gather into one kernel and the shortcut's sparse input gradient into the add
+    it flows into. Padding is zero, groups and dilation 1; the patch length is padded to a multiple of 8 so the
+    bf16 product can use tensor cores.
+    """
+
+    def forward(self, x):
+        kh, kw = self.kernel_size
+        sh, sw = self.stride
+        ph, pw = self.padding
+        if ph or pw:
+            x = F.pad(x, (pw, pw, ph, ph))
+        b, c = x.shape[:2]
+        ho, wo = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
+        taps = [x[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] for i in range(kh) for j in range(kw)]
+        cols = (taps[0] if len(taps) == 1 else torch.cat(taps, dim=1)).permute(0, 2, 3, 1).reshape(b * ho * wo, -1)
+        w = self.weight.permute(0, 2, 3, 1).reshape(self.out_channels, -1)  # (out, kh*kw*c), the taps' order
+        if (k := cols.shape[1]) % 8:
+            cols, w = F.pad(cols, (0, 8 - k % 8)), F.pad(w, (0, 8 - k % 8))
+        out = cols @ w.t()
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(b, ho, wo, self.out_channels).permute(0, 3, 1, 2)  # NCHW shape, channels_last memory
+
+
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, matmul_edges: bool = False):
         super().__init__()
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(planes)
@@ -23,7 +54,8 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.shortcut = nn.Sequential()
         if stride != 1 or in_planes != planes:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+            conv = MatmulConv2d if matmul_edges else nn.Conv2d
+            self.shortcut = nn.Sequential(conv(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
@@ -34,15 +66,15 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     """ResNet-18 for 32x32 images: widths 64-128-256-512, two BasicBlocks per stage."""
 
-    def __init__(self, num_classes: int = 10, width: int = 64):
+    def __init__(self, num_classes: int = 10, width: int = 64, matmul_edges: bool = False):
         super().__init__()
         w = width
-        self.conv1 = nn.Conv2d(3, w, 3, 1, 1, bias=False)
+        self.conv1 = (MatmulConv2d if matmul_edges else nn.Conv2d)(3, w, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(w)
         layers, in_planes = [], w
         for i, planes in enumerate((w, 2 * w, 4 * w, 8 * w)):
             stride = 1 if i == 0 else 2
-            layers += [BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1)]
+            layers += [BasicBlock(in_planes, planes, stride, matmul_edges), BasicBlock(planes, planes, 1)]
             in_planes = planes
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(in_planes, num_classes)
@@ -54,13 +86,14 @@ class ResNet18(nn.Module):
         return self.fc(out)
 
 
-def resnet18(num_classes: int = 10, width: int = 64, zero_init_residual: bool = False) -> ResNet18:
+def resnet18(num_classes: int = 10, width: int = 64, zero_init_residual: bool = False,
+             matmul_edges: bool = False) -> ResNet18:
     """The CIFAR-variant ResNet-18 (width=64 is the standard model; smaller widths make CPU tests fast).
 
     zero_init_residual: start the last BatchNorm scale of every block at 0, so each block begins as the identity
     (plus its shortcut) and the network starts shallow; large-batch recipes use it to survive high learning rates.
     """
-    model = ResNet18(num_classes=num_classes, width=width)
+    model = ResNet18(num_classes=num_classes, width=width, matmul_edges=matmul_edges)
     if zero_init_residual:  # after the default init, so the random stream (and every other weight) is unchanged
         for block in model.layers:
             nn.init.zeros_(block.bn2.weight)

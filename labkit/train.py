@@ -345,7 +345,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
 def _build_model(cfg: TrainConfig, num_classes: int, dev: torch.device):
     """(model, net, FLOPs per training image): the ResNet-18 on `dev` in the configured memory format, and what
     the step calls (the model, or its DistributedDataParallel wrapper)."""
-    model = resnet18(num_classes=num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual).to(dev)
+    model = resnet18(num_classes=num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual,
+                     matmul_edges=cfg.matmul_edges).to(dev)
     flops = train_flops_per_image(model)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -368,7 +369,7 @@ def _build_model(cfg: TrainConfig, num_classes: int, dev: torch.device):
 # images and classes, the model, the micro-batch, dtype, memory format and inductor's settings. Two configs with
 # the same values compile the same graph, so a compile-cache artifact built for one holds the other's.
 GRAPH_FIELDS = ("data", "width", "batch_size", "accumulation", "precision", "channels_last", "checkpointing",
-                "compile", "compile_tuning", "compile_autotune", "compile_combo")
+                "matmul_edges", "compile", "compile_tuning", "compile_autotune", "compile_combo")
 
 
 def graph_key(cfg: TrainConfig) -> dict:
