@@ -47,6 +47,11 @@ MODEL_VARIANTS = {
     "512-max-autotune": (512, "max-autotune", {}),
     "4096-reduce-overhead": (4096, "reduce-overhead", {}),
     "4096-reduce-overhead-matmul-edges": (4096, "reduce-overhead", {}, {"matmul_edges": True}),
+    "4096-reduce-overhead-matmul-edges-coordinate-descent": (4096, "reduce-overhead", {"coordinate_descent_tuning": True},
+                                                             {"matmul_edges": True}),
+    "4096-max-autotune-matmul-edges": (4096, "max-autotune", {}, {"matmul_edges": True}),
+    "4096-eager": (4096, None, {}),
+    "4096-eager-matmul-edges": (4096, None, {}, {"matmul_edges": True}),
 }
 # large-batch aids: blocks start as identities, no weight decay on BatchNorm/biases
 RECIPE = dict(zero_init_residual=True, bn_weight_decay=False)
