@@ -13,18 +13,26 @@ import torch.nn.functional as F
 
 
 class MatmulConv2d(nn.Conv2d):
-    """A Conv2d (same weight, same result) computed as one matrix product over its patches.
+    """A Conv2d (same weight, same result) that torch.compile computes as one matrix product over its patches.
 
-    Only for the two convolutions of ResNet-18 that cuDNN runs far below its rate elsewhere in the network: the
-    3x3 stem over 3 input channels (a 27-long reduction; ~20 TFLOP/s where the 3x3 convolutions run 460-770 on
-    an H200) and the 1x1 stride-2 shortcuts, whose input gradient cuDNN writes at full resolution, three zeros in
-    four (`benchmarks/results/top_rung_conv_shapes.json`). As a matrix product over channels_last patches,
-    torch.compile fuses the patch gather into one kernel and the shortcut's sparse input gradient into the add
-    it flows into. Padding is zero, groups and dilation 1; the patch length is padded to a multiple of 8 so the
-    bf16 product can use tensor cores.
+    For the two convolutions of ResNet-18 that cuDNN runs far below its rate elsewhere in the network
+    (`benchmarks/results/top_rung_conv_shapes_h200.json`, batch 4096 on an H200): the 3x3 stem over 3 input
+    channels (17-21 TFLOP/s, where the 3x3 convolutions run 282-744) and the 1x1 stride-2 shortcuts, whose input
+    gradient cuDNN writes at full resolution, three zeros in four. As a matrix product over channels_last patches,
+    inductor fuses the patch gather into one kernel and the shortcut's sparse input gradient into the add it flows
+    into (`top_rung_matmul_edges_h200.json`). Eager, the gather is several kernels and the step is slower
+    (`top_rung_matmul_edges_eager_h200.json`), so outside torch.compile this is cuDNN's convolution.
     """
 
     def forward(self, x):
+        if not torch.compiler.is_compiling():
+            return super().forward(x)
+        return self.as_matmul(x)
+
+    def as_matmul(self, x):
+        """The convolution of `x` as patches @ weight (zero padding, groups and dilation 1); an NCHW-shaped result
+        in channels_last memory. The patch length is padded to a multiple of 8 so a bf16 product can use tensor
+        cores."""
         kh, kw = self.kernel_size
         sh, sw = self.stride
         ph, pw = self.padding
@@ -40,7 +48,7 @@ class MatmulConv2d(nn.Conv2d):
         out = cols @ w.t()
         if self.bias is not None:
             out = out + self.bias
-        return out.view(b, ho, wo, self.out_channels).permute(0, 3, 1, 2)  # NCHW shape, channels_last memory
+        return out.view(b, ho, wo, self.out_channels).permute(0, 3, 1, 2)
 
 
 class BasicBlock(nn.Module):

@@ -67,8 +67,9 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {cfg.optimizer!r}")
     need(cfg.compile in COMPILE_MODES, f"compile must be one of {COMPILE_MODES}, not {cfg.compile!r}")
     need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
-    need(cfg.compile or not (cfg.compile_tuning or cfg.compile_combo or not cfg.compile_autotune),
-         "compile_tuning, compile_autotune and compile_combo change torch.compile's kernels: set compile too")
+    need(cfg.compile or not (cfg.compile_tuning or cfg.compile_combo or not cfg.compile_autotune or cfg.matmul_edges),
+         "compile_tuning, compile_autotune, compile_combo and matmul_edges change torch.compile's kernels: set "
+         "compile too")
     need(cfg.cudnn_limit >= 0, f"cudnn_limit must be >= 0 (0: time every algorithm), not {cfg.cudnn_limit}")
     need(cfg.lr_scaling in ("sqrt", "linear"), f"lr_scaling must be sqrt or linear, not {cfg.lr_scaling!r}")
     need(cfg.ddp_bucket_mb >= 1, f"ddp_bucket_mb must be at least 1 (MiB), not {cfg.ddp_bucket_mb}")

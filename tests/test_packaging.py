@@ -270,6 +270,74 @@ def test_results_page_top_rung_peers_and_muon_numbers_match_their_results():
         in page
 
 
+def test_results_page_matmul_edges_figures_match_their_h200_records():
+    """The stem and shortcut section: each figure, ratio and spread from the six H200 records it names."""
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    page = results_page()
+    load = lambda name: json.loads((res / f"top_rung_{name}_h200.json").read_text())  # noqa: E731
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    recs = {n: load(n) for n in ("conv_shapes", "matmul_edges", "matmul_edges_train", "matmul_edges_eager",
+                                 "matmul_edges_tuning", "matmul_edges_tuning_train")}
+    for r in recs.values():
+        assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+        assert r["env"]["git_commit"][:7] in ("64dfa4e", "58649e8") and r["env"]["command"].startswith("top_rung.py")
+        assert "commits 64dfa4e and 58649e8" in page
+    rows = recs["conv_shapes"]["conv_shapes"]["rows"]
+    assert recs["conv_shapes"]["conv_shapes"]["batch"] == 4096 and sum(r["per_step"] for r in rows) == 20
+    stem = next(r for r in rows if r["weight"][1] == 3)
+    wide = [p["tflops"] for r in rows if r["weight"][2] == 3 and r is not stem for k, p in r.items()
+            if isinstance(p, dict)]
+    narrow = [p["tflops"] for r in rows if r["weight"][2] == 1 for p in r.values() if isinstance(p, dict)]
+    stem_rates = sorted(p["tflops"] for p in stem.values() if isinstance(p, dict))
+    assert f"3x3 convolutions run at {min(wide):.0f}–{max(wide):.0f} TFLOP/s" in page
+    assert (f"runs at {stem_rates[0]:.0f}–{stem_rates[-1]:.0f} TFLOP/s: {stem['forward']['ms']:.3f} ms forward and "
+            f"{stem['weight grad']['ms']:.3f} ms for its weight gradient") in page
+    assert f"shortcuts run at {min(narrow):.0f}–{max(narrow):.0f} TFLOP/s" in page and len(narrow) == 9
+    m = recs["matmul_edges"]
+    k, ke = m["kernels"], m["kernels_matmul_edges"]
+    conv, tri = "conv/matmul (cuDNN, cuBLAS)", "Triton (fused BN/ReLU/add)"
+    assert k["batch"] == ke["batch"] == 4096
+    assert (f"{k['kernel_ms_per_step']:.2f} ms per step in kernels: {k['ms_per_step_by_class'][conv]:.2f} ms in cuDNN "
+            f"convolutions and matrix products ({100 * k['share_by_class'][conv]:.0f}%) and "
+            f"{k['ms_per_step_by_class'][tri]:.2f} ms in inductor's fused BatchNorm/ReLU/add kernels "
+            f"({100 * k['share_by_class'][tri]:.0f}%)") in page
+    assert (f"fall to {ke['ms_per_step_by_class'][conv]:.2f} ms per step and the Triton kernels, the gather now among "
+            f"them, rise to {ke['ms_per_step_by_class'][tri]:.2f} ms: {ke['kernel_ms_per_step']:.2f} ms in all") in page
+
+    def spread(v):
+        return f"{v['img_per_s']:,.0f} img/s ({v['img_per_s_min']:,.0f}–{v['img_per_s_max']:,.0f})"
+
+    for rec, base, edges in ((m, "4096-reduce-overhead", "4096-reduce-overhead-matmul-edges"),
+                             (recs["matmul_edges_eager"], "4096-eager", "4096-eager-matmul-edges")):
+        a, b = rec["model_step"][base], rec["model_step"][edges]
+        assert rec["rounds"] == 3 and len(a["runs"]) == len(b["runs"]) == 3
+        assert f"| {spread(a)} | {spread(b)} | {b['img_per_s'] / a['img_per_s']:.2f}x |" in page
+        assert a["img_per_s_max"] < b["img_per_s_min"] or b["img_per_s_max"] < a["img_per_s_min"]  # "do not overlap"
+    tv = recs["matmul_edges_train"]["variants"]
+    a, b = tv["batch 4096, Muon"], tv["batch 4096, Muon, matmul edges"]
+    assert recs["matmul_edges_train"]["seeds"] == 2 and b["changes"] == a["changes"] | {"matmul_edges": True}
+    accs = lambda v: " / ".join(pct(r["accuracy"]) for r in v["runs"])  # noqa: E731
+    assert (f"| {a['img_per_s_median']:,.0f} img/s, {accs(a)} | {b['img_per_s_median']:,.0f} img/s, {accs(b)} | "
+            f"{b['img_per_s_median'] / a['img_per_s_median']:.2f}x |") in page
+    tu = recs["matmul_edges_tuning"]["model_step"]
+    plain, tuned = tu["4096-reduce-overhead-matmul-edges"], tu["4096-reduce-overhead-matmul-edges-coordinate-descent"]
+    assert "4096-max-autotune-matmul-edges" not in tu and "470 s limit" in page
+    assert (f"from {plain['img_per_s']:,.0f} to {tuned['img_per_s']:,.0f} img/s, one run each, and its compile from "
+            f"{plain['compile_s']:.0f} s to {tuned['compile_s']:.0f} s") in page
+    t2 = recs["matmul_edges_tuning_train"]["variants"]
+    r0, r1, r2 = (t2[k] for k in ("batch 4096, Muon", "batch 4096, Muon, matmul edges",
+                                  "batch 4096, Muon, matmul edges + tuning"))
+    assert r2["changes"] == r1["changes"] | {"compile_tuning": True}
+    assert (f"the rung {r0['img_per_s']:,.0f} img/s, with matmul edges {r1['img_per_s']:,.0f}, with both "
+            f"{r2['img_per_s']:,.0f} ({r2['img_per_s'] / r0['img_per_s']:.2f}x the rung), at {pct(r0['accuracy'])}, "
+            f"{pct(r1['accuracy'])} and {pct(r2['accuracy'])} test accuracy") in page
+    top = json.loads((res / "ladder.json").read_text())["rungs"][-1]
+    assert (f"100,000 img/s on an H100 is {100_000 / top['img_per_s']:.2f}x the rung's {top['img_per_s']:,.0f} there; "
+            f"the best measured here is {r2['img_per_s'] / r0['img_per_s']:.2f}x") in page
+
+
 def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys):
     import importlib.util
 

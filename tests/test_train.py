@@ -150,8 +150,9 @@ def test_compile_settings_patch_inductor_only_where_they_leave_its_defaults():
     with T._switches(fast):  # the patch covers the loop, where torch.compile compiles lazily
         assert inductor_config.triton.autotune_pointwise is False and inductor_config.combo_kernels is True
     assert inductor_config.triton.autotune_pointwise is True and inductor_config.combo_kernels is False
-    with pytest.raises(LabkitError, match="set compile too"):
-        T.check_config(T.with_changes(TINY, compile_combo=True), __import__("torch").device("cpu"))
+    for change in (dict(compile_combo=True), dict(matmul_edges=True)):
+        with pytest.raises(LabkitError, match="set compile too"):
+            T.check_config(T.with_changes(TINY, **change), __import__("torch").device("cpu"))
 
 
 def test_the_graph_key_names_what_changes_the_compiled_graph_and_nothing_else():
@@ -159,7 +160,7 @@ def test_the_graph_key_names_what_changes_the_compiled_graph_and_nothing_else():
     same = T.with_changes(top, epochs=11, lr=0.01, seed=3, n_train=1000, cudnn_benchmark=False, evaluate=False)
     assert T.graph_key(same) == T.graph_key(top) and T.graph_key(top)["batch_size"] == 4096
     for change in (dict(batch_size=2048), dict(precision="fp16"), dict(channels_last=False), dict(width=32),
-                   dict(compile="default"), dict(compile_autotune=False)):
+                   dict(compile="default"), dict(compile_autotune=False), dict(matmul_edges=True)):
         assert T.graph_key(T.with_changes(top, **change)) != T.graph_key(top), change
 
 
