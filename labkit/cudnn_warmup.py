@@ -58,15 +58,14 @@ def conv_shapes(cfg: TrainConfig, world_size: int = 1, image: tuple[int, int, in
     import torch
     from torch import nn
 
-    from labkit.models import MatmulConv2d, layer_macs, resnet18
+    from labkit.models import layer_macs, resnet18
 
     with torch.random.fork_rng(devices=[]):  # the model's initialisation leaves the caller's random stream alone
-        model = resnet18(width=cfg.width, matmul_edges=cfg.matmul_edges)
+        model = resnet18(width=cfg.width)
     n = micro_batch(cfg, world_size)
     shapes = {ConvShape((n, *r["input_shape"][1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
                         tuple(m.dilation), m.groups, r["input_grad"]): None
-              for r in layer_macs(model, (1, *image))
-              if isinstance(m := r["layer"], nn.Conv2d) and not isinstance(m, MatmulConv2d)}
+              for r in layer_macs(model, (1, *image)) if isinstance(m := r["layer"], nn.Conv2d)}
     return list(shapes)
 
 

@@ -18,9 +18,9 @@ def test_conv_shapes_are_the_resnet18_steps_distinct_convolutions_at_the_micro_b
     assert shapes[0].input == (TOP.batch_size, 3, 32, 32) and shapes[0].weight == (64, 3, 3, 3)
     assert {s.input[0] for s in CW.conv_shapes(with_changes(TOP, accumulation=2), world_size=2)} == {1024}
     assert CW.conv_shapes(with_changes(TOP, width=16))[1].weight == (16, 16, 3, 3)
-    # matmul_edges: the stem and the three shortcuts are matrix products, not cuDNN's: nothing to time for them
-    edges = CW.conv_shapes(with_changes(TOP, matmul_edges=True))
-    assert len(edges) == 7 and all(s.weight[1] != 3 and s.weight[2] == 3 for s in edges)
+    # matmul_edges: compiled, the stem and the shortcuts are matrix products, but a tiered start's eager steps
+    # (where the warm-up runs by default) still run them on cuDNN
+    assert CW.conv_shapes(with_changes(TOP, matmul_edges=True)) == shapes
 
 
 def test_out_shape_is_what_the_convolution_returns():
