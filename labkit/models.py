@@ -24,6 +24,13 @@ class MatmulConv2d(nn.Conv2d):
     (`top_rung_matmul_edges_eager_h200.json`), so outside torch.compile this is cuDNN's convolution.
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.groups != 1 or self.dilation != (1, 1) or self.padding_mode != "zeros" or isinstance(self.padding, str):
+            raise ValueError("MatmulConv2d computes plain convolutions only: groups 1, dilation 1, numeric zero "
+                             f"padding (got groups={self.groups}, dilation={self.dilation}, padding={self.padding!r}, "
+                             f"padding_mode={self.padding_mode!r})")
+
     def forward(self, x):
         if not torch.compiler.is_compiling():
             return super().forward(x)

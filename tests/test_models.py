@@ -67,6 +67,12 @@ def test_a_convolution_as_a_matrix_product_gives_the_convolutions_result_and_gra
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("kw", [dict(groups=2), dict(dilation=2), dict(padding="same"), dict(padding_mode="reflect")])
+def test_a_matmul_convolution_refuses_what_its_product_does_not_compute(kw):
+    with pytest.raises(ValueError, match="plain convolutions only"):
+        MatmulConv2d(4, 8, 3, **{"padding": 1, **kw})
+
+
 def test_matmul_edges_are_the_same_model_and_compile_to_matrix_products():
     """Same parameters, initialisation and FLOP count; eager runs cuDNN's convolution, torch.compile the product."""
     torch.manual_seed(0)
