@@ -199,11 +199,8 @@ def conv_shape_times(dev, batch: int) -> list[dict]:
     how many times the step runs it.
     """
     from labkit import cudnn_warmup as CW
-    from labkit.models import layer_macs
 
-    calls = [CW.ConvShape((batch, *r["input_shape"][1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
-                          tuple(m.dilation), m.groups, r["input_grad"])
-             for r in layer_macs(resnet18(), (1, 3, 32, 32)) if isinstance(m := r["layer"], torch.nn.Conv2d)]
+    calls = CW.conv_calls(T.with_changes(T.preset("muon"), batch_size=batch))
     rows = []
     with torch_switches(cudnn_benchmark=True):
         for sh in dict.fromkeys(calls):

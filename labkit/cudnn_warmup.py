@@ -51,10 +51,10 @@ def micro_batch(cfg: TrainConfig, world_size: int = 1) -> int:
     return cfg.batch_size // world_size // cfg.accumulation
 
 
-def conv_shapes(cfg: TrainConfig, world_size: int = 1, image: tuple[int, int, int] = IMAGE) -> list[ConvShape]:
-    """The distinct convolution calls of one training step of `cfg`'s ResNet-18: one image through the model on
-    the CPU (`labkit.models.layer_macs`; milliseconds, where the meta device would import torch's compiler
-    first), each input's batch then set to the micro-batch."""
+def conv_calls(cfg: TrainConfig, world_size: int = 1, image: tuple[int, int, int] = IMAGE) -> list[ConvShape]:
+    """Every convolution call of one training step of `cfg`'s ResNet-18, in order, repeats included: one image
+    through the model on the CPU (`labkit.models.layer_macs`; milliseconds, where the meta device would import
+    torch's compiler first), each input's batch then set to the micro-batch."""
     import torch
     from torch import nn
 
@@ -63,10 +63,14 @@ def conv_shapes(cfg: TrainConfig, world_size: int = 1, image: tuple[int, int, in
     with torch.random.fork_rng(devices=[]):  # the model's initialisation leaves the caller's random stream alone
         model = resnet18(width=cfg.width)
     n = micro_batch(cfg, world_size)
-    shapes = {ConvShape((n, *r["input_shape"][1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
-                        tuple(m.dilation), m.groups, r["input_grad"]): None
-              for r in layer_macs(model, (1, *image)) if isinstance(m := r["layer"], nn.Conv2d)}
-    return list(shapes)
+    return [ConvShape((n, *r["input_shape"][1:]), tuple(m.weight.shape), tuple(m.stride), tuple(m.padding),
+                      tuple(m.dilation), m.groups, r["input_grad"])
+            for r in layer_macs(model, (1, *image)) if isinstance(m := r["layer"], nn.Conv2d)]
+
+
+def conv_shapes(cfg: TrainConfig, world_size: int = 1, image: tuple[int, int, int] = IMAGE) -> list[ConvShape]:
+    """The distinct convolution calls of one training step (`conv_calls` without repeats), in order."""
+    return list(dict.fromkeys(conv_calls(cfg, world_size, image)))
 
 
 def applies(cfg: TrainConfig, device) -> bool:

@@ -13,6 +13,8 @@ TOP = preset("muon")
 def test_conv_shapes_are_the_resnet18_steps_distinct_convolutions_at_the_micro_batch():
     shapes = CW.conv_shapes(TOP)
     assert len(shapes) == 11  # the stem, layer1's 3x3, and three per later stage (two 3x3 and the 1x1 shortcut)
+    calls = CW.conv_calls(TOP)  # every call, repeats included: 20 convolutions, in the step's order
+    assert len(calls) == 20 and list(dict.fromkeys(calls)) == shapes
     assert {s.input[0] for s in shapes} == {TOP.batch_size}
     assert [s.input_grad for s in shapes] == [False] + [True] * 10  # no gradient for the image
     assert shapes[0].input == (TOP.batch_size, 3, 32, 32) and shapes[0].weight == (64, 3, 3, 3)
