@@ -13,9 +13,11 @@ process with no trace and no cache lookup. torch 2.11 has it behind `torch._dyna
 The saved function is `forward(model, x)` with the rung's autocast inside it, so it is called outside autocast and
 its guards (checked at every call) see the tensors as they were at the build. A file is used only where it was
 built for this card, torch version, graph (`labkit.train.graph_key`) and model code (`code_version`), in a single
-process (DDP wraps the model), without checkpointing. A missing file means the artifact path, silently; a stale,
-corrupt or unloadable one the same, with one line saying why. `LABKIT_PRECOMPILED=0` turns the file off (to
-measure the artifact path beside it).
+process (DDP wraps the model), without checkpointing, and not with `compile_tuning`: a loaded function's kernels
+ran their coordinate-descent tuning again at the first call, 133 s of one run, and another such run crashed
+(cold_start_tuned_edges_h200.json, cold_start_tuned_artifact_h200.json), so that config compiles as usual.
+A missing file means the artifact path, silently; a stale, corrupt or unloadable one the same, with one line saying
+why. `LABKIT_PRECOMPILED=0` turns the file off (to measure the artifact path beside it).
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ def loadable() -> bool:
 
 def applies(cfg: TrainConfig, device: torch.device, world_size: int = 1) -> bool:
     """Whether a run of `cfg` can take its forward from a file (see the module's docstring)."""
-    return (bool(cfg.compile) and world_size == 1 and not cfg.checkpointing and forward_for(cfg, device) is not None
-            and os.environ.get("LABKIT_PRECOMPILED", "1") != "0" and loadable())
+    return (bool(cfg.compile) and world_size == 1 and not cfg.checkpointing and not cfg.compile_tuning
+            and forward_for(cfg, device) is not None and os.environ.get("LABKIT_PRECOMPILED", "1") != "0"
+            and loadable())
 
 
 def path_for(device: torch.device, graph: dict, folder: str | os.PathLike | None = None) -> Path:

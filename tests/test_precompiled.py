@@ -76,6 +76,7 @@ def test_where_a_saved_forward_applies(monkeypatch):
     assert not P.applies(compiled, CPU, world_size=2)  # DDP wraps the model
     assert not P.applies(T.with_changes(compiled, checkpointing=True), CPU)
     assert not P.applies(T.with_changes(compiled, precision="fp16"), CPU)
+    assert not P.applies(T.with_changes(compiled, compile_tuning=True), CPU)  # its kernels would tune again
     assert P.applies(compiled, CPU) == P.loadable()
     monkeypatch.setenv("LABKIT_PRECOMPILED", "0")
     assert not P.applies(compiled, CPU)
