@@ -338,6 +338,49 @@ def test_results_page_matmul_edges_figures_match_their_h200_records():
             f"the best measured here is {r2['img_per_s'] / r0['img_per_s']:.2f}x") in page
 
 
+def test_results_page_matmul_edges_and_tuning_from_a_cold_start_match_their_h200_records():
+    """'What a 5-epoch run gains from them': the table's spreads, and the tuned runs' figures, from their records."""
+    import json
+
+    res = ROOT / "benchmarks" / "results"
+    page = results_page()
+    load = lambda name: json.loads((res / f"cold_start_{name}_h200.json").read_text())  # noqa: E731
+    recs = {n: load(n) for n in ("matmul_edges", "tuned_edges", "tuned_artifact")}
+    for r in recs.values():
+        assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+        assert r["env"]["git_commit"].startswith("7942c18") and r["env"]["command"].startswith("cold_start.py")
+
+    def span(xs, f):
+        lo, hi = f(min(xs)), f(max(xs))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    seconds, count = (lambda x: f"{x:.1f}"), (lambda x: f"{x:,.0f}")  # noqa: E731
+    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+    jobs = recs["matmul_edges"]["jobs"]
+    for label, row in (("whole run muon, artifact", "the rung"),
+                       ("whole run muon, artifact, matmul edges", "matmul edges")):
+        runs = jobs[label]["runs"]
+        tiers = [r["tiered"] for r in runs]
+        assert len(runs) == 3 and all(t["source"] == "saved forward" for t in tiers)
+        assert (f"| {row} | {span([t['ready_s'] for t in tiers], seconds)} s | "
+                f"{span([t['eager_steps'] for t in tiers], count)} of 60 | "
+                f"{span([r['wall_s'] for r in runs], seconds)} s | {span([r['img_per_s'] for r in runs], count)} | "
+                f"{span([r['accuracy'] for r in runs], pct)}% |") in page
+    eager = jobs["whole run batch_fused"]["runs"]
+    assert (f"| eager `batch_fused` | | | {span([r['wall_s'] for r in eager], seconds)} s | "
+            f"{span([r['img_per_s'] for r in eager], count)} | {span([r['accuracy'] for r in eager], pct)}% |") in page
+    tuned = recs["tuned_edges"]["jobs"]["whole run muon, artifact, matmul edges, tuned"]["runs"][0]
+    builds = [recs["tuned_edges"]["variant_artifacts"]["matmul edges, tuned"], recs["tuned_artifact"]["artifact"]]
+    assert f"took {span([b['build_s'] for b in builds], lambda x: f'{x:.0f}')} s to build" in page
+    assert f"switched to the loaded forward took {tuned['tiered']['switch_step_s']:.1f} s" in page
+    jobs = recs["tuned_artifact"]["jobs"]
+    assert jobs["whole run muon, artifact"]["runs"][0]["error"].startswith("exit -11") and "exit -11" in page
+    path = jobs["whole run muon, artifact, artifact path"]["runs"][0]
+    assert f"all {path['compile_cache']['autotune_placed']} autotuning results were put in place" in page
+    assert (f"first step took {path['first_step_s']:.1f} s. After that the run trained at {path['img_per_s']:,.0f} "
+            f"img/s, at {100 * path['accuracy']:.2f}% accuracy") in page
+
+
 def test_top_rung_benchmark_skips_on_cpu_and_names_real_default_variants(capsys):
     import importlib.util
 
