@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import inspect
 import math
 import os
 import time
@@ -355,10 +356,13 @@ def _build_model(cfg: TrainConfig, num_classes: int, dev: torch.device):
         return model, model, flops
     from torch.nn.parallel import DistributedDataParallel  # gradients all-reduced in buckets during backward
 
+    # torch 2.14 renamed broadcast_buffers (deprecated there, with a warning) to forward_sync_buffers, which also
+    # syncs the buffers once at wrap time: the same here, since every rank builds the model from one seed
+    sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            else "broadcast_buffers")
     net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
                                   bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph,
-                                  gradient_as_bucket_view=cfg.ddp_static_graph,
-                                  broadcast_buffers=cfg.ddp_broadcast_buffers)
+                                  gradient_as_bucket_view=cfg.ddp_static_graph, **{sync: cfg.ddp_broadcast_buffers})
     if cfg.ddp_bf16_grads:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
