@@ -63,6 +63,8 @@ class Tier:
         self.t0 = time.perf_counter()
         self.source: str | None = None    # the forward in use: "saved forward" (a file), "compiled beside the run"
         self.ready_s: float | None = None  # seconds from `start` to the forward being ready
+        self.import_s: float | None = None  # of which importing torch's compiler modules (dynamo)
+        self.load_s: float | None = None   # and loading the saved file (`labkit.precompiled.load_found`)
         self.eager_steps = 0
         self.compiled_steps = 0
         self.switch_step_s: float | None = None  # the first compiled step's seconds (CUDA graph capture, ...)
@@ -103,7 +105,8 @@ class Tier:
 
     def report(self) -> dict:
         """The record's `tiered`: where the forward came from, when it was ready, the steps each way."""
-        return {"source": self.source, "ready_s": self.ready_s, "eager_steps": self.eager_steps,
+        return {"source": self.source, "ready_s": self.ready_s, "import_s": self.import_s, "load_s": self.load_s,
+                "eager_steps": self.eager_steps,
                 "compiled_steps": self.compiled_steps, "switch_step_s": self.switch_step_s,
                 "stopped_compiling": self.stopped}
 
@@ -127,11 +130,14 @@ class Tier:
         try:
             import torch._dynamo  # noqa: F401  (first: the training thread's optimizer waits for this one)
 
+            self.import_s = round(time.perf_counter() - self.t0, 3)
             source = "saved forward" if found is not None else "compiled beside the run"
             if found is None:
                 found = self._compile(graph, folder)
             if found is not None:
+                t = time.perf_counter()
                 fn = P.load_found(self.cfg, *found, say=self.say, then="the run stays eager")
+                self.load_s = round(time.perf_counter() - t, 3)
                 if fn is not None:
                     self._fn, self.source = fn, source
                     self.ready_s = round(time.perf_counter() - self.t0, 3)

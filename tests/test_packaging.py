@@ -366,7 +366,7 @@ def test_results_page_matmul_edges_and_tuning_from_a_cold_start_match_their_h200
                 f"{span([t['eager_steps'] for t in tiers], count)} of 60 | "
                 f"{span([r['wall_s'] for r in runs], seconds)} s | {span([r['img_per_s'] for r in runs], count)} | "
                 f"{span([r['accuracy'] for r in runs], pct)}% |") in page
-    pairs = zip(jobs["whole run muon, artifact"]["runs"], jobs["whole run muon, artifact, matmul edges"]["runs"])
+    pairs = zip(jobs["whole run muon, artifact"]["runs"], jobs["whole run muon, artifact, matmul edges"]["runs"], strict=True)
     assert all(e["wall_s"] > r["wall_s"] for r, e in pairs) and "finished later, in all three rounds" in page
     eager = jobs["whole run batch_fused"]["runs"]
     assert (f"| eager `batch_fused` | | | {span([r['wall_s'] for r in eager], seconds)} s | "

@@ -86,6 +86,7 @@ def test_a_saved_forward_loads_in_a_thread_and_is_handed_over_once_ready(tmp_pat
         assert fn is not None and fn(model, x).shape == (cfg.batch_size, 10)
     report = tier.close()
     assert report["source"] == "saved forward" and report["ready_s"] > 0
+    assert 0 <= report["import_s"] <= report["ready_s"] and 0 < report["load_s"] <= report["ready_s"]
     assert got == [f"precompiled forward: loaded {P.path_for(CPU, GRAPH, tmp_path).name} (the first step traces "
                    f"nothing)"]
 
