@@ -371,6 +371,16 @@ def test_results_page_matmul_edges_and_tuning_from_a_cold_start_match_their_h200
     eager = jobs["whole run batch_fused"]["runs"]
     assert (f"| eager `batch_fused` | | | {span([r['wall_s'] for r in eager], seconds)} s | "
             f"{span([r['img_per_s'] for r in eager], count)} | {span([r['accuracy'] for r in eager], pct)}% |") in page
+    timed = load("matmul_edges_load")
+    assert timed["env"]["git_commit"].startswith("dd5ba25") and timed["env"]["device_name"] == "NVIDIA H200"
+    tiers = {k: [r["tiered"] for r in v["runs"]] for k, v in timed["jobs"].items()}
+    a, b = tiers["whole run muon, artifact"], tiers["whole run muon, artifact, matmul edges"]
+    assert len(a) == len(b) == 2 and "(`cold_start_matmul_edges_load_h200.json`, 2 rounds, commit dd5ba25)" in page
+    assert (f"Importing torch's compiler modules took {span([t['import_s'] for t in a + b], seconds)} s either way. "
+            f"Loading the saved forward took {span([t['load_s'] for t in b], seconds)} s with the edges, against "
+            f"{span([t['load_s'] for t in a], seconds)} s, and the first compiled step "
+            f"{span([t['switch_step_s'] for t in b], lambda x: f'{x:.2f}')} s, against "
+            f"{span([t['switch_step_s'] for t in a], lambda x: f'{x:.2f}')} s.") in page
     tuned = recs["tuned_edges"]["jobs"]["whole run muon, artifact, matmul edges, tuned"]["runs"][0]
     builds = [recs["tuned_edges"]["variant_artifacts"]["matmul edges, tuned"], recs["tuned_artifact"]["artifact"]]
     assert f"took {span([b['build_s'] for b in builds], lambda x: f'{x:.0f}')} s to build" in page
