@@ -3,8 +3,8 @@
 A `Remote` is one `autograder.student.runner` process behind one socket. The student's runner lives in the
 sandbox (autograder.jail); the baseline's runner holds no student code at all. Every request is timed here,
 in the grader's process, with the grader's clock: nothing the student's process does can move it. While one
-side is being timed the other is frozen (SIGSTOP on every process it has), so a submission cannot slow the
-baseline by spinning threads or children in the background. Memory, process count and wall clock are watched
+side is being timed the other is frozen (SIGSTOP on every process it has, and a wait until every thread of them
+has stopped), so a submission cannot slow the baseline by spinning threads or children in the background. Memory, process count and wall clock are watched
 from outside; past a limit the whole sandbox is killed and the call fails with the cause.
 """
 
@@ -25,6 +25,12 @@ import psutil
 from autograder.jail import GRADER_ROOT, Jail
 from autograder.sandbox import _Capture, _kill, _rss
 from autograder.student import channel
+
+# A thread stops on SIGSTOP only when it next leaves the kernel: one inside a long system call (an mmap of a GiB
+# with MAP_POPULATE, say) goes on using a core and memory bandwidth after the signal. freeze() waits for every
+# thread to stop; one still running after this long means the side cannot be frozen, and its runner is stopped.
+FREEZE_WAIT_S = 5.0
+_STOPPED = frozenset("TtZXx")  # /proc/<pid>/task/<tid>/stat states: stopped, traced, zombie, dead
 
 
 class RemoteFailed(Exception):
@@ -104,17 +110,24 @@ class Remote:
         self.kill()
 
     def freeze(self) -> None:
-        """Stop every process of this runner until thaw(); new children found while stopping are stopped too."""
+        """Stop every process of this runner until thaw(), children found while stopping too, and return once
+        every thread of them has stopped (FREEZE_WAIT_S at most: past it the runner is stopped, RemoteFailed)."""
         seen: set[int] = set()
-        for _ in range(20):
-            new = [p for p in self.members() if p.pid not in seen]
-            if not new:
-                break
-            for p in new:
-                with contextlib.suppress(psutil.Error):
-                    p.send_signal(signal.SIGSTOP)
-                seen.add(p.pid)
+        deadline = time.monotonic() + FREEZE_WAIT_S
         self._frozen = True
+        while True:
+            procs = self.members()
+            for p in procs:
+                if p.pid not in seen:
+                    with contextlib.suppress(psutil.Error):
+                        p.send_signal(signal.SIGSTOP)
+                    seen.add(p.pid)
+            if all(_stopped(p) for p in procs) and all(p.pid in seen for p in self.members()):
+                return
+            if time.monotonic() > deadline:
+                self._fail("freeze")
+                raise RemoteFailed(f"the submission's process {_WORDS['freeze']}", "freeze")
+            time.sleep(0.001)
 
     def thaw(self) -> None:
         for p in self.members():
@@ -166,9 +179,7 @@ class Remote:
                     raise RemoteFailed(f"the grading process broke the protocol: {e}", "protocol") from None
                 break
         cause = self.cause or "died"
-        words = {"memory": "used more memory than allowed and was stopped",
-                 "processes": "started more processes than allowed and was stopped",
-                 "died": f"exited (status {self.proc.poll()}) while {what}"}
+        words = {**_WORDS, "died": f"exited (status {self.proc.poll()}) while {what}"}
         raise RemoteFailed(f"the submission's process {words.get(cause, cause)}", cause)
 
     def call(self, probe: str, params: dict | None = None, *, timeout_s: float = 120.0) -> tuple[object, float]:
@@ -199,6 +210,34 @@ class Remote:
     def tail(self) -> str:
         """The last lines the runner printed (the student's prints and tracebacks), for logs."""
         return self.output.text()[-2000:]
+
+
+_WORDS = {"memory": "used more memory than allowed and was stopped",
+          "processes": "started more processes than allowed and was stopped",
+          "freeze": f"kept running more than {FREEZE_WAIT_S:g} s after it was told to stop while the other side "
+                    f"was timed, and was stopped"}
+
+
+def _stopped(p: psutil.Process) -> bool:
+    """Whether every thread of `p` has stopped (or it is gone). Linux reads each thread's state from /proc; where
+    there is none, the process's state stands for its threads."""
+    try:
+        tasks = os.listdir(f"/proc/{p.pid}/task")
+    except FileNotFoundError:
+        return not p.is_running() or p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP,
+                                                      psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except (OSError, psutil.Error):
+        return True  # gone meanwhile
+    for tid in tasks:
+        try:
+            with open(f"/proc/{p.pid}/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # that thread ended
+        # "tid (comm) S ...": comm may hold spaces and parentheses, the state follows its last ")"
+        if stat[stat.rfind(b")") + 2:][:1].decode() not in _STOPPED:
+            return False
+    return True
 
 
 def interleaved(a: Remote, req_a, b: Remote, req_b, *, rounds: int, warmup: int = 1, timeout_s: float = 300.0,

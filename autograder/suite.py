@@ -253,6 +253,9 @@ class SuiteBuilder:
                 self._files(self.notebook(slow + "\n" + steal + _IMPORT_TRUSTED)), Expect(True, False))
             add("spinner", "slow solution whose import starts detached processes that spin while the baseline is "
                 "timed", self._files(self.notebook(slow + "\n" + _SPINNER)), Expect(True, False))
+            add("in_kernel", "slow solution whose import starts a process that works inside long system calls, "
+                "where a stop signal waits for it, while the baseline is timed",
+                self._files(self.notebook(slow + "\n" + _IN_KERNEL)), Expect(True, False))
             for tag in ("a", "b"):  # two of them: whichever is graded second would find the first one's plant
                 add(f"cache_share_{tag}", "slow solution that plants the fast answer in its compile caches and "
                     "runs any answer another student planted there", self._files(self.notebook(
@@ -478,6 +481,16 @@ for _ in range(3):
         os.setsid()
         while True:
             pass
+"""
+
+# Each call faults in 256 MiB before it returns to the process, and SIGSTOP takes effect only on that return.
+_IN_KERNEL = r"""
+import mmap, os
+if os.fork() == 0:
+    os.setsid()
+    _flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    while True:
+        mmap.mmap(-1, 256 << 20, flags=_flags).close()
 """
 
 

@@ -8,6 +8,7 @@ The fixtures are generated from the toy assignment's source and release notebook
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -33,7 +34,7 @@ IN_BATCH = ["reference", "release", "wrong_fast", "tests_edited", "slow_correct"
             "vandal", "malformed", "no_notebook",
             # the hostile class: forge, reach the grader's files, kill, outlive, flood, steal, slow the baseline
             "forge_verdict", "reach_files", "kill_all", "daemon", "fork_flood", "import_reference", "spinner",
-            "cache_share_a", "cache_share_b"]
+            "in_kernel", "cache_share_a", "cache_share_b"]
 CANARY = "instructor-only: the hidden answers are 42"
 
 
@@ -123,6 +124,71 @@ def test_killing_a_sandbox_does_not_wait_for_its_zombies(tmp_path):
     r.close()
     assert time.monotonic() - t0 < 1.0  # it waited for the machine's init to reap them: 1-2 s per runner
     assert r.proc.poll() is not None
+
+
+# A hand-in whose helper process spends its time inside the kernel: each mmap with MAP_POPULATE faults in 256 MiB
+# before it returns, and a thread obeys SIGSTOP only on its way out of the kernel.
+_IN_KERNEL = """import mmap, os
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        mmap.mmap(-1, 256 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE).close()
+
+def total(x):
+    return int((x * x).sum())
+"""
+
+
+def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(tmp_path):
+    """While one side is timed the other is frozen. SIGSTOP alone left a helper inside a long system call using
+    a core and memory bandwidth beside the baseline's timing; freeze() returns only once every thread of the
+    hand-in has stopped, and nothing of it runs until thaw()."""
+    from autograder import jail
+    from autograder.remote import Remote, _stopped
+
+    if jail.probe():
+        pytest.skip(jail.probe())
+    if not hasattr(mmap, "MAP_POPULATE"):
+        pytest.skip("no MAP_POPULATE on this platform")
+    (tmp_path / "s.py").write_text(_IN_KERNEL)
+    r = Remote(work_dir=tmp_path, device="cpu", jail=jail.Jail(writable=[tmp_path]), student_file=tmp_path / "s.py")
+    try:
+        assert r.call("toy.totals", {"arrays": [[1, 2]]})[0] == {"totals": [5]}  # imports it: the helper starts
+
+        def cpu(procs):
+            return sum(sum(p.cpu_times()[:2]) for p in procs if p.is_running())
+
+        for _ in range(5):
+            time.sleep(0.2)  # the helper is back at its mmap calls
+            r.freeze()
+            procs = r.members()
+            assert len(procs) >= 3 and all(_stopped(p) for p in procs)  # bwrap, the runner and the helper
+            before = cpu(procs)
+            time.sleep(0.3)
+            assert cpu(procs) == before
+            r.thaw()
+    finally:
+        r.close()
+
+
+def test_a_hand_in_that_cannot_be_frozen_is_stopped_with_that_cause(tmp_path, monkeypatch):
+    """A thread that never stops (here: one reported running throughout) must not be timed beside: the runner is
+    stopped and the check fails with the cause 'freeze', instead of the baseline being timed next to it."""
+    from autograder import jail, remote
+
+    if jail.probe():
+        pytest.skip(jail.probe())
+    r = remote.Remote(work_dir=tmp_path, device="cpu", jail=jail.Jail(writable=[tmp_path]))
+    try:
+        r.wait_ready()
+        monkeypatch.setattr(remote, "FREEZE_WAIT_S", 0.2)
+        monkeypatch.setattr(remote, "_stopped", lambda p: False)
+        with pytest.raises(remote.RemoteFailed, match="kept running") as e:
+            r.freeze()
+        assert e.value.cause == "freeze" and r.cause == "freeze"
+        r.proc.wait(timeout=10)  # killed, with everything it started
+    finally:
+        r.close()
 
 
 # ------------------------------------------------------------------------------------------------ intake
