@@ -4,8 +4,9 @@ A `Remote` is one `autograder.student.runner` process behind one socket. The stu
 sandbox (autograder.jail); the baseline's runner holds no student code at all. Every request is timed here,
 in the grader's process, with the grader's clock: nothing the student's process does can move it. While one
 side is being timed the other is frozen (SIGSTOP on every process it has, and a wait until every thread of them
-has stopped), so a submission cannot slow the baseline by spinning threads or children in the background. Memory, process count and wall clock are watched
-from outside; past a limit the whole sandbox is killed and the call fails with the cause.
+has stopped), so a submission cannot slow the baseline by spinning threads or children in the background.
+Memory, process count and wall clock are watched from outside; past a limit the whole sandbox is killed and the
+call fails with the cause.
 """
 
 from __future__ import annotations
@@ -223,10 +224,13 @@ def _stopped(p: psutil.Process) -> bool:
     there is none, the process's state stands for its threads."""
     try:
         tasks = os.listdir(f"/proc/{p.pid}/task")
-    except FileNotFoundError:
-        return not p.is_running() or p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP,
-                                                      psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except (OSError, psutil.Error):
+    except FileNotFoundError:  # no /proc here, or the process is gone
+        try:
+            return p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE,
+                                  psutil.STATUS_DEAD)
+        except psutil.Error:
+            return True
+    except OSError:
         return True  # gone meanwhile
     for tid in tasks:
         try:

@@ -106,9 +106,8 @@ class Tier:
     def report(self) -> dict:
         """The record's `tiered`: where the forward came from, when it was ready, the steps each way."""
         return {"source": self.source, "ready_s": self.ready_s, "import_s": self.import_s, "load_s": self.load_s,
-                "eager_steps": self.eager_steps,
-                "compiled_steps": self.compiled_steps, "switch_step_s": self.switch_step_s,
-                "stopped_compiling": self.stopped}
+                "eager_steps": self.eager_steps, "compiled_steps": self.compiled_steps,
+                "switch_step_s": self.switch_step_s, "stopped_compiling": self.stopped}
 
     def close(self) -> dict:
         """Stop a compile still running (one line), wait for the loading thread; returns `report()`."""

@@ -126,19 +126,6 @@ def test_killing_a_sandbox_does_not_wait_for_its_zombies(tmp_path):
     assert r.proc.poll() is not None
 
 
-# A hand-in whose helper process spends its time inside the kernel: each mmap with MAP_POPULATE faults in 256 MiB
-# before it returns, and a thread obeys SIGSTOP only on its way out of the kernel.
-_IN_KERNEL = """import mmap, os
-if os.fork() == 0:
-    os.setsid()
-    while True:
-        mmap.mmap(-1, 256 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE).close()
-
-def total(x):
-    return int((x * x).sum())
-"""
-
-
 def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(tmp_path):
     """While one side is timed the other is frozen. SIGSTOP alone left a helper inside a long system call using
     a core and memory bandwidth beside the baseline's timing; freeze() returns only once every thread of the
@@ -150,7 +137,8 @@ def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(t
         pytest.skip(jail.probe())
     if not hasattr(mmap, "MAP_POPULATE"):
         pytest.skip("no MAP_POPULATE on this platform")
-    (tmp_path / "s.py").write_text(_IN_KERNEL)
+    # the hostile class's helper (mmap calls that fault in 256 MiB each), and the toy's answer
+    (tmp_path / "s.py").write_text(suite._IN_KERNEL + "\ndef total(x):\n    return int((x * x).sum())\n")
     r = Remote(work_dir=tmp_path, device="cpu", jail=jail.Jail(writable=[tmp_path]), student_file=tmp_path / "s.py")
     try:
         assert r.call("toy.totals", {"arrays": [[1, 2]]})[0] == {"totals": [5]}  # imports it: the helper starts
