@@ -3,8 +3,9 @@
 A `Remote` is one `autograder.student.runner` process behind one socket. The student's runner lives in the
 sandbox (autograder.jail); the baseline's runner holds no student code at all. Every request is timed here,
 in the grader's process, with the grader's clock: nothing the student's process does can move it. While one
-side is being timed the other is frozen (SIGSTOP on every process it has, and a wait until every thread of them
-has stopped), so a submission cannot slow the baseline by spinning threads or children in the background.
+side is being timed the other is frozen (SIGSTOP on every process it has, a wait until every thread of them has
+stopped, and a check afterwards that none of them ran meanwhile), so a submission cannot slow the baseline by
+spinning threads or children in the background.
 Memory, process count and wall clock are watched from outside; past a limit the whole sandbox is killed and the
 call fails with the cause.
 """
@@ -32,6 +33,9 @@ from autograder.student import channel
 # thread to stop; one still running after this long means the side cannot be frozen, and its runner is stopped.
 FREEZE_WAIT_S = 5.0
 _STOPPED = frozenset("TtZXx")  # /proc/<pid>/task/<tid>/stat states: stopped, traced, zombie, dead
+# A stopped process can be woken by a signal the kernel sends it (a POSIX timer's SIGCONT), so stopped at the start
+# of a timing is not stopped throughout: CPU a frozen side used by the end of it, past this, fails the check.
+FROZEN_SLACK_S = 0.002
 
 
 class RemoteFailed(Exception):
@@ -57,6 +61,7 @@ class Remote:
         self.peak_rss_bytes = 0
         self._ids = 0
         self._frozen = False
+        self._frozen_tasks: dict = {}
         parent, child = socket.socketpair()
         cmd = [sys.executable, "-m", "autograder.student.runner", "--fd", str(child.fileno()), "--device", device]
         if student_file is not None:
@@ -112,10 +117,13 @@ class Remote:
 
     def freeze(self) -> None:
         """Stop every process of this runner until thaw(), children found while stopping too, and return once
-        every thread of them has stopped (FREEZE_WAIT_S at most: past it the runner is stopped, RemoteFailed)."""
+        every thread of them is still: stopped, or waiting in the kernel without using the CPU (a thread whose
+        vfork child was stopped before its exec). FREEZE_WAIT_S at most: past it the runner is stopped,
+        RemoteFailed. `check_frozen()` then tells whether it stayed so."""
         seen: set[int] = set()
         deadline = time.monotonic() + FREEZE_WAIT_S
         self._frozen = True
+        last: dict = {}
         while True:
             procs = self.members()
             for p in procs:
@@ -123,12 +131,27 @@ class Remote:
                     with contextlib.suppress(psutil.Error):
                         p.send_signal(signal.SIGSTOP)
                     seen.add(p.pid)
-            if all(_stopped(p) for p in procs) and all(p.pid in seen for p in self.members()):
+            now = _tasks(procs)
+            still = all(st in _STOPPED or (st == "D" and last.get(k, ("", -1.0))[1] == cpu)
+                        for k, (st, cpu) in now.items())
+            if still and all(p.pid in seen for p in self.members()):
+                self._frozen_tasks = now
                 return
             if time.monotonic() > deadline:
                 self._fail("freeze")
                 raise RemoteFailed(f"the submission's process {_WORDS['freeze']}", "freeze")
+            last = now
             time.sleep(0.001)
+
+    def check_frozen(self) -> None:
+        """Raise RemoteFailed (cause "freeze", the runner stopped) if this side ran since freeze() returned: a
+        thread or process that was not there, or CPU time past FROZEN_SLACK_S."""
+        now = _tasks(self.members())
+        then = self._frozen_tasks
+        ran = sum(cpu - then[k][1] if k in then else cpu for k, (_, cpu) in now.items())
+        if set(now) - set(then) or ran > FROZEN_SLACK_S:
+            self._fail("freeze")
+            raise RemoteFailed(f"the submission's process {_WORDS['ran']}", "freeze")
 
     def thaw(self) -> None:
         for p in self.members():
@@ -216,32 +239,43 @@ class Remote:
 _WORDS = {"memory": "used more memory than allowed and was stopped",
           "processes": "started more processes than allowed and was stopped",
           "freeze": f"kept running more than {FREEZE_WAIT_S:g} s after it was told to stop while the other side "
-                    f"was timed, and was stopped"}
+                    f"was timed, and was stopped",
+          "ran": "ran while it was stopped for the other side's timing, and was stopped"}
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+_PSUTIL_STOPPED = {psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
+                   psutil.STATUS_DEAD: "X", psutil.STATUS_DISK_SLEEP: "D"}
 
 
-def _stopped(p: psutil.Process) -> bool:
-    """Whether every thread of `p` has stopped (or it is gone). Linux reads each thread's state from /proc; where
-    there is none, the process's state stands for its threads."""
-    try:
-        tasks = os.listdir(f"/proc/{p.pid}/task")
-    except FileNotFoundError:  # no /proc here, or the process is gone
+def _tasks(procs: list[psutil.Process]) -> dict[tuple[int, str], tuple[str, float]]:
+    """{(pid, thread id): (state letter, CPU seconds)} of every thread of `procs`: Linux reads each thread's
+    /proc entry (CPU time in nanoseconds from schedstat where the kernel keeps it, else clock ticks); where there
+    is no /proc, a process stands for its threads. Threads and processes that end meanwhile are left out."""
+    out = {}
+    for p in procs:
         try:
-            return p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE,
-                                  psutil.STATUS_DEAD)
-        except psutil.Error:
-            return True
-    except OSError:
-        return True  # gone meanwhile
-    for tid in tasks:
-        try:
-            with open(f"/proc/{p.pid}/task/{tid}/stat", "rb") as f:
-                stat = f.read()
+            tids = os.listdir(f"/proc/{p.pid}/task")
+        except FileNotFoundError:  # no /proc here, or the process is gone
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                out[(p.pid, "")] = (_PSUTIL_STOPPED.get(p.status(), "R"), t.user + t.system)
+            continue
         except OSError:
-            continue  # that thread ended
-        # "tid (comm) S ...": comm may hold spaces and parentheses, the state follows its last ")"
-        if stat[stat.rfind(b")") + 2:][:1].decode() not in _STOPPED:
-            return False
-    return True
+            continue
+        for tid in tids:
+            base = f"/proc/{p.pid}/task/{tid}"
+            try:
+                with open(f"{base}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # that thread ended
+            # "tid (comm) S ...": comm may hold spaces and parentheses, the fields follow its last ")"
+            fields = stat[stat.rfind(b")") + 2:].split()
+            cpu = (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"{base}/schedstat", "rb") as f:
+                    cpu = int(f.read().split()[0]) / 1e9
+            out[(p.pid, tid)] = (fields[0].decode(), cpu)
+    return out
 
 
 def interleaved(a: Remote, req_a, b: Remote, req_b, *, rounds: int, warmup: int = 1, timeout_s: float = 300.0,
@@ -265,6 +299,7 @@ def interleaved(a: Remote, req_a, b: Remote, req_b, *, rounds: int, warmup: int 
             other.freeze()
             try:
                 result, dt = remote.call(probe, params, timeout_s=timeout_s)
+                other.check_frozen()
             finally:
                 other.thaw()
             if check is not None:

@@ -131,7 +131,7 @@ def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(t
     a core and memory bandwidth beside the baseline's timing; freeze() returns only once every thread of the
     hand-in has stopped, and nothing of it runs until thaw()."""
     from autograder import jail
-    from autograder.remote import Remote, _stopped
+    from autograder.remote import _STOPPED, Remote, _tasks
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -150,7 +150,8 @@ def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(t
             time.sleep(0.2)  # the helper is back at its mmap calls
             r.freeze()
             procs = r.members()
-            assert len(procs) >= 3 and all(_stopped(p) for p in procs)  # bwrap, the runner and the helper
+            states = [st for st, _ in _tasks(procs).values()]
+            assert len(procs) >= 3 and set(states) <= _STOPPED  # bwrap, the runner and the helper: all threads
             before = cpu(procs)
             time.sleep(0.3)
             assert cpu(procs) == before
@@ -170,11 +171,73 @@ def test_a_hand_in_that_cannot_be_frozen_is_stopped_with_that_cause(tmp_path, mo
     try:
         r.wait_ready()
         monkeypatch.setattr(remote, "FREEZE_WAIT_S", 0.2)
-        monkeypatch.setattr(remote, "_stopped", lambda p: False)
+        monkeypatch.setattr(remote, "_tasks", lambda procs: {(1, "1"): ("R", 0.0)})
         with pytest.raises(remote.RemoteFailed, match="kept running") as e:
             r.freeze()
         assert e.value.cause == "freeze" and r.cause == "freeze"
         r.proc.wait(timeout=10)  # killed, with everything it started
+    finally:
+        r.close()
+
+
+# An honest hand-in: a thread runs a tool now and then. A freeze can stop the vfork child before its exec, and
+# the thread then waits in the kernel (state D) for as long as the child is stopped, using no CPU.
+_SUBPROCESS_THREAD = """import subprocess, threading
+
+def _poll():
+    while True:
+        subprocess.run(["true"])
+
+threading.Thread(target=_poll, daemon=True).start()
+
+def total(x):
+    return int((x * x).sum())
+"""
+
+
+def _toy_remote(tmp_path, code: str):
+    from autograder import jail
+    from autograder.remote import Remote
+
+    if jail.probe():
+        pytest.skip(jail.probe())
+    (tmp_path / "s.py").write_text(code)
+    r = Remote(work_dir=tmp_path, device="cpu", jail=jail.Jail(writable=[tmp_path]), student_file=tmp_path / "s.py")
+    assert r.call("toy.totals", {"arrays": [[1, 2]]})[0] == {"totals": [5]}  # imports it: its threads start
+    return r
+
+
+def test_a_hand_in_that_wakes_while_frozen_fails_the_check(tmp_path):
+    """Stopped when the timing starts is not stopped throughout: a process can have the kernel wake it (a POSIX
+    timer that sends it SIGCONT once it has stopped, pushed back all the while it runs). Here the test sends the
+    SIGCONT; check_frozen() finds the CPU the hand-in's spinners used after the freeze."""
+    from autograder import remote
+
+    r = _toy_remote(tmp_path, suite._SPINNER + "\ndef total(x):\n    return int((x * x).sum())\n")
+    try:
+        r.freeze()
+        for p in r.members():
+            p.send_signal(signal.SIGCONT)
+        time.sleep(0.3)  # the other side's timed call
+        with pytest.raises(remote.RemoteFailed, match="ran while it was stopped") as e:
+            r.check_frozen()
+        assert e.value.cause == "freeze" and r.cause == "freeze"
+    finally:
+        r.close()
+
+
+def test_an_honest_thread_running_tools_survives_many_freezes(tmp_path):
+    """A thread waiting in the kernel for a stopped vfork child uses no CPU: it counts as still, and an honest
+    hand-in is never failed for it."""
+    r = _toy_remote(tmp_path, _SUBPROCESS_THREAD)
+    try:
+        for _ in range(300):
+            r.freeze()
+            time.sleep(0.005)
+            r.check_frozen()
+            r.thaw()
+            time.sleep(0.005)
+        assert r.cause is None
     finally:
         r.close()
 
