@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from autograder.jail import GRADER_ROOT, Jail
-from autograder.sandbox import _Capture, _kill, _rss
+from autograder.sandbox import _Capture, _kill, _rss, too_many
 from autograder.student import channel
 
 # A thread stops on SIGSTOP only when it next leaves the kernel: one inside a long system call (an mmap of a GiB
@@ -54,9 +54,11 @@ class Remote:
     """One runner process. `student_file` None makes a baseline runner (no student code ever loaded)."""
 
     def __init__(self, *, work_dir: Path, device: str, jail: Jail, student_file: Path | None = None,
-                 memory_bytes: int | None = None, max_processes: int = 256, startup_s: float = 120.0):
+                 memory_bytes: int | None = None, max_processes: int = 256, max_threads: int = 4096,
+                 startup_s: float = 120.0):
         self.work_dir, self.device, self.jail = Path(work_dir), device, jail
         self.student_file, self.memory_bytes, self.max_processes = student_file, memory_bytes, max_processes
+        self.max_threads = max_threads
         self.cause: str | None = None
         self.peak_rss_bytes = 0
         self._ids = 0
@@ -107,7 +109,7 @@ class Remote:
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
             if self.memory_bytes and rss > self.memory_bytes:
                 self._fail("memory")
-            elif len(procs) > self.max_processes:
+            elif too_many(procs, self.max_processes, self.max_threads):
                 self._fail("processes")
             time.sleep(0.1)
 
@@ -237,7 +239,7 @@ class Remote:
 
 
 _WORDS = {"memory": "used more memory than allowed and was stopped",
-          "processes": "started more processes than allowed and was stopped",
+          "processes": "started more processes or threads than allowed and was stopped",
           "freeze": f"kept running more than {FREEZE_WAIT_S:g} s after it was told to stop while the other side "
                     f"was timed, and was stopped",
           "ran": "ran while it was stopped for the other side's timing, and was stopped"}

@@ -38,6 +38,7 @@ class Limits:
     poll_s: float = 0.25  # how often the watchdog looks, seconds
     keep_output_bytes: int = 64 * 1024  # how much of the start and of the end of the output is kept, bytes each
     max_processes: int | None = 512  # processes alive at once (a fork bomb is killed at the next look)
+    max_threads: int | None = 4096  # threads of all its processes at once: each takes one of the machine's process IDs
 
 
 @dataclass
@@ -48,7 +49,7 @@ class Outcome:
     wall_s: float  # seconds from start to the last process gone
     timed_out: bool = False  # killed for passing Limits.wall_s
     out_of_memory: bool = False  # killed for passing Limits.memory_bytes
-    too_many_processes: bool = False  # killed for passing Limits.max_processes
+    too_many_processes: bool = False  # killed for passing Limits.max_processes or Limits.max_threads
     peak_rss_bytes: int = 0  # largest total resident memory the watchdog saw, bytes
     output: str = ""  # stdout and stderr interleaved, head and tail only
     output_bytes: int = 0  # how many bytes the command wrote in all
@@ -182,6 +183,21 @@ def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> None:
             time.sleep(0.01)
 
 
+def _threads(procs: list[psutil.Process]) -> int:
+    """Threads of `procs` together: a process ID of the machine's each, so thousands of them in one process can
+    run the machine out of IDs for everyone, where a limit on processes alone never notices."""
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            total += p.num_threads()
+    return total
+
+
+def too_many(procs: list[psutil.Process], max_processes: int | None, max_threads: int | None) -> bool:
+    """Whether `procs` pass either cap (None: no cap)."""
+    return bool(max_processes and len(procs) > max_processes or max_threads and _threads(procs) > max_threads)
+
+
 def _rss(procs: list[psutil.Process]) -> int:
     total = 0
     for p in procs:
@@ -231,7 +247,7 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
                 out.out_of_memory = True
                 _kill(members)
                 break
-            if limits.max_processes and len(members) > limits.max_processes:
+            if too_many(members, limits.max_processes, limits.max_threads):
                 out.too_many_processes = True
                 _kill(members)
                 break

@@ -79,6 +79,36 @@ def test_sandbox_keeps_head_and_tail_of_a_flood(tmp_path):
     assert out.output.startswith("FIRST") and out.output.rstrip().endswith("LAST") and len(out.output) < 10_000
 
 
+# Threads by the thousand in one process: one process to a limit on processes, a process ID each to the machine.
+_THREAD_FLOOD = ("import threading, time\nthreading.stack_size(1 << 16)\n"
+                 "for _ in range(1000):\n    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                 "time.sleep(60)\n")
+
+
+def test_sandbox_stops_a_thread_flood(tmp_path):
+    out = sandbox.run_limited([PY, "-c", _THREAD_FLOOD], cwd=tmp_path,
+                              limits=sandbox.Limits(wall_s=30, max_threads=200, poll_s=0.05))
+    assert out.too_many_processes and out.cause() == "processes" and out.wall_s < 20
+
+
+def test_a_hand_in_starting_threads_by_the_thousand_is_stopped(tmp_path):
+    from autograder import jail, remote
+
+    if jail.probe():
+        pytest.skip(jail.probe())
+    (tmp_path / "s.py").write_text(_THREAD_FLOOD.replace("time.sleep(60)\n", "") + "def total(x):\n    return 0\n")
+    r = remote.Remote(work_dir=tmp_path, device="cpu", jail=jail.Jail(writable=[tmp_path]),
+                      student_file=tmp_path / "s.py", max_threads=200)
+    try:
+        with pytest.raises(remote.RemoteFailed) as e:
+            r.call("toy.totals", {"arrays": [[1, 2]]}, timeout_s=30)
+            time.sleep(2)  # the import finished before the watchdog's next look: the next call finds it stopped
+            r.call("toy.totals", {"arrays": [[1, 2]]}, timeout_s=30)
+        assert e.value.cause == "processes"
+    finally:
+        r.close()
+
+
 def test_sandbox_kills_a_daemon_that_left_the_session(tmp_path):
     marker = f"daemon-marker-{os.getpid()}"
     code = ("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
