@@ -147,11 +147,12 @@ class Remote:
 
     def check_frozen(self) -> None:
         """Raise RemoteFailed (cause "freeze", the runner stopped) if this side ran since freeze() returned: a
-        thread or process that was not there, or CPU time past FROZEN_SLACK_S."""
+        thread or process that came or went (a stopped one can do neither, and one that ran and ended would take
+        its CPU time with it), or CPU time past FROZEN_SLACK_S."""
         now = _tasks(self.members())
         then = self._frozen_tasks
-        ran = sum(cpu - then[k][1] if k in then else cpu for k, (_, cpu) in now.items())
-        if set(now) - set(then) or ran > FROZEN_SLACK_S:
+        ran = sum(cpu - then[k][1] for k, (_, cpu) in now.items() if k in then)
+        if set(now) != set(then) or ran > FROZEN_SLACK_S:
             self._fail("freeze")
             raise RemoteFailed(f"the submission's process {_WORDS['ran']}", "freeze")
 

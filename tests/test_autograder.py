@@ -256,6 +256,23 @@ def test_a_hand_in_that_wakes_while_frozen_fails_the_check(tmp_path):
         r.close()
 
 
+def test_a_thread_that_came_or_went_while_frozen_fails_the_check(tmp_path, monkeypatch):
+    """A stopped thread can neither start another nor end, and one that woke, spent CPU and ended would take its
+    CPU time out of the count: a thread set that changed is itself the sign that the side ran."""
+    from autograder import remote
+
+    r = _toy_remote(tmp_path, "def total(x):\n    return int((x * x).sum())\n")
+    try:
+        r.freeze()
+        frozen = dict(r._frozen_tasks)
+        gone = dict(list(frozen.items())[:-1])  # the last thread ended; its CPU time went with it
+        monkeypatch.setattr(remote, "_tasks", lambda procs: gone)
+        with pytest.raises(remote.RemoteFailed, match="ran while it was stopped"):
+            r.check_frozen()
+    finally:
+        r.close()
+
+
 def test_an_honest_thread_running_tools_survives_many_freezes(tmp_path):
     """A thread waiting in the kernel for a stopped vfork child uses no CPU: it counts as still, and an honest
     hand-in is never failed for it."""
