@@ -124,3 +124,27 @@ def test_a_variant_gets_its_own_artifact_only_when_it_changes_the_graph(cs):
     assert not cs.changes_graph("muon", ["epochs=3"], ["cudnn_limit=3"])
     assert cs.changes_graph("muon", [], ["batch_size=1024"])
     assert cs.changes_graph("muon", ["batch_size=1024"], ["compile_combo=true"])
+
+
+def test_compile_regions_cuts_the_model_into_regions_that_chain_to_it_and_skips_without_a_gpu(tmp_path, capsys):
+    """benchmarks/compile_regions.py: each split's regions, run in turn, are the model (same parameters, same
+    output), each region's input has the shape its child compiles for, and bad splits fail before any work."""
+    cr = benchmark_module("compile_regions")
+    from labkit.models import resnet18
+
+    model = resnet18(zero_init_residual=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    want = model(x)
+    for k, cuts in cr.CUTS.items():
+        h = x
+        for region, c in zip(cr.regions(model, k), cuts, strict=False):
+            assert h.shape[1:] == (cr.ENTERING[c][0], cr.ENTERING[c][1], cr.ENTERING[c][1])
+            h = region(h)
+        assert torch.allclose(h, want), k
+    for bad in (["--splits", "2,4"], ["--splits", "5,1"], ["--parts", "warm"], ["--repeats", "0"]):
+        with pytest.raises(SystemExit):
+            cr.main([*bad, "--device", "cpu", "--out", str(tmp_path)])
+    if not torch.cuda.is_available():
+        assert cr.main(["--device", "cpu", "--out", str(tmp_path)]) == 0
+        assert "compile_regions: needs a CUDA GPU" in capsys.readouterr().out
+        assert list(tmp_path.iterdir()) == []

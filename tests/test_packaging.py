@@ -1069,3 +1069,40 @@ def test_results_page_fast_exit_gate_and_tiered_warmup_match_their_records():
     from labkit.presets import TrainConfig
 
     assert TrainConfig().cudnn_warmup is None  # on only where labkit train starts tiered
+
+
+def test_results_page_compiling_in_regions_matches_its_h200_record():
+    """'Compiling the model in regions, at once': every figure of the table and the bullets from its record."""
+    import json
+    import statistics
+
+    page = results_page()
+    r = json.loads((ROOT / "benchmarks" / "results" / "compile_regions_h200.json").read_text())
+    assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+    assert r["env"]["git_commit"].startswith("81039b0") and r["env"]["command"].startswith("compile_regions.py")
+    assert "(`compile_regions_h200.json`, NVIDIA H200, torch 2.11.0+cu130, commit 81039b0, 2 rounds)" in page
+    groups = {k: [g for g in r["compile"] if g["k"] == k] for k in (1, 2, 4)}
+    assert all(len(g) == 2 and all("error" not in x for gr in g for x in gr["regions"]) for g in groups.values())
+
+    def span(xs, f):
+        return f"{f(min(xs))}–{f(max(xs))}"
+
+    one, count = (lambda x: f"{x:.1f}"), (lambda x: f"{x:,.0f}")  # noqa: E731
+    label = {1: "1 region (whole)", 2: "2 regions, 2 processes", 4: "4 regions, 4 processes"}
+    speed = {k: r["speed"][str(k)]["img_per_s"] for k in (1, 2, 4)}
+    for k, gs in groups.items():
+        first = [max(x["first_step_s"] for x in g["regions"]) for g in gs]
+        assert (f"| {label[k]} | {span(first, one)} s | {span([g['wall_s'] for g in gs], one)} s | "
+                f"{statistics.median(speed[k]):,.0f} ({span(speed[k], count)}) |") in page
+    slowest4 = max(max(x["first_step_s"] for x in g["regions"]) for g in groups[4])
+    fastest1 = min(g["regions"][0]["first_step_s"] for g in groups[1])
+    assert slowest4 < fastest1 / 2 and "compiled every region in less than half the time" in page
+    assert min(speed[4]) <= max(speed[1]) and max(speed[4]) >= min(speed[1])  # the spreads overlap: within noise
+    assert min(speed[2]) > max(speed[1])  # spreads apart
+    gain = statistics.median(speed[2]) / statistics.median(speed[1]) - 1
+    assert f"two regions ran {100 * gain:.1f}% faster, spreads apart" in page
+    setups = [x["setup_s"] for gs in groups.values() for g in gs for x in g["regions"]]
+    assert f"Each process also paid {span(setups, one)} s of setup" in page
+    gaps = [g1["regions"][0]["first_step_s"] - max(x["first_step_s"] for x in g4["regions"])
+            for g1, g4 in zip(groups[1], groups[4], strict=True)]
+    assert f"({span(gaps, lambda x: f'{x:.0f}')} s within a round)" in page
