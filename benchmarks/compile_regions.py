@@ -2,6 +2,7 @@
 compiled, and what the cuts cost the compiled step once it runs.
 
     python benchmarks/compile_regions.py [--splits 1,2,4] [--repeats 2] [--out benchmarks/results]
+    python benchmarks/compile_regions.py --parts compile,saved --splits 1,4 --repeats 3 --name compile_regions_saved
 
 A cold torch.compile of ResNet-18's forward and backward takes about 20 s in one process, mostly Python in dynamo,
 AOTAutograd and inductor, which runs on one core while the others wait for the few Triton kernels it hands them.
@@ -12,10 +13,15 @@ them at once:
             on an input of the shape, dtype and layout its region sees in the whole model. Each records its
             setup (interpreter, imports, CUDA, the model), its first step (the compile), and its age at the end;
             the group's wall time runs from starting the processes to the last one's exit.
+  saved     a new process starts K builders first thing, each compiling one region ahead of time and saving it
+            (torch's aot_compile, as labkit.precompiled saves the whole forward); meanwhile it sets up the model
+            and data and imports dynamo, then loads the K files and takes 3 steps through them: what a run
+            compiling its forward in K children would wait for. Its first step counts from its setup's end, as
+            `labkit train`'s does; every mark is the process's age. (--parts compile,saved)
   speed     one process compiles the model whole and as K regions chained, then times the model step (forward,
             loss and backward at the rung's batch, bf16, channels_last, no optimizer) for each, in alternating
             rounds: what the cuts cost once everything is compiled.
-K=1 is the whole model: the baseline of both parts, in the same call. The groups alternate over --repeats rounds,
+K=1 is the whole model: the baseline of every part, in the same call. The groups alternate over --repeats rounds,
 and the record is saved after each, so a call cut short keeps what it measured. A probe: labkit compiles the
 whole model (tiered start compiles it beside the run, labkit.tiered). Every process finds torch's bytecode as an
 install leaves it (cold_start.py's --bytecode installed). On a machine without a CUDA GPU nothing is measured.
@@ -29,6 +35,7 @@ T_IMPORT = time.perf_counter()  # before torch: a compile child's setup starts h
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -36,50 +43,19 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+# labkit and torch are imported inside the functions: the `saved` part's child starts its builders before it
+# imports torch, as a run would that starts them first thing.
 
-from cold_start import fresh_env, installed_bytecode  # noqa: E402
-
-from labkit.bench import save_result  # noqa: E402
-from labkit.env import LabkitError, pick_device, process_age_s  # noqa: E402
-
-# The model as 10 pieces (stem, 8 residual blocks, pooling and classifier); a split cuts it between pieces, at
-# stage boundaries, so each region's input has one fixed shape.
-CUTS = {1: [0, 10], 2: [0, 5, 10], 3: [0, 3, 7, 10], 4: [0, 3, 5, 7, 10]}
-# (channels, side) of the activation entering piece c, at width 64 and 32x32 images
-ENTERING = {0: (3, 32), 3: (64, 32), 5: (128, 16), 7: (256, 8)}
 BATCH = 4096   # the top rung's batch
 MODE = "reduce-overhead"  # the top rung's torch.compile mode (CUDA graphs)
-
-
-def pieces(model):
-    """The model's 10 pieces, in order, each a module (stem and head wrapped)."""
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class Stem(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1, self.bn1 = model.conv1, model.bn1
-
-        def forward(self, x):
-            return F.relu(self.bn1(self.conv1(x)))
-
-    class Head(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = model.fc
-
-        def forward(self, x):
-            return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
-
-    return [Stem(), *model.layers, Head()]
+# the cuts (model_regions.CUTS, imported with torch): 1 is the whole model
+SPLITS = (1, 2, 3, 4)
 
 
 def regions(model, k: int) -> list:
-    """The model as k nn.Sequential regions (CUTS), sharing its parameters."""
-    import torch.nn as nn
-    p, cuts = pieces(model), CUTS[k]
-    return [nn.Sequential(*p[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    import model_regions
+    return model_regions.regions(model, k)
 
 
 def build(dev):
@@ -98,27 +74,38 @@ def region_loss(out, y):
     return F.cross_entropy(out.float(), y) if out.dim() == 2 else out.float().square().mean()
 
 
-def child_compile(k: int, i: int, record: str) -> int:
+def region_input(k: int, i: int, dev, batch: int):
+    """An input of the shape, dtype and layout region i of a k-way split sees in the whole model (the images for
+    the first, bf16 activations that need their gradient for the others)."""
+    import torch
+    from model_regions import CUTS, ENTERING
+    c, side = ENTERING[CUTS[k][i]]
+    x = torch.randn(batch, c, side, side, device=dev, dtype=torch.float32 if i == 0 else torch.bfloat16)
+    return x.to(memory_format=torch.channels_last).requires_grad_(i > 0)
+
+
+def child_compile(k: int, i: int, batch: int, device: str, record: str) -> int:
     """One region of a k-way split, compiled cold in this process: setup, first step, then 2 more, seconds."""
     import torch
-    dev = torch.device("cuda")
+
+    from labkit.bench import synchronize
+    from labkit.env import process_age_s
+    dev = torch.device(device)
     model = build(dev)
     region = regions(model, k)[i]
-    c, side = ENTERING[CUTS[k][i]]
-    x = torch.randn(BATCH, c, side, side, device=dev, dtype=torch.float32 if i == 0 else torch.bfloat16)
-    x = x.to(memory_format=torch.channels_last).requires_grad_(i > 0)
-    y = torch.randint(0, 10, (BATCH,), device=dev)
+    x = region_input(k, i, dev, batch)
+    y = torch.randint(0, 10, (batch,), device=dev)
     fn = torch.compile(region, mode=MODE, dynamic=False)
-    torch.cuda.synchronize()
+    synchronize(dev)
     t0, steps = time.perf_counter(), []
     for _ in range(3):
         torch.compiler.cudagraph_mark_step_begin()
-        with torch.autocast("cuda", torch.bfloat16):
+        with torch.autocast(dev.type, torch.bfloat16):
             out = fn(x)
         region_loss(out, y).backward()
         model.zero_grad(set_to_none=True)  # a CUDA graph's outputs are overwritten by its next replay
         x.grad = None
-        torch.cuda.synchronize()
+        synchronize(dev)
         steps.append(time.perf_counter() - t0)
     Path(record).write_text(json.dumps({
         "k": k, "region": i, "setup_s": round(t0 - T_IMPORT + (process_age_s(T_IMPORT) or 0.0), 3),
@@ -127,18 +114,115 @@ def child_compile(k: int, i: int, record: str) -> int:
     return 0
 
 
-def child_speed(splits: list[int], rounds: int, steps: int, record: str) -> int:
+def child_build(k: int, i: int, batch: int, device: str, path: str, record: str) -> int:
+    """Region i of a k-way split compiled ahead of time and saved to `path`, as `labkit.precompiled` builds the
+    whole forward (torch's aot_compile, the rung's autocast inside); leaves at once once saved."""
+    import torch
+    import torch._dynamo.config as dynamo_config
+
+    from labkit import precompiled as P
+    from labkit.env import process_age_s
+    dev = torch.device(device)
+    model = build(dev)
+    region, x = regions(model, k)[i], region_input(k, i, dev, batch)
+    t0 = time.perf_counter()
+    with dynamo_config.patch(enable_aot_compile=True):
+        compiled = torch.compile(P.FORWARDS[(dev.type, "bf16")], fullgraph=True, dynamic=False, mode=MODE)
+        saved = compiled.aot_compile(((region, x), {}))
+    saved.save_compiled_function(path)
+    Path(record).write_text(json.dumps({
+        "region": i, "setup_s": round(t0 - T_IMPORT + (process_age_s(T_IMPORT) or 0.0), 3),
+        "compile_s": round(time.perf_counter() - t0, 3), "process_s": round(process_age_s() or 0.0, 3)}))
+    sys.stdout.flush()
+    os._exit(0)  # not the seconds inductor's compile workers take to shut down: the file is what counts
+
+
+def child_saved(k: int, batch: int, device: str, record: str) -> int:
+    """A run that starts k builders (`child_build`) first thing, sets up the model and data meanwhile, then loads
+    the k saved regions and takes 3 steps through them. Every mark is this process's age, seconds."""
+    t_start = time.perf_counter()
+    folder = Path(record).parent / "saved"
+    folder.mkdir()
+    builders = []
+    for i in range(k):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(folder / f"b{i}" / "inductor"),
+                   TRITON_CACHE_DIR=str(folder / f"b{i}" / "triton"))
+        builders.append(subprocess.Popen(
+            [sys.executable, __file__, "--child-build", str(k), str(i), str(batch), device, str(folder / f"r{i}.fn"),
+             str(folder / f"r{i}.json")], env=env, stdout=subprocess.DEVNULL, stderr=open(folder / f"b{i}.log", "w")))
+    t_spawned = time.perf_counter()
+    import torch
+    import torch.nn.functional as F
+
+    from labkit.bench import synchronize
+    from labkit.env import process_age_s
+    base = (process_age_s(t_start) or 0.0) - t_start
+    age = lambda t: round(base + t, 3)  # noqa: E731
+    dev = torch.device(device)
+    model = build(dev)
+    regs = regions(model, k)
+    x = torch.randn(batch, 3, 32, 32, device=dev).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    synchronize(dev)
+    t_setup = time.perf_counter()
+    import torch._dynamo  # noqa: F401  (what a run's loading thread imports while the builders work)
+    t_dynamo = time.perf_counter()
+    codes = [b.wait() for b in builders]
+    t_built = time.perf_counter()
+    out = {"k": k, "spawned_s": age(t_spawned), "setup_s": age(t_setup), "dynamo_s": age(t_dynamo),
+           "built_s": age(t_built), "builders": []}
+    for i, code in enumerate(codes):
+        rec = folder / f"r{i}.json"
+        if code != 0 or not rec.exists():
+            tail = (folder / f"b{i}.log").read_text().strip().splitlines()[-1:] or [f"exit {code}"]
+            raise SystemExit(f"builder {i} failed: {tail[0]}")
+        out["builders"].append(json.loads(rec.read_text()))
+    from labkit import precompiled as P
+    from labkit import train as T
+    cfg = T.preset("muon")
+    fns = []
+    for i in range(k):
+        f = folder / f"r{i}.fn"
+        fn = P.load_found(cfg, f, f.read_bytes(), say=print)
+        if fn is None:
+            raise SystemExit(f"region {i} could not be loaded")
+        fns.append(fn)
+    t_loaded = time.perf_counter()
+    steps, losses = [], []
+    for _ in range(3):
+        torch.compiler.cudagraph_mark_step_begin()
+        h = x
+        for fn, r in zip(fns, regs, strict=True):
+            h = fn(r, h)  # outside autocast: the saved function holds its own
+        loss = F.cross_entropy(h.float(), y)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        synchronize(dev)
+        steps.append(time.perf_counter())
+        losses.append(round(loss.item(), 4))
+    with torch.no_grad(), torch.autocast(dev.type, torch.bfloat16):  # the same loss, eager: the regions are the model
+        eager = F.cross_entropy(model(x).float(), y).item()
+    out.update(loaded_s=age(t_loaded), first_step_end_s=age(steps[0]),
+               first_step_s=round(steps[0] - t_setup, 3), steps_s=[round(t - t_setup, 3) for t in steps],
+               losses=losses, eager_loss=round(eager, 4))
+    Path(record).write_text(json.dumps(out))
+    return 0
+
+
+def child_speed(splits: list[int], rounds: int, steps: int, batch: int, device: str, record: str) -> int:
     """The model step compiled whole and as each split, timed in alternating rounds in this process (img/s)."""
     import torch
-    dev = torch.device("cuda")
+
+    from labkit.bench import synchronize
+    dev = torch.device(device)
     model = build(dev)
-    x = torch.randn(BATCH, 3, 32, 32, device=dev).to(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (BATCH,), device=dev)
+    x = torch.randn(batch, 3, 32, 32, device=dev).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=dev)
     fns = {k: [torch.compile(r, mode=MODE, dynamic=False) for r in regions(model, k)] for k in splits}
 
     def step(k):
         torch.compiler.cudagraph_mark_step_begin()
-        with torch.autocast("cuda", torch.bfloat16):
+        with torch.autocast(dev.type, torch.bfloat16):
             h = x
             for f in fns[k]:
                 h = f(h)
@@ -150,29 +234,30 @@ def child_speed(splits: list[int], rounds: int, steps: int, record: str) -> int:
         t0 = time.perf_counter()
         for _ in range(5):
             step(k)
-        torch.cuda.synchronize()
+        synchronize(dev)
         out[k]["compile_s"] = round(time.perf_counter() - t0, 3)
     for r in range(rounds):
         for k in splits[r % len(splits):] + splits[:r % len(splits)]:
-            torch.cuda.synchronize()
+            synchronize(dev)
             t0 = time.perf_counter()
             for _ in range(steps):
                 step(k)
-            torch.cuda.synchronize()
-            out[k]["img_per_s"].append(round(steps * BATCH / (time.perf_counter() - t0), 1))
+            synchronize(dev)
+            out[k]["img_per_s"].append(round(steps * batch / (time.perf_counter() - t0), 1))
     Path(record).write_text(json.dumps({str(k): v for k, v in out.items()}))
     return 0
 
 
-def compile_group(k: int, timeout_s: float) -> dict:
+def compile_group(k: int, tail: list[str], timeout_s: float) -> dict:
     """k compile children started together, each with its own empty caches; their records and the wall time."""
+    from cold_start import fresh_env
     with tempfile.TemporaryDirectory(prefix="labkit-regions-") as d:
         procs, records = [], []
         t0 = time.perf_counter()
         for i in range(k):
             rec = Path(d) / f"region{i}.json"
             env = fresh_env(Path(d) / f"caches{i}", None)
-            procs.append(subprocess.Popen([sys.executable, __file__, "--child-compile", str(k), str(i), str(rec)],
+            procs.append(subprocess.Popen([sys.executable, __file__, "--child-compile", str(k), str(i), *tail, str(rec)],
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
             records.append(rec)
         tails = []
@@ -189,86 +274,126 @@ def compile_group(k: int, timeout_s: float) -> dict:
     return {"k": k, "wall_s": round(wall, 3), "regions": runs}
 
 
+def spread(values: list) -> list | None:
+    return [min(values), max(values)] if values else None
+
+
 def summarize(res: dict) -> dict:
-    """Per split: the group wall times, the slowest region's first step, and steady img/s, each as a spread."""
+    """Per split, each as a spread: the compile groups' wall times and slowest first step, the saved runs' first
+    step (from their setup) and its end (process age), and steady img/s with its median."""
     out = {}
     for k in res["splits"]:
         groups = [g for g in res["compile"] if g["k"] == k and all("error" not in r for r in g["regions"])]
+        saved = [r for r in res.get("saved", []) if r.get("k") == k and "error" not in r]
         speed = res["speed"].get(str(k), {}).get("img_per_s", [])
-        spread = lambda v: [min(v), max(v)] if v else None  # noqa: E731
         out[str(k)] = {
             "group_wall_s": spread([g["wall_s"] for g in groups]),
             "slowest_first_step_s": spread([max(r["first_step_s"] for r in g["regions"]) for g in groups]),
+            "saved_first_step_s": spread([r["first_step_s"] for r in saved]),
+            "saved_first_step_end_s": spread([r["first_step_end_s"] for r in saved]),
+            "saved_load_s": spread([round(r["loaded_s"] - r["built_s"], 3) for r in saved]),
             "img_per_s_median": statistics.median(speed) if speed else None, "img_per_s": spread(speed)}
     return out
 
 
 def run_child(args: list[str], timeout_s: float) -> dict:
-    """The speed part in a new process; its record, or the error it ended with."""
+    """A child part (speed, saved) in a new process with empty caches; its record, or the error it ended with."""
+    from cold_start import fresh_env
     with tempfile.TemporaryDirectory(prefix="labkit-regions-") as d:
-        rec = Path(d) / "speed.json"
-        r = subprocess.run([sys.executable, __file__, *args, str(rec)], capture_output=True, text=True,
-                           timeout=timeout_s, env=fresh_env(Path(d) / "caches", None))
+        rec = Path(d) / "record.json"
+        try:
+            r = subprocess.run([sys.executable, __file__, *args, str(rec)], capture_output=True, text=True,
+                               timeout=timeout_s, env=fresh_env(Path(d) / "caches", None))
+        except subprocess.TimeoutExpired:
+            return {"error": f"took longer than {timeout_s:.0f} s"}
         if r.returncode != 0 or not rec.exists():
             return {"error": f"exit {r.returncode}: {((r.stderr or r.stdout).strip().splitlines() or ['?'])[-1]}"}
         return json.loads(rec.read_text())
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--child-compile"]:
-        return child_compile(int(argv[1]), int(argv[2]), argv[3])
-    if argv[:1] == ["--child-speed"]:
-        return child_speed([int(k) for k in argv[1].split(",")], int(argv[2]), int(argv[3]), argv[4])
+# each child's arguments: its own, then the batch and the device, then where it writes its record
+CHILDREN = {"--child-compile": lambda a: child_compile(int(a[0]), int(a[1]), int(a[2]), a[3], a[4]),
+            "--child-build": lambda a: child_build(int(a[0]), int(a[1]), int(a[2]), a[3], a[4], a[5]),
+            "--child-saved": lambda a: child_saved(int(a[0]), int(a[1]), a[2], a[3]),
+            "--child-speed": lambda a: child_speed([int(k) for k in a[0].split(",")], int(a[1]), int(a[2]),
+                                                   int(a[3]), a[4], a[5])}
+PARTS = ("compile", "saved", "speed")
+
+
+def parse(argv: list[str]):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--splits", default="1,2,4", help=f"regions per split, from {sorted(CUTS)} (default 1,2,4)")
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of the compile groups (default 2)")
-    ap.add_argument("--parts", default="compile,speed", help="compile, speed or both (default both)")
+    ap.add_argument("--splits", default="1,2,4", help=f"regions per split, from {SPLITS} (default 1,2,4)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of the compile groups and saved runs (default 2)")
+    ap.add_argument("--parts", default="compile,speed", help=f"some of {', '.join(PARTS)} (default compile,speed)")
     ap.add_argument("--steps", type=int, default=30, help="model steps per timed round of the speed part (default 30)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds a group or the speed part may take")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds a group, a saved run or the speed part may take")
     ap.add_argument("--bytecode", choices=("installed", "as-found"), default="installed",
                     help="torch's bytecode as an install leaves it (default), or the machine as it is")
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"images per step (default {BATCH}, the rung's)")
+    ap.add_argument("--name", default="compile_regions", help="result name (default compile_regions)")
     ap.add_argument("--device", default="auto", help="auto or cuda[:N]")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     try:
-        splits = [int(k) for k in args.splits.split(",")]
+        args.splits = [int(k) for k in args.splits.split(",")]
     except ValueError:
-        splits = [0]
-    parts = set(args.parts.split(","))
-    if not set(splits) <= set(CUTS) or 1 not in splits:
-        ap.error(f"--splits {args.splits!r}: numbers from {sorted(CUTS)}, with 1 (the whole model) among them")
-    if not parts or not parts <= {"compile", "speed"} or min(args.repeats, args.steps) < 1:
-        ap.error("--parts: compile, speed or both; --repeats and --steps >= 1")
-    dev = pick_device(args.device)
+        args.splits = [0]
+    args.parts = set(args.parts.split(","))
+    if not set(args.splits) <= set(SPLITS) or 1 not in args.splits:
+        ap.error(f"--splits: numbers from {SPLITS}, with 1 (the whole model) among them")
+    if not args.parts or not args.parts <= set(PARTS) or min(args.repeats, args.steps, args.batch) < 1:
+        ap.error(f"--parts: some of {', '.join(PARTS)}; --repeats and --steps >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] and argv[0] in CHILDREN:
+        return CHILDREN[argv[0]](argv[1:])
+    args = parse(argv)
+    from cold_start import installed_bytecode
+
+    from labkit.bench import save_result
+    from labkit.env import LabkitError, pick_device
+    try:
+        dev = pick_device(args.device)
+    except LabkitError as e:
+        raise SystemExit(f"compile_regions: {e}") from None
     if dev.type != "cuda":
         print(f"compile_regions: needs a CUDA GPU (the rung's mode replays CUDA graphs); on {dev.type} nothing is "
               f"measured (skipped)")
         return 0
-    command = ["compile_regions.py", *argv]
-    res = {"kind": "compile_regions", "splits": splits, "batch": BATCH, "mode": MODE, "cuts": CUTS,
-           "repeats": args.repeats, "compile": [], "speed": {}, "note": ""}
+    command, splits, tail = ["compile_regions.py", *argv], args.splits, [str(args.batch), str(dev)]
+    import model_regions
+    res = {"kind": "compile_regions", "splits": splits, "batch": args.batch, "mode": MODE, "cuts": model_regions.CUTS,
+           "repeats": args.repeats, "compile": [], "saved": [], "speed": {}, "note": ""}
+
+    def save():
+        res["summary"] = summarize(res)
+        save_result(args.name, res, out_dir=args.out, command=command, device=dev)
+
     with tempfile.TemporaryDirectory(prefix="labkit-pycache-") as pyc:
         res["bytecode"] = installed_bytecode(args.bytecode, pyc)
-        if "speed" in parts:
+        if "speed" in args.parts:
             print("speed: the model step whole and split, in one process", flush=True)
             res["speed"] = run_child(["--child-speed", ",".join(map(str, splits)), str(2 * args.repeats + 1),
-                                      str(args.steps)], args.timeout)
-            res["summary"] = summarize(res)
-            save_result("compile_regions", res, out_dir=args.out, command=command, device=dev)
-        for r in range(args.repeats if "compile" in parts else 0):
+                                      str(args.steps), *tail], args.timeout)
+            save()
+        for r in range(args.repeats):
             for k in splits[r % len(splits):] + splits[:r % len(splits)]:
-                res["compile"].append(compile_group(k, args.timeout))
-                g = res["compile"][-1]
-                print(f"round {r + 1}: {k} region(s) in {g['wall_s']:.1f} s", flush=True)
-                res["summary"] = summarize(res)
-                save_result("compile_regions", res, out_dir=args.out, command=command, device=dev)
+                if "compile" in args.parts:
+                    res["compile"].append(compile_group(k, tail, args.timeout))
+                    print(f"round {r + 1}: {k} region(s) compiled in {res['compile'][-1]['wall_s']:.1f} s", flush=True)
+                    save()
+                if "saved" in args.parts:
+                    res["saved"].append({"k": k, **run_child(["--child-saved", str(k), *tail], args.timeout)})
+                    got = res["saved"][-1]
+                    print(f"round {r + 1}: {k} saved region(s): first step "
+                          f"{got.get('first_step_s', got.get('error'))}", flush=True)
+                    save()
     print(json.dumps(res.get("summary", {}), indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except LabkitError as e:
-        sys.exit(f"compile_regions: {e}")
+    sys.exit(main())

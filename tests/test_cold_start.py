@@ -129,16 +129,18 @@ def test_a_variant_gets_its_own_artifact_only_when_it_changes_the_graph(cs):
 def test_compile_regions_cuts_the_model_into_regions_that_chain_to_it_and_skips_without_a_gpu(tmp_path, capsys):
     """benchmarks/compile_regions.py: each split's regions, run in turn, are the model (same parameters, same
     output), each region's input has the shape its child compiles for, and bad splits fail before any work."""
-    cr = benchmark_module("compile_regions")
+    cr, mr = benchmark_module("compile_regions"), benchmark_module("model_regions")
     from labkit.models import resnet18
 
     model = resnet18(zero_init_residual=True).eval()
     x = torch.randn(2, 3, 32, 32)
     want = model(x)
-    for k, cuts in cr.CUTS.items():
+    assert set(mr.CUTS) == set(cr.SPLITS)
+    for k, cuts in mr.CUTS.items():
         h = x
-        for region, c in zip(cr.regions(model, k), cuts, strict=False):
-            assert h.shape[1:] == (cr.ENTERING[c][0], cr.ENTERING[c][1], cr.ENTERING[c][1])
+        for i, (region, c) in enumerate(zip(mr.regions(model, k), cuts, strict=False)):
+            assert h.shape[1:] == (mr.ENTERING[c][0], mr.ENTERING[c][1], mr.ENTERING[c][1])
+            assert cr.region_input(k, i, torch.device("cpu"), 2).shape == h.shape
             h = region(h)
         assert torch.allclose(h, want), k
     for bad in (["--splits", "2,4"], ["--splits", "5,1"], ["--parts", "warm"], ["--repeats", "0"]):
