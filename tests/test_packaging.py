@@ -1103,6 +1103,37 @@ def test_results_page_compiling_in_regions_matches_its_h200_record():
     assert f"two regions ran {100 * gain:.1f}% faster, spreads apart" in page
     setups = [x["setup_s"] for gs in groups.values() for g in gs for x in g["regions"]]
     assert f"Each process also paid {span(setups, one)} s of setup" in page
-    gaps = [g1["regions"][0]["first_step_s"] - max(x["first_step_s"] for x in g4["regions"])
-            for g1, g4 in zip(groups[1], groups[4], strict=True)]
-    assert f"({span(gaps, lambda x: f'{x:.0f}')} s within a round)" in page
+
+
+def test_results_page_saved_regions_match_their_h200_record():
+    """'Saved and loaded, as a run would take them': the table, the per-round gain and the loss check."""
+    import json
+
+    page = results_page()
+    r = json.loads((ROOT / "benchmarks" / "results" / "compile_regions_saved_h200.json").read_text())
+    assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+    assert r["env"]["git_commit"].startswith("bcdd00d") and "--parts compile,saved --splits 1,4" in r["env"]["command"]
+    assert "(`compile_regions_saved_h200.json`, same card, commit bcdd00d, 3 rounds)" in page
+    one = lambda x: f"{x:.1f}"  # noqa: E731
+
+    def span(xs):
+        return f"{one(min(xs))}–{one(max(xs))}"
+
+    runs = {k: [s for s in r["saved"] if s["k"] == k] for k in (1, 4)}
+    assert all(len(v) == 3 and all("error" not in s for s in v) for v in runs.values())
+    label = {1: "1 (the whole model)", 4: "4 (the regions)"}
+    for k, rs in runs.items():
+        assert (f"| {label[k]} | {span([s['built_s'] for s in rs])} s | "
+                f"{span([s['loaded_s'] - s['built_s'] for s in rs])} s | "
+                f"{span([s['first_step_end_s'] - s['loaded_s'] for s in rs])} s | "
+                f"{span([s['first_step_s'] for s in rs])} s |") in page
+        assert all(s["losses"][0] == s["eager_loss"] for s in rs)
+    # rounds alternate the order of the splits: pair each round's two runs
+    rounds = [r["saved"][i:i + 2] for i in range(0, 6, 2)]
+    gains = [next(s for s in p if s["k"] == 1)["first_step_s"] - next(s for s in p if s["k"] == 4)["first_step_s"]
+             for p in rounds]
+    assert f"first step {span(gains)} s shorter within a round" in page
+    setups = [b["setup_s"] for s in runs[4] for b in s["builders"]]
+    assert f"Each builder spends {span(setups)} s starting" in page
+    assert f"The run then spends {span([s['loaded_s'] - s['built_s'] for s in runs[4]])} s loading the files, and " \
+           f"{span([s['first_step_end_s'] - s['loaded_s'] for s in runs[4]])} s in its first call" in page
