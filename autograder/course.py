@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autograder import manual, report, trusted
-from autograder.sandbox import Limits, run_limited, write_log
+from autograder.sandbox import Limits, read_left, run_limited, write_log
 from labkit.env import REPO_ROOT, LabkitError
 
 log = logging.getLogger("autograder")
@@ -201,6 +201,37 @@ def write_scratch(course: Course, root: Path, student: str, files: dict[str, byt
     submitted.mkdir(parents=True)
     _write_files(submitted, files)
     return submitted
+
+
+def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_timeout_s: int | None,
+                hide_hidden_tests: bool) -> Path:
+    """What the grader reads back from a student's scratch course (`root`, after its sandbox ended), copied into
+    `dest`, a course laid out the same way that no student process ever saw; returns its graded folder.
+
+    The student's code could write anywhere under `root`: its config files (which nbgrader executes), the
+    gradebook, the graded notebooks, and links in place of any of them, pointing at a classmate's files or the
+    grader's. So nothing under `root` is loaded, executed or followed after this: the gradebook, the graded
+    notebooks and the files the checks run (`course.calls`) are read as data (`read_left`: no links, regular
+    files, bounded), and the config files are written again from the grader's own text. Raises
+    sandbox.LeftFileError, or FileNotFoundError where a graded notebook is missing.
+    """
+    rel = Path("autograded") / student / course.assignment
+    graded = dest / rel
+    graded.mkdir(parents=True)
+    (dest / "course_nbgrader_config.py").write_text(course.config_text)
+    (dest / "nbgrader_config.py").write_text(scratch_config(dest, cell_timeout_s=cell_timeout_s,
+                                                            hide_hidden_tests=hide_hidden_tests, vault=None))
+    (dest / "gradebook.db").write_bytes(read_left(root, "gradebook.db"))
+    for n in course.notebooks:
+        (graded / f"{n}.ipynb").write_bytes(read_left(root, rel / f"{n}.ipynb"))
+    for name in dict.fromkeys(c.student_file for c in course.calls):
+        try:
+            data = read_left(root, rel / name)
+        except FileNotFoundError:  # the notebook never wrote it: its checks say so
+            continue
+        (graded / name).parent.mkdir(parents=True, exist_ok=True)
+        (graded / name).write_bytes(data)
+    return graded
 
 
 def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:

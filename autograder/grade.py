@@ -38,7 +38,7 @@ from autograder import course as courses
 from autograder.course import Course
 from autograder.jail import Jail
 from autograder.late import LatePolicy
-from autograder.sandbox import Limits, Outcome, kill_token, run_limited, write_log
+from autograder.sandbox import LeftFileError, Limits, Outcome, kill_token, read_left, run_limited, write_log
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -324,8 +324,15 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
         tail = (outcome.output.strip().splitlines() or [""])[-1][:200]
         return _fail(res, course, kcause or "nbgrader error", why.get(kcause, f"nbgrader autograde failed: {tail}"))
 
+    try:  # from here on the grader reads only this copy: nothing under root is loaded, run or followed
+        graded_dir = courses.take_graded(root, scratch / "graded", course, sid, cell_timeout_s=cfg.cell_timeout_s,
+                                         hide_hidden_tests=cfg.hide_hidden_tests)
+    except (LeftFileError, FileNotFoundError) as e:
+        return _fail(res, course, "tampered files", "the notebook left something other than its own files where "
+                                                    f"the grader reads them back ({e})")
+    taken = graded_dir.parents[2]  # the copy's course folder
     res.notes += _notebook_notes([graded_dir / f"{n}.ipynb" for n in course.notebooks], cfg.cell_timeout_s)
-    db = root / "gradebook.db"
+    db = taken / "gradebook.db"
     try:
         report.check_integrity(db, course.structure, aid)
         cells = report.read_grades(db, aid, sid)
@@ -363,20 +370,24 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
         res.message += f" (provisional: {manual.pending_points(res):g} points of written answers need manual grading)"
 
     if cfg.feedback:
-        pages, flog = courses.render_feedback(root, aid, sid)
+        pages, flog = courses.render_feedback(taken, aid, sid)
         (sdir / "feedback.log").write_text(flog, errors="replace")
         for nb in course.notebooks:
             if nb not in pages:
                 res.notes.append(f"nbgrader wrote no feedback page for {nb}; the summary alone is sent")
             res.outputs[report.feedback_path(res, nb)] = out.write(report.feedback_path(res, nb),
                                                                    report.feedback_page(res, pages.get(nb)))
-    kept = 0
-    for p in sorted(graded_dir.rglob("*")):  # the graded notebook and the student's small files, for the record
-        if kept < 50 and p.is_file() and not p.is_symlink() and p.stat().st_size <= 5 * 2**20 \
-                and "__pycache__" not in p.parts:
-            rel = f"autograded/{sid}/{aid}/{p.relative_to(graded_dir).as_posix()}"
-            res.outputs[rel] = out.write(rel, p.read_bytes())
-            kept += 1
+    left, kept = root / "autograded" / sid / aid, 0  # its folders checked by take_graded, links and all
+    for p in sorted(left.rglob("*")):  # the graded notebook and the student's small files, for the record
+        if kept >= 50 or "__pycache__" in p.parts or p.is_symlink() or not p.is_file():
+            continue
+        try:
+            data = read_left(left, p.relative_to(left), limit=5 * 2**20)
+        except (LeftFileError, OSError):
+            continue
+        rel = f"autograded/{sid}/{aid}/{p.relative_to(left).as_posix()}"
+        res.outputs[rel] = out.write(rel, data)
+        kept += 1
     return res
 
 

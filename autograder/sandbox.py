@@ -17,6 +17,7 @@ import os
 import resource
 import secrets
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -283,3 +284,56 @@ def write_log(path: Path, header: str, outcome: Outcome) -> None:
                     f"{outcome.output_bytes} bytes of output, {outcome.leftovers_killed} leftover processes killed\n"
                     + outcome.output, errors="replace")
 
+
+
+# ------------------------------------------------------------------------------- reading what a command left
+
+MAX_LEFT_BYTES = 64 * 2**20  # the largest file the grader reads back from a sandbox's folder, bytes
+
+
+class LeftFileError(ValueError):
+    """A path in a folder an untrusted command could write that is not what the grader reads there: a link, a
+    special file, a file too large. The command could have pointed it at a classmate's file or the grader's."""
+
+
+def left_folder(root: Path, rel: str | os.PathLike) -> Path:
+    """`root/rel`, a folder, with no link among the components of `rel` (checked with lstat, one by one); raises
+    LeftFileError, or FileNotFoundError where a component is missing.
+
+    Call it only once nothing of the command runs any more (run_limited has returned): then nothing can swap a
+    component between this check and the read that follows it."""
+    path, rel = Path(root), Path(rel)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise LeftFileError(f"{rel}: not a path inside {root}")
+    for name in rel.parts:
+        path = path / name
+        if not os.path.isdir(path) or os.path.islink(path):
+            if not os.path.lexists(path):
+                raise FileNotFoundError(str(path))
+            raise LeftFileError(f"{rel}: {name} is not a folder (a link, or a file)")
+    return path
+
+
+def read_left(root: Path, rel: str | os.PathLike, limit: int = MAX_LEFT_BYTES) -> bytes:
+    """The bytes of `root/rel`, a regular file of at most `limit` bytes reached through no link (`left_folder`
+    for its folders, O_NOFOLLOW for the file itself); raises LeftFileError, or FileNotFoundError where there is
+    none. Read into memory: what the grader then trusts is this copy, not the path."""
+    rel = Path(rel)
+    folder = left_folder(root, rel.parent) if rel.parent != Path(".") else Path(root)
+    # O_NONBLOCK: opening a FIFO left there returns at once instead of waiting for a writer that never comes
+    try:
+        fd = os.open(folder / rel.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # ELOOP: the file is a link
+        raise LeftFileError(f"{rel}: a link or not a readable file ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LeftFileError(f"{rel}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise LeftFileError(f"{rel}: larger than {limit:,} bytes")
+    return data

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.sandbox import Limits, Outcome, run_limited
+from autograder.sandbox import LeftFileError, Limits, Outcome, read_left, run_limited
 from labkit.env import REPO_ROOT
 
 RESULT_MARK = "@@labkit-trusted-verdicts@@"
@@ -149,11 +149,15 @@ def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *
         by_file.setdefault(c.student_file, []).append(c)
     for i, (sfile, group) in enumerate(by_file.items()):
         names = list(dict.fromkeys(c.check for c in group))
-        src = assignment_dir / sfile
-        if not src.is_file():
+        try:  # as data: a link there could point at a classmate's file (read_left refuses links)
+            student_code = read_left(assignment_dir, sfile)
+        except (FileNotFoundError, LeftFileError) as e:
+            missing = isinstance(e, FileNotFoundError)
             for c in group:
-                verdicts[c.check] = Verdict(c.check, False, 0.0, f"{sfile} was not written by the notebook, so "
-                                            "there is nothing to check", cause="no file")
+                verdicts[c.check] = Verdict(
+                    c.check, False, 0.0, f"{sfile} was not written by the notebook, so there is nothing to check"
+                    if missing else f"{sfile} is not a file the notebook wrote ({e}): not checked",
+                    cause="no file" if missing else "not a file")
             continue
         box = scratch / f"run{i}"
         shutil.rmtree(box, ignore_errors=True)
@@ -161,7 +165,7 @@ def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *
             (box / rel).parent.mkdir(parents=True, exist_ok=True)
             (box / rel).write_bytes(data)
         (box / sfile).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, box / sfile)
+        (box / sfile).write_bytes(student_code)
         code = (
             "import json, sys\n"
             f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"

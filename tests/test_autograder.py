@@ -748,3 +748,27 @@ def test_kernels_use_private_sockets_so_a_taken_port_cannot_kill_them(tmp_path):
     assert set(Path("/tmp").glob("lk-sock-*")) <= before  # the socket folder went with the run
     died = sandbox.Outcome(1, 5.0, output="RuntimeError: Kernel died before replying to kernel_info")
     assert grade._kernel_cause(died) == "kernel did not start"  # not blamed on code that never ran
+
+
+def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_regular_files(tmp_path):
+    """sandbox.read_left: the grader's only way to read a file from a folder student code could write."""
+    import os
+
+    from autograder.sandbox import LeftFileError, left_folder, read_left
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "mine.py").write_text("x = 1\n")
+    (tmp_path / "elsewhere.py").write_text("someone else's\n")
+    os.symlink(tmp_path / "elsewhere.py", tmp_path / "a" / "b" / "link.py")
+    os.symlink(tmp_path / "a", tmp_path / "via")
+    os.mkfifo(tmp_path / "a" / "b" / "pipe.py")
+    (tmp_path / "a" / "big.py").write_bytes(b"#" * 100)
+    assert read_left(tmp_path, "a/b/mine.py") == b"x = 1\n"
+    assert left_folder(tmp_path, "a/b") == tmp_path / "a" / "b"
+    for rel in ("a/b/link.py", "via/b/mine.py", "a/b/pipe.py", "a/b", "../elsewhere.py", "/etc/passwd"):
+        with pytest.raises(LeftFileError):
+            read_left(tmp_path, rel)
+    with pytest.raises(LeftFileError, match="larger than 10 bytes"):
+        read_left(tmp_path, "a/big.py", limit=10)
+    with pytest.raises(FileNotFoundError):
+        read_left(tmp_path, "a/b/none.py")
