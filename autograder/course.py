@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autograder import manual, report, trusted
-from autograder.sandbox import Limits, read_left, run_limited, write_log
+from autograder.sandbox import LeftFileError, Limits, read_left, run_limited, write_log
 from labkit.env import REPO_ROOT, LabkitError
 
 log = logging.getLogger("autograder")
@@ -223,7 +223,9 @@ def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_ti
                                                             hide_hidden_tests=hide_hidden_tests, vault=None))
     (dest / "gradebook.db").write_bytes(read_left(root, "gradebook.db"))
     for n in course.notebooks:
-        (graded / f"{n}.ipynb").write_bytes(read_left(root, rel / f"{n}.ipynb"))
+        data = read_left(root, rel / f"{n}.ipynb")
+        _check_grade_ids(data, rel / f"{n}.ipynb")
+        (graded / f"{n}.ipynb").write_bytes(data)
     for name in dict.fromkeys(c.student_file for c in course.calls):
         try:
             data = read_left(root, rel / name)
@@ -232,6 +234,24 @@ def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_ti
         (graded / name).parent.mkdir(parents=True, exist_ok=True)
         (graded / name).write_bytes(data)
     return graded
+
+
+GRADE_ID = re.compile(r"[A-Za-z0-9_-]+")  # the ids nbgrader itself accepts (its cell-metadata check)
+
+
+def _check_grade_ids(data: bytes, rel: Path) -> None:
+    """LeftFileError unless every nbgrader cell id in a graded notebook is one nbgrader accepts. nbgrader's
+    feedback page prints the ids unescaped, and the student's code can rewrite the graded notebook after nbgrader
+    wrote it (a helper of theirs lives until nbgrader exits): an id holding markup would run in whoever opens the
+    page."""
+    try:
+        cells = json.loads(data).get("cells", [])
+        ids = [((c.get("metadata") or {}).get("nbgrader") or {}).get("grade_id") for c in cells]
+    except (ValueError, AttributeError, TypeError):
+        raise LeftFileError(f"{rel}: not a notebook") from None
+    bad = [i for i in ids if i is not None and not (isinstance(i, str) and GRADE_ID.fullmatch(i))]
+    if bad:
+        raise LeftFileError(f"{rel}: a cell's grade_id is not one nbgrader makes (letters, digits, _ and - only)")
 
 
 def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:

@@ -334,8 +334,9 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     res.notes += _notebook_notes([graded_dir / f"{n}.ipynb" for n in course.notebooks], cfg.cell_timeout_s)
     db = taken / "gradebook.db"
     try:
-        report.check_integrity(db, course.structure, aid)
-        cells = report.read_grades(db, aid, sid)
+        report.check_integrity(db, course.structure, aid, master=course.gradebook)
+        cells, extra = report.course_cells(report.read_grades(db, aid, sid), course.cells)
+        res.flags += extra
         res.flags += manual.seal(cells, course.cells, {n: graded_dir / f"{n}.ipynb" for n in course.notebooks},
                                  course.structure)
     except report.TamperedError as e:

@@ -85,7 +85,7 @@ class Jail:
         cwd = self.cwd or (self.writable[0] if self.writable else Path("/tmp"))
         args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                 "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+                "--proc", "/proc", "--dev", "/dev", *_tmpfs("/tmp", bwrap), *_tmpfs("/dev/shm", bwrap),
                 "--hostname", "sandbox", "--clearenv"]
         args += _system_binds()
         for p in _python_roots():
@@ -213,6 +213,31 @@ def _gpu_binds(index: int | str) -> list[str]:
 
 
 _PROBED: dict[str, str | None] = {}
+
+
+TMPFS_BYTES = 1 << 30  # each of the sandbox's /tmp and /dev/shm, bytes: their pages are memory no watchdog counts
+
+
+def _tmpfs(path: str, bwrap: str) -> list[str]:
+    """A private tmpfs at `path`, capped at TMPFS_BYTES where this bubblewrap can (`--size`, 0.8 and later):
+    uncapped, each may grow to half the machine's memory, which a hand-in could fill to bring the host's
+    out-of-memory killer onto the grader or a classmate."""
+    return [*(["--size", str(TMPFS_BYTES)] if _can_size(bwrap) else []), "--tmpfs", path]
+
+
+def _can_size(bwrap: str) -> bool:
+    if bwrap not in _SIZES:
+        import subprocess
+
+        try:
+            r = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
+            _SIZES[bwrap] = "--size" in r.stdout + r.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            _SIZES[bwrap] = False
+    return _SIZES[bwrap]
+
+
+_SIZES: dict[str, bool] = {}
 
 
 def probe() -> str | None:

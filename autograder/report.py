@@ -42,18 +42,61 @@ def gradebook_cells(db: Path, assignment: str) -> tuple[list[dict], list[str]]:
 
 
 def structure(db: Path, assignment: str) -> dict:
-    """Grade cells (name, points, type) and source cells (name, checksum, locked) per notebook."""
+    """Grade cells (name, points, type), source cells (name, checksum, locked) and task cells (name, points) per
+    notebook."""
     with Gradebook(_url(db)) as gb:
         a = gb.find_assignment(assignment)
         return {nb.name: (sorted((gc.name, float(gc.max_score), gc.cell_type) for gc in nb.grade_cells),
-                          sorted((sc.name, sc.checksum, sc.locked) for sc in nb.source_cells))
+                          sorted((sc.name, sc.checksum, sc.locked) for sc in nb.source_cells),
+                          sorted((tc.name, float(tc.max_score)) for tc in nb.task_cells))
                 for nb in a.notebooks}
 
 
-def check_integrity(student_db: Path, expected: dict, assignment: str) -> None:
-    """Raise TamperedError if the student's gradebook changed the assignment's cells, points or checksums."""
+SCHEMA_STEPS = 10_000_000  # SQLite VM steps reading a schema may take: a crafted file cannot keep the grader busy
+
+
+def schema(db: Path | bytes) -> list[tuple]:
+    """The tables, indexes, views and triggers of a SQLite file (or its bytes), read without running any of them."""
+    import sqlite3
+
+    con = sqlite3.connect(":memory:") if isinstance(db, bytes) else sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        if isinstance(db, bytes):
+            con.deserialize(db)
+        con.set_progress_handler(lambda: 1, SCHEMA_STEPS)  # past it: abort, an error
+        return sorted(con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall(),
+                      key=lambda r: tuple(str(x) for x in r))
+    finally:
+        con.close()
+
+
+def check_integrity(student_db: Path, expected: dict, assignment: str, master: bytes | None = None) -> None:
+    """Raise TamperedError if the student's gradebook changed the assignment's cells, points or checksums, or
+    (given the `master` gradebook's bytes) its schema: a view, a trigger or another table, which the grader's own
+    reads and writes would run in its process (a view that never ends, say)."""
+    if master is not None and schema(student_db) != schema(master):
+        raise TamperedError("the scratch gradebook's tables, views or triggers differ from the assignment's")
     if structure(student_db, assignment) != expected:
         raise TamperedError("grade cells, points or checksums in the scratch gradebook differ from the assignment")
+
+
+def course_cells(rows: list[dict], cells: list[dict]) -> tuple[list[dict], list[str]]:
+    """The assignment's grade cells (`cells`, from the master gradebook), each scored from `rows` (`read_grades`
+    of the scratch gradebook, which the student's code could write): never more than the master's points, the
+    lowest where a cell has several rows. Rows for cells the assignment does not have are dropped, with a flag."""
+    got: dict[tuple, list[dict]] = {}
+    for r in rows:
+        got.setdefault((r["notebook"], r["cell"]), []).append(r)
+    out = []
+    for c in cells:
+        mine = got.get((c["notebook"], c["cell"]), [])
+        score = min((r["score"] for r in mine), default=0.0)
+        out.append({**c, "score": max(0.0, min(score, c["max_score"])), "source": "nbgrader",
+                    "needs_manual": any(r["needs_manual"] for r in mine)})
+    known = {(c["notebook"], c["cell"]) for c in cells}
+    extra = sorted({f"{n}/{k}" for (n, k), rs in got.items() if (n, k) not in known or len(rs) > 1})
+    return out, [f"the scratch gradebook held grade rows the assignment does not have ({', '.join(extra)}): "
+                 "written by the submission's code? ignored"] if extra else []
 
 
 def read_grades(db: Path, assignment: str, student: str) -> list[dict]:

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from autograder import course as courses
-from autograder import grade, intake, rehearsal, sandbox, suite, trusted
+from autograder import grade, intake, jail, rehearsal, sandbox, suite, trusted
 from labkit.env import REPO_ROOT, LabkitError
 
 PY = sys.executable
@@ -772,3 +772,35 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
         read_left(tmp_path, "a/big.py", limit=10)
     with pytest.raises(FileNotFoundError):
         read_left(tmp_path, "a/b/none.py")
+
+
+def test_the_cells_scored_are_the_assignments_whatever_the_scratch_gradebook_holds():
+    """report.course_cells: the master's cells and points; a row the assignment lacks, a second row for a cell and
+    a score above the cell's points change nothing but a flag."""
+    from autograder import report
+
+    master = [{"notebook": "lab", "cell": "test_a", "max_score": 2.0},
+              {"notebook": "lab", "cell": "answer", "max_score": 2.0, "manual": True}]
+    row = lambda cell, score, top=2.0: {"notebook": "lab", "cell": cell, "score": score, "max_score": top,  # noqa: E731
+                                        "needs_manual": False, "source": "nbgrader"}
+    cells, flags = report.course_cells([row("test_a", 9.0, 9.0), row("test_a", 1.0, 3.0), row("phantom", 5.0, 5.0)],
+                                       master)
+    assert [(c["cell"], c["score"], c["max_score"]) for c in cells] == [("test_a", 1.0, 2.0), ("answer", 0.0, 2.0)]
+    assert cells[1]["manual"] and len(flags) == 1 and "lab/phantom" in flags[0] and "lab/test_a" in flags[0]
+    assert report.course_cells([row("test_a", 2.0)], master)[1] == []
+
+
+@pytest.mark.skipif(jail.probe() is not None, reason="needs the bubblewrap sandbox")
+def test_the_sandboxs_memory_backed_folders_are_capped():
+    """/tmp and /dev/shm are tmpfs (memory the resident-memory watchdog does not see): capped where bwrap can."""
+    import subprocess
+    import sys
+
+    if not jail._can_size(jail.find_bwrap()):
+        pytest.skip("this bubblewrap has no --size")
+    code = "import os; print(*(os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ('/tmp', '/dev/shm')))"
+    j = jail.Jail(writable=[])
+    r = subprocess.run(j.command([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60,
+                       env=j.host_env({}))
+    assert r.returncode == 0, r.stderr[-500:]
+    assert all(int(b) <= jail.TMPFS_BYTES for b in r.stdout.split())

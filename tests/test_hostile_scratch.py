@@ -8,11 +8,18 @@ on the real grading path, each beside the honest hand-ins they would have change
 - a cell replacing the student's module with a link that, seen from the grader, points at someone else's
   answer (here a reference solution outside the sandbox): the trusted checks used to grade that file;
 - and a link planted where nbgrader writes the feedback page, pointing at a file of the grader's.
+A second pass found what the copied gradebook and notebooks could still say:
+- a task cell named like a graded cell, with points of its own (the grader took its cells from that gradebook);
+- a view in place of a table that the grader's own read of the gradebook never finished;
+- markup in a cell id, written into the graded notebook by a helper after nbgrader wrote it, which nbgrader's
+  feedback page prints unescaped.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -60,6 +67,67 @@ os.symlink("/proc/self/cwd/answer/pipeline.py", "pipeline.py")
 '''
 
 
+# A task cell named like the graded test cell, worth 3 more points, with a grade row for this student: the grader
+# used to take its list of cells and their points from this gradebook (a second pass found it).
+PHANTOM_ATTACK = r'''
+import sqlite3, uuid
+db = sqlite3.connect("../../../gradebook.db")
+nb_id, = db.execute("select id from notebook where name=?", ({aid!r},)).fetchone()
+cid = uuid.uuid4().hex
+db.execute("insert into base_cell(id, name, notebook_id, type) values (?, 'test_correct', ?, 'TaskCell')", (cid, nb_id))
+db.execute("insert into task_cells(id, max_score, cell_type) values (?, 3.0, 'code')", (cid,))
+for (snb,) in db.execute("select id from submitted_notebook where notebook_id=?", (nb_id,)).fetchall():
+    db.execute("insert into grade(id, notebook_id, cell_id, auto_score, needs_manual_grade) values (?, ?, ?, 0, 0)",
+               (uuid.uuid4().hex, snb, cid))
+db.commit()
+'''
+
+# nbgrader reads source_cell before the kernel runs; the grader read it after, in its own process: a view whose
+# recursive query never ends held the whole class.
+VIEW_ATTACK = r'''
+import sqlite3
+db = sqlite3.connect("../../../gradebook.db")
+db.executescript("""
+PRAGMA foreign_keys=OFF;
+DROP TABLE source_cell;
+CREATE VIEW source_cell(id, name, cell_type, locked, source, checksum, notebook_id) AS
+  WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r)
+  SELECT 'x' || i, 'x' || i, 'code', 1, '', '', 'nb' || i FROM r WHERE i < 0;
+""")
+db.commit()
+'''
+
+# A helper in a session of its own lives until nbgrader exits: it rewrites the graded notebook nbgrader just wrote,
+# adding a cell whose grade_id carries markup, which nbgrader's feedback page prints unescaped.
+MARKUP = '"><img src=x onerror="alert(1)"><a x="'
+XSS_ATTACK = r'''
+import os, subprocess, sys
+HELPER = """
+import json, os, time
+nb_path, payload = {nb!r}, {markup!r}
+start = os.stat(nb_path).st_mtime_ns if os.path.exists(nb_path) else 0
+deadline = time.time() + 120
+while time.time() < deadline:
+    try:
+        if os.stat(nb_path).st_mtime_ns != start:
+            nb = json.load(open(nb_path))
+            if not any(payload == c.get("metadata", {{}}).get("nbgrader", {{}}).get("grade_id") for c in nb["cells"]):
+                nb["cells"].append({{"cell_type": "markdown", "id": "x-1", "source": "Thanks!", "metadata": {{
+                    "nbgrader": {{"schema_version": 3, "grade": False, "solution": False, "locked": False,
+                                 "grade_id": payload, "comment": "x"}}}}}})
+                json.dump(nb, open(nb_path + ".t", "w"))
+                os.replace(nb_path + ".t", nb_path)
+            start = os.stat(nb_path).st_mtime_ns
+    except (OSError, ValueError):
+        pass
+    time.sleep(0.002)
+"""
+subprocess.Popen([sys.executable, "-c", HELPER], env={{"PATH": os.environ.get("PATH", "/usr/bin:/bin")}},
+                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL, close_fds=True)
+'''
+
+
 def _hand_in(body: str | None, extra: str | None = None) -> bytes:
     nb = rehearsal.toy_notebook()
     if body is not None:
@@ -78,12 +146,16 @@ def graded(tmp_path_factory):
     (base / "answer" / "pipeline.py").write_text(reference)  # the grader's: seen from it as answer/pipeline.py
     (base / "secret.txt").write_text(TOKEN)
     marker = base / "config-ran"
-    wrong = rehearsal.BODIES["wrong_fast"]
+    wrong, slow = rehearsal.BODIES["wrong_fast"], rehearsal.BODIES["slow_correct"]
     hands = {"alice": _hand_in(None),  # the reference
              "bob": _hand_in(wrong),   # wrong, nothing else: what the attackers' code earns
              "mallory": _hand_in(wrong, CONFIG_ATTACK.format(marker=str(marker), aid=AID,
                                                              secret=str(base / "secret.txt"))),
-             "trudy": _hand_in(wrong, LINK_ATTACK)}
+             "trudy": _hand_in(wrong, LINK_ATTACK),
+             "carol": _hand_in(slow),  # correct but slow: what the phantom cell's author earns
+             "pat": _hand_in(slow, PHANTOM_ATTACK.format(aid=AID)),
+             "vic": _hand_in(wrong, VIEW_ATTACK),
+             "xena": _hand_in(wrong, XSS_ATTACK.format(nb=f"{AID}.ipynb", markup=MARKUP))}
     for sid, data in hands.items():
         (base / "subs" / sid).mkdir(parents=True)
         (base / "subs" / sid / f"{AID}.ipynb").write_bytes(data)
@@ -91,12 +163,13 @@ def graded(tmp_path_factory):
                             cell_timeout_s=60, wall_timeout_s=300, memory_gb=2.5, jobs=1,
                             harness_module="autograder.rehearsal", progress=False)
     cwd = Path.cwd()
+    faulthandler.dump_traceback_later(900, exit=True)  # a grader held by a hand-in fails here, not CI's clock
     try:
-        import os
         os.chdir(base)  # the grader's working folder: where the link attack's /proc/self/cwd lands
         results = {r.student_id: r for r in grade.grade_class(AID, base / "subs", cfg).results}
     finally:
         os.chdir(cwd)
+        faulthandler.cancel_dump_traceback_later()
     return {"base": base, "results": results, "marker": marker}
 
 
@@ -120,3 +193,23 @@ def test_a_link_planted_where_feedback_is_written_does_not_put_the_graders_file_
     assert any(p.suffix == ".html" for p in pages)  # feedback was written, from the grader's own copy
     assert not any(TOKEN in p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
     assert json.loads((out / "students" / "mallory" / "result.json").read_text())["score"] == graded["results"]["bob"].score
+
+
+def test_a_task_cell_the_notebook_added_to_the_gradebook_earns_nothing(graded):
+    r = graded["results"]
+    assert 0 < r["carol"].score < r["carol"].max_score
+    assert r["pat"].score <= r["carol"].score and r["pat"].score <= r["pat"].max_score
+    assert r["pat"].cause == "tampered gradebook"
+
+
+def test_a_gradebook_view_that_never_ends_fails_that_hand_in_and_the_class_goes_on(graded):
+    r = graded["results"]
+    assert r["vic"].cause == "tampered gradebook" and r["vic"].score == 0
+    assert all(s in r for s in ("alice", "bob", "carol", "mallory", "pat", "trudy", "vic", "xena"))
+
+
+def test_markup_in_a_cell_id_never_reaches_a_feedback_page(graded):
+    out = graded["base"] / "out"
+    assert not any("<img src=x" in p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    x = graded["results"]["xena"]
+    assert x.score == 0 and x.cause in (None, "tampered files")  # whether or not the helper won its race
