@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,6 +306,9 @@ def detect_hardware() -> tuple[dict, ...]:
         return ({"index": None, "card": "unknown", "capability": None, "class": "cpu"},)
 
 
+_FEEDBACK_LOCK = threading.Lock()  # nbgrader's converters share logging and config machinery
+
+
 # What a written answer may keep of HTML: text markup, lists, tables, links and images, no attribute that styles,
 # scripts or names an element (an id or class could dress an answer up as the grader's summary box).
 _ANSWER_TAGS = frozenset({"a", "abbr", "b", "blockquote", "br", "code", "del", "div", "em", "h1", "h2", "h3", "h4",
@@ -323,51 +327,35 @@ def safe_markdown_html(text: str) -> str:
                         protocols={"http", "https", "mailto"}, strip=False)
 
 
-FEEDBACK_LIMITS = Limits(wall_s=300, memory_bytes=4 * 2**30)  # one student's feedback rendering, at most
-
-
-def render_feedback(root: Path, assignment: str, student: str, limits: Limits | None = None,
-                    ) -> tuple[dict[str, str], str]:
-    """nbgrader generate_feedback for one student, in a child process within `limits` (FEEDBACK_LIMITS): it
-    renders the graded notebook, which the student's code shaped (a cell of tens of MiB took minutes and
-    gigabytes), and no hand-in may hold the grader, or the class behind it, that long. No student code runs.
-    Returns ({notebook id: html}, log text); no page where rendering failed or ran out of its budget."""
-    code = (f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); "
-            "from autograder.course import _render_here; _render_here(*sys.argv[1:])")
-    out = run_limited([sys.executable, "-I", "-c", code, str(root), assignment, student], cwd=root, env=py_env(),
-                      limits=limits or FEEDBACK_LIMITS)
-    if not out.ok:
-        return {}, out.output + f"\ngenerate_feedback stopped ({out.cause()}): the summary alone is sent\n"
-    pages = {p.stem: p.read_text(errors="replace") for p in (root / "feedback" / student / assignment).glob("*.html")}
-    return pages, out.output
-
-
-def _render_here(root: str, assignment: str, student: str) -> None:
-    """The child of `render_feedback`: nbgrader's GenerateFeedback with the page's safeguards; prints its log."""
+def render_feedback(root: Path, assignment: str, student: str) -> tuple[dict[str, str], str]:
+    """nbgrader generate_feedback for one student, in this process: it only renders the graded notebook, no
+    student code runs. Returns ({notebook id: html}, log text)."""
     buf = io.StringIO()
-    try:
-        from nbgrader.converters import GenerateFeedback
-        from nbgrader.coursedir import CourseDirectory
-        from traitlets.config.loader import PyFileConfigLoader
-
-        conf = PyFileConfigLoader("nbgrader_config.py", path=root).load_config()
-        conf.HTMLExporter.template_name = "feedback"
-        # The page renders the student's markdown and cell outputs, and instructors open it too: no markup
-        # that runs script may survive. sanitize_html cleans outputs and ungraded markdown; nbgrader's own
-        # template renders graded markdown (the written answers) through strip_files_prefix alone, so that
-        # filter cleans too.
-        conf.HTMLExporter.sanitize_html = True
-        conf.HTMLExporter.filters = {"strip_files_prefix": safe_markdown_html}
-        cd = CourseDirectory(config=conf, root=root)
-        cd.assignment_id, cd.student_id = assignment, student
-        conv = GenerateFeedback(coursedir=cd, config=conf)
-        conv.force = True
-        handler = logging.StreamHandler(buf)
-        conv.log.addHandler(handler)
+    with _FEEDBACK_LOCK:
         try:
-            conv.start()
-        finally:
-            conv.log.removeHandler(handler)
-    except Exception as e:  # a notebook nbconvert cannot render: the summary box alone still goes out
-        buf.write(f"generate_feedback failed: {type(e).__name__}: {e}\n")
-    print(buf.getvalue(), flush=True)
+            from nbgrader.converters import GenerateFeedback
+            from nbgrader.coursedir import CourseDirectory
+            from traitlets.config.loader import PyFileConfigLoader
+
+            conf = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+            conf.HTMLExporter.template_name = "feedback"
+            # The page renders the student's markdown and cell outputs, and instructors open it too: no markup
+            # that runs script may survive. sanitize_html cleans outputs and ungraded markdown; nbgrader's own
+            # template renders graded markdown (the written answers) through strip_files_prefix alone, so that
+            # filter cleans too.
+            conf.HTMLExporter.sanitize_html = True
+            conf.HTMLExporter.filters = {"strip_files_prefix": safe_markdown_html}
+            cd = CourseDirectory(config=conf, root=str(root))
+            cd.assignment_id, cd.student_id = assignment, student
+            conv = GenerateFeedback(coursedir=cd, config=conf)
+            conv.force = True
+            handler = logging.StreamHandler(buf)
+            conv.log.addHandler(handler)
+            try:
+                conv.start()
+            finally:
+                conv.log.removeHandler(handler)
+        except Exception as e:  # a notebook nbconvert cannot render: the summary box alone still goes out
+            buf.write(f"generate_feedback failed: {type(e).__name__}: {e}\n")
+    pages = {p.stem: p.read_text(errors="replace") for p in (root / "feedback" / student / assignment).glob("*.html")}
+    return pages, buf.getvalue()
