@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import logging
 import os
 import re
 import shutil
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from autograder import manual, report, trusted
+from autograder.feedback import GRADE_ID
 from autograder.sandbox import LeftFileError, Limits, read_left, run_limited, write_log
 from labkit.env import REPO_ROOT, LabkitError
 
@@ -236,9 +235,6 @@ def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_ti
     return graded
 
 
-GRADE_ID = re.compile(r"[A-Za-z0-9_-]+")  # the ids nbgrader itself accepts (its cell-metadata check)
-
-
 def _check_grade_ids(data: bytes, rel: Path) -> None:
     """LeftFileError unless every nbgrader cell id in a graded notebook is one nbgrader accepts. nbgrader's
     feedback page prints the ids unescaped, and the student's code can rewrite the graded notebook after nbgrader
@@ -304,58 +300,3 @@ def detect_hardware() -> tuple[dict, ...]:
     except (IndexError, ValueError):
         log.warning("could not detect the hardware (%s); grading as CPU", out.cause())
         return ({"index": None, "card": "unknown", "capability": None, "class": "cpu"},)
-
-
-_FEEDBACK_LOCK = threading.Lock()  # nbgrader's converters share logging and config machinery
-
-
-# What a written answer may keep of HTML: text markup, lists, tables, links and images, no attribute that styles,
-# scripts or names an element (an id or class could dress an answer up as the grader's summary box).
-_ANSWER_TAGS = frozenset({"a", "abbr", "b", "blockquote", "br", "code", "del", "div", "em", "h1", "h2", "h3", "h4",
-                          "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "span", "strong", "sub", "sup",
-                          "table", "tbody", "td", "th", "thead", "tr", "ul"})
-_ANSWER_ATTRIBUTES = {"a": ["href", "title"], "img": ["src", "alt", "title"], "th": ["align"], "td": ["align"]}
-
-
-def safe_markdown_html(text: str) -> str:
-    """A student's markdown, rendered to HTML, with everything that could run script escaped into visible text
-    (tags, event handlers, javascript: links); nbconvert's strip_files_prefix applied first, as it would be."""
-    import bleach
-    from nbconvert.filters import strip_files_prefix
-
-    return bleach.clean(strip_files_prefix(text), tags=_ANSWER_TAGS, attributes=_ANSWER_ATTRIBUTES,
-                        protocols={"http", "https", "mailto"}, strip=False)
-
-
-def render_feedback(root: Path, assignment: str, student: str) -> tuple[dict[str, str], str]:
-    """nbgrader generate_feedback for one student, in this process: it only renders the graded notebook, no
-    student code runs. Returns ({notebook id: html}, log text)."""
-    buf = io.StringIO()
-    with _FEEDBACK_LOCK:
-        try:
-            from nbgrader.converters import GenerateFeedback
-            from nbgrader.coursedir import CourseDirectory
-            from traitlets.config.loader import PyFileConfigLoader
-
-            conf = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
-            conf.HTMLExporter.template_name = "feedback"
-            # The page renders the student's markdown and cell outputs, and instructors open it too: no markup
-            # that runs script may survive. sanitize_html cleans outputs and ungraded markdown; nbgrader's own
-            # template renders graded markdown (the written answers) through strip_files_prefix alone, so that
-            # filter cleans too.
-            conf.HTMLExporter.sanitize_html = True
-            conf.HTMLExporter.filters = {"strip_files_prefix": safe_markdown_html}
-            cd = CourseDirectory(config=conf, root=str(root))
-            cd.assignment_id, cd.student_id = assignment, student
-            conv = GenerateFeedback(coursedir=cd, config=conf)
-            conv.force = True
-            handler = logging.StreamHandler(buf)
-            conv.log.addHandler(handler)
-            try:
-                conv.start()
-            finally:
-                conv.log.removeHandler(handler)
-        except Exception as e:  # a notebook nbconvert cannot render: the summary box alone still goes out
-            buf.write(f"generate_feedback failed: {type(e).__name__}: {e}\n")
-    pages = {p.stem: p.read_text(errors="replace") for p in (root / "feedback" / student / assignment).glob("*.html")}
-    return pages, buf.getvalue()

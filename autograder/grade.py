@@ -33,12 +33,24 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from autograder import classbook, course_secret, gpu_policy, intake, jail, manual, report, shard, trusted
+from autograder import (
+    classbook,
+    course_secret,
+    feedback,
+    gpu_policy,
+    intake,
+    jail,
+    manual,
+    report,
+    shard,
+    trusted,
+)
 from autograder import course as courses
 from autograder.course import Course
+from autograder.feedback import RENDER_TIMEOUT_S
 from autograder.jail import Jail
 from autograder.late import LatePolicy
-from autograder.sandbox import LeftFileError, Limits, Outcome, kill_token, read_left, run_limited, write_log
+from autograder.sandbox import LeftFileError, Limits, Outcome, kill_token, run_limited, write_log
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -62,6 +74,7 @@ class GradeConfig:
     harness_module: str = "autograder.harness"  # module providing run_checks(names, file) or run_check(name, file)
     harness_timeout_s: float = 3600.0  # all trusted checks of one student together, seconds
     feedback: bool = True  # write per-student HTML feedback
+    feedback_timeout_s: float = RENDER_TIMEOUT_S  # rendering one student's page, seconds; then the summary alone
     hide_hidden_tests: bool = True  # strip hidden-test source (and its tracebacks) from the feedback
     force: bool = False  # regrade students that already have a result
     only: tuple[str, ...] = ()  # grade only these student ids (others keep their results)
@@ -371,24 +384,23 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
         res.message += f" (provisional: {manual.pending_points(res):g} points of written answers need manual grading)"
 
     if cfg.feedback:
-        pages, flog = courses.render_feedback(taken, aid, sid)
+        pages, flog, stopped = feedback.RENDERER.render(taken, aid, sid, timeout_s=cfg.feedback_timeout_s)
         (sdir / "feedback.log").write_text(flog, errors="replace")
+        if stopped:
+            res.notes.append(f"{stopped}; the summary alone is sent")
         for nb in course.notebooks:
-            if nb not in pages:
+            if nb not in pages and not stopped:
                 res.notes.append(f"nbgrader wrote no feedback page for {nb}; the summary alone is sent")
             res.outputs[report.feedback_path(res, nb)] = out.write(report.feedback_path(res, nb),
                                                                    report.feedback_page(res, pages.get(nb)))
-    left, kept = root / "autograded" / sid / aid, 0  # its folders checked by take_graded, links and all
-    for p in sorted(left.rglob("*")):  # the graded notebook and the student's small files, for the record
-        if kept >= 50 or "__pycache__" in p.parts or p.is_symlink() or not p.is_file():
-            continue
-        try:
-            data = read_left(left, p.relative_to(left), limit=5 * 2**20)
-        except (LeftFileError, OSError):
-            continue
-        rel = f"autograded/{sid}/{aid}/{p.relative_to(left).as_posix()}"
+    # For the record and for formgrader, from the copy: the checked files as they were graded, and each graded
+    # notebook rebuilt from plain parts (formgrader shows it in the instructor's session without sanitizing).
+    for p in sorted(q for q in graded_dir.rglob("*") if q.is_file()):
+        data = p.read_bytes()
+        if p.suffix == ".ipynb" and p.parent == graded_dir:
+            data = feedback.plain_notebook(data)
+        rel = f"autograded/{sid}/{aid}/{p.relative_to(graded_dir).as_posix()}"
         res.outputs[rel] = out.write(rel, data)
-        kept += 1
     return res
 
 
@@ -558,6 +570,8 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
             log.info("slice %s: %d hand-ins", cfg.shard, len(found.submissions))
         outputs = Outputs(out)
         results, todo, changed = _plan(found.submissions, course, cfg, outputs)
+        if todo and cfg.feedback:
+            feedback.RENDERER.start()  # its imports overlap the first student's grading
         graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
         ordered = manual.apply([results[s.student_id] for s in found.submissions if s.student_id in results], scores)
         report.write_outputs(out, course, ordered, found.junk, hardware, outputs.write)

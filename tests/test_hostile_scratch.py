@@ -13,6 +13,9 @@ A second pass found what the copied gradebook and notebooks could still say:
 - a view in place of a table that the grader's own read of the gradebook never finished;
 - markup in a cell id, written into the graded notebook by a helper after nbgrader wrote it, which nbgrader's
   feedback page prints unescaped.
+And what a graded notebook is made of, no code needed: a markdown cell that takes nbconvert minutes to render (the
+grader used to render it in its own process, holding the class), and outputs that would run script in
+formgrader, which shows the kept notebook in the instructor's session without sanitizing it.
 """
 
 from __future__ import annotations
@@ -128,12 +131,23 @@ subprocess.Popen([sys.executable, "-c", HELPER], env={{"PATH": os.environ.get("P
 '''
 
 
-def _hand_in(body: str | None, extra: str | None = None) -> bytes:
+# 256 KiB of "[" took 318 s to render on a 2-core machine; the grader stops the page at FEEDBACK_S.
+SLOW_MARKDOWN = "[" * 2**18
+FEEDBACK_S = 10
+SHOW_SCRIPT = (
+    "from IPython.display import HTML, SVG, Javascript, display\n"
+    "display(HTML('<script>alert(1)</script>'), SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" onload=\"alert(2)\"/>'),"
+    " Javascript('alert(3)'))\nprint('plain words stay')\n")
+
+
+def _hand_in(body: str | None, extra: str | None = None, markdown: str | None = None) -> bytes:
     nb = rehearsal.toy_notebook()
     if body is not None:
         nb.cells[1].source = "%%writefile pipeline.py\n" + body
     if extra is not None:
         nb.cells.append(nbformat.v4.new_code_cell(extra))
+    if markdown is not None:
+        nb.cells.append(nbformat.v4.new_markdown_cell(markdown))
     return nbformat.writes(nb).encode()
 
 
@@ -155,12 +169,13 @@ def graded(tmp_path_factory):
              "carol": _hand_in(slow),  # correct but slow: what the phantom cell's author earns
              "pat": _hand_in(slow, PHANTOM_ATTACK.format(aid=AID)),
              "vic": _hand_in(wrong, VIEW_ATTACK),
-             "xena": _hand_in(wrong, XSS_ATTACK.format(nb=f"{AID}.ipynb", markup=MARKUP))}
+             "xena": _hand_in(wrong, XSS_ATTACK.format(nb=f"{AID}.ipynb", markup=MARKUP)),
+             "amos": _hand_in(wrong, SHOW_SCRIPT, SLOW_MARKDOWN)}  # graded before bob: his page comes after
     for sid, data in hands.items():
         (base / "subs" / sid).mkdir(parents=True)
         (base / "subs" / sid / f"{AID}.ipynb").write_bytes(data)
     cfg = grade.GradeConfig(course=str(base / "course"), out=str(base / "out"), work=str(base / "work"),
-                            cell_timeout_s=60, wall_timeout_s=300, memory_gb=2.5, jobs=1,
+                            cell_timeout_s=60, wall_timeout_s=300, memory_gb=2.5, jobs=1, feedback_timeout_s=FEEDBACK_S,
                             harness_module="autograder.rehearsal", progress=False)
     cwd = Path.cwd()
     faulthandler.dump_traceback_later(900, exit=True)  # a grader held by a hand-in fails here, not CI's clock
@@ -205,7 +220,7 @@ def test_a_task_cell_the_notebook_added_to_the_gradebook_earns_nothing(graded):
 def test_a_gradebook_view_that_never_ends_fails_that_hand_in_and_the_class_goes_on(graded):
     r = graded["results"]
     assert r["vic"].cause == "tampered gradebook" and r["vic"].score == 0
-    assert all(s in r for s in ("alice", "bob", "carol", "mallory", "pat", "trudy", "vic", "xena"))
+    assert all(s in r for s in ("alice", "bob", "carol", "mallory", "pat", "trudy", "vic", "xena", "amos"))
 
 
 def test_markup_in_a_cell_id_never_reaches_a_feedback_page(graded):
@@ -213,3 +228,26 @@ def test_markup_in_a_cell_id_never_reaches_a_feedback_page(graded):
     assert not any("<img src=x" in p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
     x = graded["results"]["xena"]
     assert x.score == 0 and x.cause in (None, "tampered files")  # whether or not the helper won its race
+
+
+def test_a_page_that_takes_minutes_to_render_is_stopped_and_the_next_student_gets_theirs(graded):
+    r, out = graded["results"], graded["base"] / "out"
+    amos = r["amos"]
+    assert amos.status == "graded" and amos.score == r["bob"].score
+    assert f"rendering the feedback took longer than {FEEDBACK_S} s and was stopped; the summary alone is sent" \
+        in amos.notes
+    page = (out / "feedback" / "amos" / AID / f"{AID}.html").read_text()
+    assert f"{amos.score:g} / {amos.max_score:g} points" in page and "[[[[" not in page  # the summary box alone
+    bob = (out / "feedback" / "bob" / AID / f"{AID}.html").read_text()  # rendered by the next child
+    assert "labkit-grade-summary" in bob and "pipeline.py" in bob and not r["bob"].notes
+
+
+def test_the_notebook_kept_for_formgrader_carries_no_script(graded):
+    kept = graded["base"] / "out" / "autograded" / "amos" / AID / f"{AID}.ipynb"
+    nb = nbformat.read(kept, as_version=4)
+    shown = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert any("plain words stay" in o.get("text", "") for o in shown)
+    assert {m for o in shown for m in o.get("data", {})} <= {"text/plain", "image/png", "image/jpeg", "image/gif"}
+    assert any("not shown by the grader" in o.get("data", {}).get("text/plain", "") for o in shown)
+    assert not [o for o in shown if "alert(" in json.dumps(o)]  # the script shown, as code, in its cell alone
+    assert nb.cells[-1].source == SLOW_MARKDOWN  # the answer itself is all there

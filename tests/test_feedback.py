@@ -1,0 +1,126 @@
+"""What the grader shows of a graded notebook: the formgrader copy holds nothing that runs, and the rendering child
+is stopped past its budget and started again (autograder/feedback.py). The whole path, with a hand-in whose page
+takes minutes to render, is in tests/test_hostile_scratch.py."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+from nbformat import v4
+
+from autograder import feedback
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def _hostile() -> nbformat.NotebookNode:
+    answer = v4.new_markdown_cell("My answer <script>alert(1)</script> <img src=x onerror=alert(2)> "
+                                  "[see](javascript:alert(3)) [r]\n\n[r]: javascript:alert(4)\n\n"
+                                  r"$\href{javascript:alert(5)}{x}$")
+    answer.metadata["nbgrader"] = {"grade": True, "solution": True, "locked": False, "points": 2,
+                                   "grade_id": "lab1_written", "schema_version": 3, "comment": "<b onload=alert(6)>"}
+    code = v4.new_code_cell("show()", execution_count=3)
+    code.outputs = [
+        v4.new_output("display_data", data={"text/plain": "<Figure>", "text/html": "<script>alert(7)</script>",
+                                            "image/svg+xml": "<svg onload=alert(8)/>", "image/png": PNG,
+                                            "application/javascript": "alert(9)"},
+                      metadata={"image/png": {"width": '1" onerror="alert(10)'}}),
+        v4.new_output("display_data", data={"image/jpeg": '"><img src=x onerror=alert(11)>'}),
+        v4.new_output("stream", name='stdout"><script>alert(12)</script>', text="loss 0.5\n"),
+        v4.new_output("execute_result", data={"text/latex": r"$\href{javascript:alert(13)}{y}$"}, execution_count=3),
+    ]
+    code.metadata["nbgrader"] = {"grade": False, "solution": True, "locked": False, "grade_id": "answer_code",
+                                 "schema_version": 3}
+    raw = v4.new_raw_cell("<script>alert(14)</script>")
+    return v4.new_notebook(cells=[answer, code, raw], metadata={"title": "lab 1", "custom": "<script>alert(15)"})
+
+
+def _formgrader_page(nb) -> str:
+    from nbconvert import HTMLExporter
+    from nbgrader.server_extensions.formgrader import handlers
+    from traitlets.config import Config
+
+    c = Config()  # what formgrader's extension configures (build_extra_config), with its own template
+    c.HTMLExporter.template_name = "formgrade"
+    c.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    html, _ = HTMLExporter(config=c).from_notebook_node(
+        nb, resources={"base_url": "", "index": 0, "total": 1, "notebook_id": "lab1", "mathjax_url": ""})
+    return html[html.index("<body"):]
+
+
+def _active(page: str) -> list[str]:
+    """Markup in `page` that would run the hostile cells' script: a script element, an event handler or a
+    javascript: link carrying one of their alert(...) calls. Their text shown as text is fine."""
+    from html.parser import HTMLParser
+
+    found, stack = [], []
+
+    class Scan(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            stack.append(tag)
+            for name, value in attrs:
+                if "alert(" in (value or "") and (name.startswith("on") or name in ("href", "src")):
+                    found.append(f"<{tag} {name}={value}>")
+
+        def handle_endtag(self, tag):
+            if stack and stack[-1] == tag:
+                stack.pop()
+
+        def handle_data(self, data):
+            if stack and stack[-1] in ("script", "svg") and "alert(" in data:
+                found.append(f"<{stack[-1]}>{data[:60]}")
+
+    Scan().feed(page)
+    return found
+
+
+def test_the_formgrader_copy_shows_the_answers_and_runs_nothing():
+    raw = nbformat.writes(_hostile()).encode()
+    assert len(_active(_formgrader_page(_hostile()))) >= 2  # what formgrader makes of the notebook as it is
+
+    plain = nbformat.reads(feedback.plain_notebook(raw), as_version=4)
+    nbformat.validate(plain)
+    page = _formgrader_page(plain)
+    assert _active(page) == []
+    assert "My answer" in page and "loss 0.5" in page and PNG in page
+    assert r"\backslash href" in plain.cells[0].source  # TeX stays text: MathJax makes no link of it
+    answer, code, was_raw = plain.cells
+    assert answer.metadata.nbgrader == {"grade": True, "solution": True, "locked": False, "points": 2,
+                                        "grade_id": "lab1_written", "schema_version": 3}
+    assert code.metadata.nbgrader["grade_id"] == "answer_code" and code.execution_count == 3
+    assert was_raw.cell_type == "markdown" and "&lt;script" in was_raw.source
+    shown = code.outputs[0]
+    assert set(shown.data) == {"text/plain", "image/png"} and not shown.metadata
+    assert "not shown by the grader: application/javascript, image/svg+xml, text/html" in shown.data["text/plain"]
+    assert "image/jpeg" not in code.outputs[1].data and code.outputs[2].name == "stdout"
+    assert plain.metadata == {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                              "language_info": {"name": "python"}}
+
+
+def test_math_in_a_feedback_page_is_made_inert_before_rendering():
+    nb = json.loads(feedback._math_inert(nbformat.writes(_hostile())))
+    assert r"\backslash href{javascript:alert(5)}" in nb["cells"][0]["source"]
+    assert nb["cells"][1]["outputs"][3]["data"]["text/latex"].startswith(r"$\backslash href")
+    assert feedback.inert_tex(r"\hrefs \frac{a}{b}") == r"\hrefs \frac{a}{b}"  # other macros untouched
+
+
+def test_the_renderer_stops_a_page_past_its_time_and_serves_the_next(tmp_path):
+    r = feedback.Renderer()
+    try:
+        pages, log, stopped = r.render(tmp_path, "lab", "amy", timeout_s=0.001)  # still importing nbgrader
+        assert pages == {} and stopped == "rendering the feedback took longer than 0.001 s and was stopped"
+        pages, log, stopped = r.render(tmp_path, "lab", "amy", timeout_s=120)  # a fresh child answers
+        assert pages == {} and stopped is None and "nbgrader_config.py" in log  # its answer: no course here
+    finally:
+        r.stop()
+
+
+def test_a_renderer_that_dies_is_reported_and_replaced(tmp_path):
+    r = feedback.Renderer(memory_bytes=32 * 2**20)  # too little to import nbgrader: it exits
+    try:
+        assert r.render(tmp_path, "lab", "amy", timeout_s=120)[2] == "the feedback renderer died (out of memory?)"
+        r.memory_bytes = feedback.RENDER_MEMORY_BYTES
+        assert r.render(tmp_path, "lab", "amy", timeout_s=120)[2] is None
+    finally:
+        r.stop()
