@@ -1,5 +1,5 @@
-"""What the grader shows people of a graded notebook, made safe to show: the feedback page, rendered in a child
-process the grader can stop, and the notebook copy kept for formgrader, rebuilt from plain parts.
+"""What the grader shows people of a graded notebook, made safe to show: the feedback page and the notebook copy
+kept for formgrader (rebuilt from plain parts), both made in a child process the grader can stop.
 
 A graded notebook is the student's to shape, and nbconvert's markdown renderer takes time quadratic in some
 inputs: on this project's 2-core test machine 64 KiB of "[" took 20 s to render and 256 KiB 318 s (the same for
@@ -7,10 +7,10 @@ unclosed tags and links). So pages are rendered by one child process per grader,
 and of memory: past either the grader kills it, sends the summary box alone and starts another for the next
 student. The child imports nbgrader and bleach, not torch, once.
 
-The channel between them is narrow: the grader writes one JSON line per page (course root, assignment, student)
-to the child's stdin; the child answers one JSON line, {"log": text}, on its own pipe; the page is a file under
-that course root (a copy of the student's course that no student process saw), which the grader reads back.
-Nothing the child says sets a score.
+The channel between them is narrow: the grader writes one JSON line per student (course root, assignment,
+student, whether to render pages) to the child's stdin; the child answers one JSON line, {"log": text}, on its
+own pipe; the page and the formgrader copies are files under that course root (a copy of the student's course
+that no student process saw), which the grader reads back. Nothing the child says sets a score.
 
 Run as `python -m autograder.feedback --serve MEMORY_BYTES` only by `Renderer`.
 """
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-RENDER_TIMEOUT_S = 60.0  # one feedback page, seconds: an honest page takes about one
+RENDER_TIMEOUT_S = 60.0  # one student's pages and formgrader copies, seconds: an honest one takes about one
 RENDER_MEMORY_BYTES = 3 * 2**30  # the rendering child's address space, bytes
 
 # What a written answer may keep of HTML: text markup, lists, tables, links and images, no attribute that styles,
@@ -59,7 +59,7 @@ def render_here(root: Path, assignment: str, student: str) -> str:
     buf = io.StringIO()
     try:
         for nb in (root / "autograded" / student / assignment).glob("*.ipynb"):
-            nb.write_text(_math_inert(nb.read_text()))
+            nb.write_text(_page_safe(nb.read_text()))
         conf = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
         conf.HTMLExporter.template_name = "feedback"
         # The page renders the student's markdown and cell outputs, and instructors open it too: no markup that
@@ -82,6 +82,16 @@ def render_here(root: Path, assignment: str, student: str) -> str:
     return buf.getvalue()
 
 
+def show(root: Path, assignment: str, student: str, pages: bool = True) -> str:
+    """What the child does for one student of the course copy at `root`: formgrader's copy of each graded notebook
+    (plain_notebook, into root/formgrader/), then the feedback page if `pages`. Returns its log."""
+    try:
+        text = _write_plain(root / "autograded" / student / assignment, root / "formgrader")
+    except Exception as e:  # the page may still render
+        text = f"no formgrader copy: {type(e).__name__}: {str(e)[:200]}\n"
+    return text + (render_here(root, assignment, student) if pages else "")
+
+
 def _serve(memory_bytes: int) -> None:
     """The child's loop: one request line in, one reply line out, until the grader closes stdin."""
     import ctypes
@@ -96,7 +106,7 @@ def _serve(memory_bytes: int) -> None:
 
     for line in sys.stdin:
         req = json.loads(line)
-        text = render_here(Path(req["root"]), req["assignment"], req["student"])
+        text = show(Path(req["root"]), req["assignment"], req["student"], bool(req["pages"]))
         replies.write(json.dumps({"log": text}) + "\n")
         replies.flush()
 
@@ -136,14 +146,15 @@ class Renderer:
                 f.close()
             self._proc = None
 
-    def render(self, root: Path, assignment: str, student: str,
+    def render(self, root: Path, assignment: str, student: str, *, pages: bool = True,
                timeout_s: float = RENDER_TIMEOUT_S) -> tuple[dict[str, str], str, str | None]:
-        """Render the feedback of `student` in the course copy at `root`; returns ({notebook id: html}, log, why
-        the child was stopped or None). A page that takes longer than `timeout_s` seconds, or more memory than the
-        child has, yields no page."""
+        """Have the child write formgrader's copies of `student`'s graded notebooks in the course copy at `root`
+        (under root/formgrader/) and, if `pages`, render their feedback; returns ({notebook id: html}, log, why
+        the child was stopped or None). Past `timeout_s` seconds, or the child's memory, there is no page (and a
+        formgrader copy only if it was written before)."""
         with self._lock:
             self._start()
-            req = json.dumps({"root": str(root), "assignment": assignment, "student": student}) + "\n"
+            req = json.dumps({"root": str(root), "assignment": assignment, "student": student, "pages": pages}) + "\n"
             try:
                 self._proc.stdin.write(req.encode())
                 self._proc.stdin.flush()
@@ -162,8 +173,8 @@ class Renderer:
                            f"rendering the feedback took longer than {timeout_s:g} s and was stopped")
         if stopped:
             return {}, stopped + "\n", stopped
-        pages = {p.stem: p.read_text(errors="replace") for p in (root / "feedback" / student / assignment).glob("*.html")}
-        return pages, reply, None
+        found = {p.stem: p.read_text(errors="replace") for p in (root / "feedback" / student / assignment).glob("*.html")}
+        return found, reply, None
 
     def _reply(self, timeout_s: float) -> str | None:
         """The child's next reply line, or None if it did not come within `timeout_s` seconds."""
@@ -192,10 +203,14 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
 _CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # nbformat's rule for cell ids
 GRADE_ID = re.compile(r"[A-Za-z0-9_-]+")  # the ids nbgrader itself accepts (its cell-metadata check)
 _NBGRADER_FLAGS = ("grade", "solution", "locked", "task")
+MAX_CELLS = 5000  # cells in a notebook formgrader is given (a course notebook has tens)
+MAX_OUTPUTS = 20000  # outputs in all its cells
 
 
 def _text(v) -> str:
-    return "".join(v) if isinstance(v, list) else v if isinstance(v, str) else ""
+    if isinstance(v, list):
+        return "".join(x for x in v if isinstance(x, str))
+    return v if isinstance(v, str) else ""
 
 
 # MathJax typesets $...$ anywhere in a page's text; these macros make links, markup or new macros from it.
@@ -208,25 +223,32 @@ def inert_tex(text: str) -> str:
     return _TEX_ACTIVE.sub(r"\\backslash \1", text)
 
 
-def _math_inert(notebook: str) -> str:
-    """A notebook's JSON with inert_tex applied where the page typesets math: markdown cells, LaTeX and markdown
-    outputs (sanitize_html keeps TeX, which is text to it)."""
+def _page_safe(notebook: str) -> str:
+    """A graded notebook's JSON as the feedback page may render it: inert_tex where the page typesets math
+    (markdown cells, LaTeX and markdown outputs: sanitize_html keeps TeX, which is text to it), and no output
+    metadata or cell attachments (nbconvert writes an image's width and height into its tag unquoted, and an
+    attachment's data into a src attribute)."""
     nb = json.loads(notebook)
+    if nb.get("nbformat") != 4:
+        raise ValueError(f"nbformat {nb.get('nbformat')!r}, not 4")
     for c in nb.get("cells", []):
+        c.pop("attachments", None)
         if c.get("cell_type") == "markdown":
             c["source"] = inert_tex(_text(c.get("source")))
         for o in c.get("outputs", []) if c.get("cell_type") == "code" else []:
+            if "metadata" in o:
+                o["metadata"] = {}
             for mime in ("text/latex", "text/markdown"):
                 if isinstance(o.get("data"), dict) and mime in o["data"]:
                     o["data"][mime] = inert_tex(_text(o["data"][mime]))
     return json.dumps(nb)
 
 
-def _escaped(text: str) -> str:
-    """Text for markdown that renders as it reads: tags and entities show as characters, and links and images
-    stay text (nbconvert's markdown keeps javascript: links; `](` and `]:` escaped make none)."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return inert_tex(text.replace("](", "]\\(").replace("]:", "]\\:"))
+def _fenced(text: str) -> str:
+    """`text` as a fenced code block, shown exactly as written: a fence longer than any run of backticks in it."""
+    run = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, run + 1)
+    return f"{fence}\n{text}\n{fence}"
 
 
 def _nbgrader_meta(meta) -> dict:
@@ -238,7 +260,7 @@ def _nbgrader_meta(meta) -> dict:
         out["grade_id"] = meta["grade_id"]
     if isinstance(meta.get("points"), (int, float)) and not isinstance(meta["points"], bool):
         out["points"] = meta["points"]
-    if isinstance(meta.get("schema_version"), int):
+    if isinstance(meta.get("schema_version"), int) and not isinstance(meta["schema_version"], bool):
         out["schema_version"] = meta["schema_version"]
     if meta.get("cell_type") in ("code", "markdown"):
         out["cell_type"] = meta["cell_type"]
@@ -247,19 +269,20 @@ def _nbgrader_meta(meta) -> dict:
     return out
 
 
-def _plain_output(o):
-    """One output rebuilt from text and raster images only, or None to drop it."""
-    from nbformat import v4
+def _count(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-    if not isinstance(o, dict):
-        return None
-    kind = o.get("output_type")
+
+def _plain_output(o) -> dict | None:
+    """One output rebuilt from text and raster images only, or None to drop it."""
+    kind = o.get("output_type") if isinstance(o, dict) else None
     if kind == "stream":
-        return v4.new_output("stream", name="stderr" if o.get("name") == "stderr" else "stdout", text=_text(o.get("text")))
+        return {"output_type": "stream", "name": "stderr" if o.get("name") == "stderr" else "stdout",
+                "text": _text(o.get("text"))}
     if kind == "error":
-        tb = [t for t in o.get("traceback", []) if isinstance(t, str)] if isinstance(o.get("traceback"), list) else []
-        return v4.new_output("error", ename=_escaped(_text(o.get("ename"))), evalue=_escaped(_text(o.get("evalue"))),
-                             traceback=tb)
+        tb = o.get("traceback") if isinstance(o.get("traceback"), list) else []
+        return {"output_type": "error", "ename": _text(o.get("ename")), "evalue": _text(o.get("evalue")),
+                "traceback": [t for t in tb if isinstance(t, str)]}
     if kind not in ("display_data", "execute_result"):
         return None
     data = o.get("data") if isinstance(o.get("data"), dict) else {}
@@ -268,50 +291,58 @@ def _plain_output(o):
     plain = _text(data.get("text/plain"))
     if dropped:
         plain += ("\n" if plain else "") + f"[not shown by the grader: {', '.join(dropped)[:200]}]"
-    kept["text/plain"] = plain
+    out = {"output_type": kind, "data": {**kept, "text/plain": plain}, "metadata": {}}
     if kind == "execute_result":
-        count = o.get("execution_count")
-        return v4.new_output(kind, data=kept, execution_count=count if isinstance(count, int) else None)
-    return v4.new_output(kind, data=kept)
+        out["execution_count"] = _count(o.get("execution_count"))
+    return out
 
 
 def plain_notebook(data: bytes) -> bytes:
     """A graded notebook rebuilt for formgrader, which renders it in the instructor's session without sanitizing:
-    code, markdown with its raw HTML shown as text, outputs as text and raster images, nbgrader's cell fields.
-    Scripts, SVG, HTML and JavaScript outputs, attachments and other metadata are left out. Raises ValueError for
-    data that is not a notebook."""
-    import nbformat
-    from nbformat import v4
-
+    code cells with text and raster-image outputs, markdown and raw cells as code blocks showing exactly what was
+    written, and nbgrader's cell fields. HTML, SVG, JavaScript and LaTeX outputs, attachments and any other
+    metadata are left out. ValueError for data that is not an nbformat 4 notebook or has over MAX_CELLS cells or
+    MAX_OUTPUTS outputs."""
     nb = json.loads(data)
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise ValueError("not a notebook")
-    cells = []
-    for c in nb["cells"]:
-        if not isinstance(c, dict):
-            continue
-        source = _text(c.get("source"))
+    if not isinstance(nb, dict) or nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):
+        raise ValueError("not an nbformat 4 notebook")
+    cells = [c for c in nb["cells"] if isinstance(c, dict)]
+    outs = [c.get("outputs") if isinstance(c.get("outputs"), list) else [] for c in cells]
+    if len(cells) > MAX_CELLS or sum(map(len, outs)) > MAX_OUTPUTS:
+        raise ValueError(f"{len(cells)} cells, {sum(map(len, outs))} outputs (at most {MAX_CELLS}, {MAX_OUTPUTS})")
+    plain, ids = [], set()
+    for i, (c, o) in enumerate(zip(cells, outs, strict=True)):
+        cid = c.get("id") if isinstance(c.get("id"), str) and _CELL_ID.fullmatch(c["id"]) else f"cell-{i}"
+        cid = cid if cid not in ids else f"cell-{i}"
+        ids.add(cid)
+        meta = c.get("metadata") if isinstance(c.get("metadata"), dict) else {}
+        cell = {"id": cid, "metadata": {"nbgrader": _nbgrader_meta(meta["nbgrader"])}
+                if _nbgrader_meta(meta.get("nbgrader")) else {}}
         if c.get("cell_type") == "code":
-            count = c.get("execution_count")
-            outs = c.get("outputs") if isinstance(c.get("outputs"), list) else []
-            cell = v4.new_code_cell(source, execution_count=count if isinstance(count, int) else None,
-                                    outputs=[p for p in map(_plain_output, outs) if p is not None])
+            cell.update(cell_type="code", source=_text(c.get("source")), execution_count=_count(c.get("execution_count")),
+                        outputs=[p for p in map(_plain_output, o) if p is not None])
         else:  # markdown, and raw cells, which nbconvert would print into the page as they are
-            cell = v4.new_markdown_cell(_escaped(source))
-        meta = _nbgrader_meta((c.get("metadata") or {}).get("nbgrader") if isinstance(c.get("metadata"), dict) else None)
-        if meta:
-            cell.metadata["nbgrader"] = meta
-        if isinstance(c.get("id"), str) and _CELL_ID.fullmatch(c["id"]):
-            cell["id"] = c["id"]
-        cells.append(cell)
-    out = v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                "language": "python"},
-                                                 "language_info": {"name": "python"}})
-    ids = [c["id"] for c in cells]
-    if len(set(ids)) != len(ids):  # duplicate ids from the student: fresh ones (formgrader keys cells by grade_id)
-        for c in cells:
-            c["id"] = v4.new_markdown_cell()["id"]
-    return nbformat.writes(out).encode()
+            cell.update(cell_type="markdown", source=_fenced(_text(c.get("source"))))
+        plain.append(cell)
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": plain,
+                       "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                                    "language_info": {"name": "python"}}}, indent=1).encode()
+
+
+def _write_plain(graded: Path, dest: Path) -> str:
+    """plain_notebook of each graded notebook into `dest` (whole files only); returns a log line per failure."""
+    text = ""
+    dest.mkdir(parents=True, exist_ok=True)
+    for nb in sorted(graded.glob("*.ipynb")):
+        try:
+            data = plain_notebook(nb.read_bytes())
+        except (ValueError, RecursionError) as e:
+            text += f"no formgrader copy of {nb.stem}: {str(e)[:200]}\n"
+            continue
+        tmp = dest / f".{nb.name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, dest / nb.name)
+    return text
 
 
 if __name__ == "__main__":

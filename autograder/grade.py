@@ -56,6 +56,7 @@ from labkit.env import LabkitError
 
 log = logging.getLogger("autograder")
 _TMP_PREFIX = "labkit-grade-"
+MAX_KEPT_BYTES = 16 * 2**20  # one file kept under autograded/ (the output folder holds them in memory), bytes
 
 
 @dataclass
@@ -383,24 +384,29 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     if manual.pending_points(res):
         res.message += f" (provisional: {manual.pending_points(res):g} points of written answers need manual grading)"
 
+    pages, flog, stopped = feedback.RENDERER.render(taken, aid, sid, pages=cfg.feedback,
+                                                    timeout_s=cfg.feedback_timeout_s)
+    (sdir / "feedback.log").write_text(flog, errors="replace")
+    if stopped:
+        res.notes.append(f"{stopped}; the summary alone is sent" if cfg.feedback else stopped)
     if cfg.feedback:
-        pages, flog, stopped = feedback.RENDERER.render(taken, aid, sid, timeout_s=cfg.feedback_timeout_s)
-        (sdir / "feedback.log").write_text(flog, errors="replace")
-        if stopped:
-            res.notes.append(f"{stopped}; the summary alone is sent")
         for nb in course.notebooks:
             if nb not in pages and not stopped:
                 res.notes.append(f"nbgrader wrote no feedback page for {nb}; the summary alone is sent")
             res.outputs[report.feedback_path(res, nb)] = out.write(report.feedback_path(res, nb),
                                                                    report.feedback_page(res, pages.get(nb)))
-    # For the record and for formgrader, from the copy: the checked files as they were graded, and each graded
-    # notebook rebuilt from plain parts (formgrader shows it in the instructor's session without sanitizing).
-    for p in sorted(q for q in graded_dir.rglob("*") if q.is_file()):
-        data = p.read_bytes()
-        if p.suffix == ".ipynb" and p.parent == graded_dir:
-            data = feedback.plain_notebook(data)
-        rel = f"autograded/{sid}/{aid}/{p.relative_to(graded_dir).as_posix()}"
-        res.outputs[rel] = out.write(rel, data)
+    # For the record and for formgrader: the checked files as graded, and each graded notebook as the child rebuilt
+    # it from plain parts (formgrader shows it in the instructor's session without sanitizing).
+    kept = {f"{n}.ipynb": taken / "formgrader" / f"{n}.ipynb" for n in course.notebooks}
+    kept.update({p.relative_to(graded_dir).as_posix(): p for p in sorted(graded_dir.rglob("*"))
+                 if p.is_file() and p.suffix != ".ipynb"})
+    for rel, p in kept.items():
+        size = p.stat().st_size if p.is_file() else None
+        if size is None or size > MAX_KEPT_BYTES:
+            res.notes.append(f"{rel} is not kept for formgrader ({'too large' if size else 'not written'}; "
+                             "see feedback.log)")
+            continue
+        res.outputs[f"autograded/{sid}/{aid}/{rel}"] = out.write(f"autograded/{sid}/{aid}/{rel}", p.read_bytes())
     return res
 
 
@@ -570,7 +576,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
             log.info("slice %s: %d hand-ins", cfg.shard, len(found.submissions))
         outputs = Outputs(out)
         results, todo, changed = _plan(found.submissions, course, cfg, outputs)
-        if todo and cfg.feedback:
+        if todo:
             feedback.RENDERER.start()  # its imports overlap the first student's grading
         graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
         ordered = manual.apply([results[s.student_id] for s in found.submissions if s.student_id in results], scores)

@@ -55,3 +55,30 @@ def benchmark_module(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def active_markup(page: str) -> list[str]:
+    """Markup in an HTML page that would run a hostile notebook's script: a script or svg element, an event
+    handler or a link carrying an alert(...) call. The same text shown as text is fine."""
+    from html.parser import HTMLParser
+
+    found, stack = [], []
+
+    class Scan(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            for name, value in attrs:
+                if "alert(" in (value or "") and (name.startswith("on") or name in ("href", "src")):
+                    found.append(f"<{tag} {name}={value}>")
+            if tag not in ("img", "br", "hr", "input", "meta", "link"):  # elements that have no end tag
+                stack.append(tag)
+
+        def handle_endtag(self, tag):
+            if stack and stack[-1] == tag:
+                stack.pop()
+
+        def handle_data(self, data):
+            if stack and stack[-1] in ("script", "svg") and "alert(" in data:
+                found.append(f"<{stack[-1]}>{data[:60]}")
+
+    Scan().feed(page)
+    return found

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import nbformat
+import pytest
+from conftest import active_markup
 from nbformat import v4
 
 from autograder import feedback
@@ -49,60 +51,54 @@ def _formgrader_page(nb) -> str:
     return html[html.index("<body"):]
 
 
-def _active(page: str) -> list[str]:
-    """Markup in `page` that would run the hostile cells' script: a script element, an event handler or a
-    javascript: link carrying one of their alert(...) calls. Their text shown as text is fine."""
-    from html.parser import HTMLParser
+def test_the_formgrader_copy_shows_the_answers_as_written_and_runs_nothing():
+    hostile = _hostile()
+    assert len(active_markup(_formgrader_page(hostile))) >= 2  # what formgrader makes of the notebook as it is
 
-    found, stack = [], []
-
-    class Scan(HTMLParser):
-        def handle_starttag(self, tag, attrs):
-            stack.append(tag)
-            for name, value in attrs:
-                if "alert(" in (value or "") and (name.startswith("on") or name in ("href", "src")):
-                    found.append(f"<{tag} {name}={value}>")
-
-        def handle_endtag(self, tag):
-            if stack and stack[-1] == tag:
-                stack.pop()
-
-        def handle_data(self, data):
-            if stack and stack[-1] in ("script", "svg") and "alert(" in data:
-                found.append(f"<{stack[-1]}>{data[:60]}")
-
-    Scan().feed(page)
-    return found
-
-
-def test_the_formgrader_copy_shows_the_answers_and_runs_nothing():
-    raw = nbformat.writes(_hostile()).encode()
-    assert len(_active(_formgrader_page(_hostile()))) >= 2  # what formgrader makes of the notebook as it is
-
-    plain = nbformat.reads(feedback.plain_notebook(raw), as_version=4)
+    plain = nbformat.reads(feedback.plain_notebook(nbformat.writes(hostile).encode()), as_version=4)
     nbformat.validate(plain)
     page = _formgrader_page(plain)
-    assert _active(page) == []
-    assert "My answer" in page and "loss 0.5" in page and PNG in page
-    assert r"\backslash href" in plain.cells[0].source  # TeX stays text: MathJax makes no link of it
+    assert active_markup(page) == []
+    assert "loss 0.5" in page and PNG in page
     answer, code, was_raw = plain.cells
+    # Written answers are graded by a person from this copy: their text exactly as the student wrote it.
+    assert answer.source == "```\n" + hostile.cells[0].source + "\n```" and "My answer &lt;script&gt;" in page
     assert answer.metadata.nbgrader == {"grade": True, "solution": True, "locked": False, "points": 2,
                                         "grade_id": "lab1_written", "schema_version": 3}
     assert code.metadata.nbgrader["grade_id"] == "answer_code" and code.execution_count == 3
-    assert was_raw.cell_type == "markdown" and "&lt;script" in was_raw.source
+    assert was_raw.cell_type == "markdown" and hostile.cells[2].source in was_raw.source
     shown = code.outputs[0]
     assert set(shown.data) == {"text/plain", "image/png"} and not shown.metadata
     assert "not shown by the grader: application/javascript, image/svg+xml, text/html" in shown.data["text/plain"]
     assert "image/jpeg" not in code.outputs[1].data and code.outputs[2].name == "stdout"
+    assert set(code.outputs[3].data) == {"text/plain"}  # LaTeX, typeset by MathJax, is left out
     assert plain.metadata == {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                               "language_info": {"name": "python"}}
 
 
-def test_math_in_a_feedback_page_is_made_inert_before_rendering():
-    nb = json.loads(feedback._math_inert(nbformat.writes(_hostile())))
-    assert r"\backslash href{javascript:alert(5)}" in nb["cells"][0]["source"]
-    assert nb["cells"][1]["outputs"][3]["data"]["text/latex"].startswith(r"$\backslash href")
+def test_a_notebook_shaped_to_cost_the_grader_is_refused_quickly():
+    code_fence = v4.new_markdown_cell("```` four ````\n```python\nx = 1\n```")
+    odd = {"cell_type": "code", "source": ["print(", 42, ")"], "outputs": [{"output_type": "stream", "text": [1]}]}
+    nb = json.loads(nbformat.writes(v4.new_notebook(cells=[code_fence])))
+    nb["cells"].append(odd)
+    plain = json.loads(feedback.plain_notebook(json.dumps(nb).encode()))
+    assert plain["cells"][0]["source"] == "`````\n" + code_fence.source + "\n`````"  # no fence inside closes it
+    assert plain["cells"][1]["source"] == "print()" and plain["cells"][1]["outputs"][0]["text"] == ""
+    for bad in ({"nbformat": 99, "cells": []}, {"nbformat": 4, "cells": [{}] * (feedback.MAX_CELLS + 1)}, [1]):
+        with pytest.raises(ValueError):
+            feedback.plain_notebook(json.dumps(bad).encode())
+
+
+def test_a_feedback_page_gets_no_output_metadata_attachments_or_active_math():
+    nb = _hostile()
+    nb.cells[0].attachments = {"a.png": {"image/png": '"><script>alert(16)</script>'}}
+    safe = json.loads(feedback._page_safe(nbformat.writes(nb)))
+    assert r"\backslash href{javascript:alert(5)}" in safe["cells"][0]["source"] and "attachments" not in safe["cells"][0]
+    assert safe["cells"][1]["outputs"][3]["data"]["text/latex"].startswith(r"$\backslash href")
+    assert all(not o.get("metadata") for o in safe["cells"][1]["outputs"])  # an image's width went into its tag
     assert feedback.inert_tex(r"\hrefs \frac{a}{b}") == r"\hrefs \frac{a}{b}"  # other macros untouched
+    with pytest.raises(ValueError):
+        feedback._page_safe(json.dumps({"nbformat": 99, "cells": [{}]}))
 
 
 def test_the_renderer_stops_a_page_past_its_time_and_serves_the_next(tmp_path):

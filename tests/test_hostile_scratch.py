@@ -14,8 +14,9 @@ A second pass found what the copied gradebook and notebooks could still say:
 - markup in a cell id, written into the graded notebook by a helper after nbgrader wrote it, which nbgrader's
   feedback page prints unescaped.
 And what a graded notebook is made of, no code needed: a markdown cell that takes nbconvert minutes to render (the
-grader used to render it in its own process, holding the class), and outputs that would run script in
-formgrader, which shows the kept notebook in the instructor's session without sanitizing it.
+grader used to render it in its own process, holding the class), outputs that would run script in formgrader,
+which shows the kept notebook in the instructor's session without sanitizing it, and an image whose display
+options nbconvert wrote into the feedback page's markup.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import active_markup
 
 from autograder import grade, jail, rehearsal
 
@@ -134,6 +136,12 @@ subprocess.Popen([sys.executable, "-c", HELPER], env={{"PATH": os.environ.get("P
 # 256 KiB of "[" took 318 s to render on a 2-core machine; the grader stops the page at FEEDBACK_S.
 SLOW_MARKDOWN = "[" * 2**18
 FEEDBACK_S = 10
+# The image's display options: nbconvert wrote width and height into the feedback page's <img> tag unquoted.
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+IMAGE_OPTIONS = (
+    "from IPython.display import publish_display_data\n"
+    f"publish_display_data(data={{'image/png': {PNG!r}, 'text/plain': 'my loss curve'}},\n"
+    "    metadata={'image/png': {'width': '1 onload=alert(1)', 'height': '1 onerror=alert(2)'}})\n")
 SHOW_SCRIPT = (
     "from IPython.display import HTML, SVG, Javascript, display\n"
     "display(HTML('<script>alert(1)</script>'), SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" onload=\"alert(2)\"/>'),"
@@ -170,7 +178,8 @@ def graded(tmp_path_factory):
              "pat": _hand_in(slow, PHANTOM_ATTACK.format(aid=AID)),
              "vic": _hand_in(wrong, VIEW_ATTACK),
              "xena": _hand_in(wrong, XSS_ATTACK.format(nb=f"{AID}.ipynb", markup=MARKUP)),
-             "amos": _hand_in(wrong, SHOW_SCRIPT, SLOW_MARKDOWN)}  # graded before bob: his page comes after
+             "amos": _hand_in(wrong, SHOW_SCRIPT, SLOW_MARKDOWN),  # graded before bob: his page comes after
+             "ivy": _hand_in(wrong, IMAGE_OPTIONS)}
     for sid, data in hands.items():
         (base / "subs" / sid).mkdir(parents=True)
         (base / "subs" / sid / f"{AID}.ipynb").write_bytes(data)
@@ -220,7 +229,7 @@ def test_a_task_cell_the_notebook_added_to_the_gradebook_earns_nothing(graded):
 def test_a_gradebook_view_that_never_ends_fails_that_hand_in_and_the_class_goes_on(graded):
     r = graded["results"]
     assert r["vic"].cause == "tampered gradebook" and r["vic"].score == 0
-    assert all(s in r for s in ("alice", "bob", "carol", "mallory", "pat", "trudy", "vic", "xena", "amos"))
+    assert all(s in r for s in ("alice", "bob", "carol", "mallory", "pat", "trudy", "vic", "xena", "amos", "ivy"))
 
 
 def test_markup_in_a_cell_id_never_reaches_a_feedback_page(graded):
@@ -250,4 +259,10 @@ def test_the_notebook_kept_for_formgrader_carries_no_script(graded):
     assert {m for o in shown for m in o.get("data", {})} <= {"text/plain", "image/png", "image/jpeg", "image/gif"}
     assert any("not shown by the grader" in o.get("data", {}).get("text/plain", "") for o in shown)
     assert not [o for o in shown if "alert(" in json.dumps(o)]  # the script shown, as code, in its cell alone
-    assert nb.cells[-1].source == SLOW_MARKDOWN  # the answer itself is all there
+    assert SLOW_MARKDOWN in nb.cells[-1].source  # the answer itself is all there, as written
+
+
+def test_an_images_display_options_run_nothing_in_its_feedback_page(graded):
+    page = (graded["base"] / "out" / "feedback" / "ivy" / AID / f"{AID}.html").read_text()
+    assert PNG in page and active_markup(page) == []  # the image is shown, its options are not
+    assert graded["results"]["ivy"].score == graded["results"]["bob"].score
