@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -199,7 +200,7 @@ RENDERER = Renderer()  # the grader's one child, started on first use
 # ------------------------------------------------------------------------------------------- formgrader's copy
 
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
-_BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\r\n ]*")
 _CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # nbformat's rule for cell ids
 GRADE_ID = re.compile(r"[A-Za-z0-9_-]+")  # the ids nbgrader itself accepts (its cell-metadata check)
 _NBGRADER_FLAGS = ("grade", "solution", "locked", "task")
@@ -208,14 +209,17 @@ MAX_OUTPUTS = 20000  # outputs in all its cells
 
 
 def _text(v) -> str:
+    """A notebook string field's text ('' for anything else), with lone surrogates replaced: they make the page
+    that shows it fail to encode."""
     if isinstance(v, list):
-        return "".join(x for x in v if isinstance(x, str))
-    return v if isinstance(v, str) else ""
+        v = "".join(x for x in v if isinstance(x, str))
+    return v.encode("utf-8", "replace").decode() if isinstance(v, str) else ""
 
 
 # MathJax typesets $...$ anywhere in a page's text; these macros make links, markup or new macros from it.
-_TEX_ACTIVE = re.compile(r"\\(href|url|unicode|class|cssId|style|require|def|let|newcommand|renewcommand|csname)"
-                         r"(?![A-Za-z])")
+# The backslash may come as an HTML entity, which the page decodes before MathJax reads it.
+_TEX_ACTIVE = re.compile(r"(?:\\|&#0*92;?|&#[xX]0*5[cC];?|&bsol;)(href|url|unicode|class|cssId|style|require|def|let|"
+                         r"newcommand|renewcommand|csname|mmlToken)(?![A-Za-z])")
 
 
 def inert_tex(text: str) -> str:
@@ -225,20 +229,22 @@ def inert_tex(text: str) -> str:
 
 def _page_safe(notebook: str) -> str:
     """A graded notebook's JSON as the feedback page may render it: inert_tex where the page typesets math
-    (markdown cells, LaTeX and markdown outputs: sanitize_html keeps TeX, which is text to it), and no output
-    metadata or cell attachments (nbconvert writes an image's width and height into its tag unquoted, and an
-    attachment's data into a src attribute)."""
+    (markdown and raw cells, LaTeX, markdown and HTML outputs: sanitize_html keeps TeX, which is text to it), and
+    no output metadata, cell attachments or cell metadata but nbgrader's (nbconvert writes an image's width and
+    height into its tag unquoted, an attachment's data into a src attribute, and cell tags as CSS classes)."""
     nb = json.loads(notebook)
     if nb.get("nbformat") != 4:
         raise ValueError(f"nbformat {nb.get('nbformat')!r}, not 4")
     for c in nb.get("cells", []):
         c.pop("attachments", None)
-        if c.get("cell_type") == "markdown":
+        meta = c.get("metadata") if isinstance(c.get("metadata"), dict) else {}
+        c["metadata"] = {"nbgrader": meta["nbgrader"]} if "nbgrader" in meta else {}  # tags become CSS classes
+        if c.get("cell_type") in ("markdown", "raw"):
             c["source"] = inert_tex(_text(c.get("source")))
         for o in c.get("outputs", []) if c.get("cell_type") == "code" else []:
             if "metadata" in o:
                 o["metadata"] = {}
-            for mime in ("text/latex", "text/markdown"):
+            for mime in ("text/latex", "text/markdown", "text/html"):
                 if isinstance(o.get("data"), dict) and mime in o["data"]:
                     o["data"][mime] = inert_tex(_text(o["data"][mime]))
     return json.dumps(nb)
@@ -258,7 +264,8 @@ def _nbgrader_meta(meta) -> dict:
     out = {k: meta[k] for k in _NBGRADER_FLAGS if isinstance(meta.get(k), bool)}
     if isinstance(meta.get("grade_id"), str) and GRADE_ID.fullmatch(meta["grade_id"]):
         out["grade_id"] = meta["grade_id"]
-    if isinstance(meta.get("points"), (int, float)) and not isinstance(meta["points"], bool):
+    if isinstance(meta.get("points"), (int, float)) and not isinstance(meta["points"], bool) \
+            and math.isfinite(meta["points"]):
         out["points"] = meta["points"]
     if isinstance(meta.get("schema_version"), int) and not isinstance(meta["schema_version"], bool):
         out["schema_version"] = meta["schema_version"]

@@ -84,6 +84,11 @@ def test_a_notebook_shaped_to_cost_the_grader_is_refused_quickly():
     plain = json.loads(feedback.plain_notebook(json.dumps(nb).encode()))
     assert plain["cells"][0]["source"] == "`````\n" + code_fence.source + "\n`````"  # no fence inside closes it
     assert plain["cells"][1]["source"] == "print()" and plain["cells"][1]["outputs"][0]["text"] == ""
+    nb["cells"][0]["source"] = "x \ud800 y"  # a lone surrogate: the page showing it could not be encoded
+    nb["cells"][0]["metadata"] = {"nbgrader": {"points": float("nan"), "grade": True}}
+    plain = json.loads(feedback.plain_notebook(json.dumps(nb).encode()))
+    assert plain["cells"][0]["source"] == "```\nx ? y\n```"
+    assert plain["cells"][0]["metadata"] == {"nbgrader": {"grade": True}}
     for bad in ({"nbformat": 99, "cells": []}, {"nbformat": 4, "cells": [{}] * (feedback.MAX_CELLS + 1)}, [1]):
         with pytest.raises(ValueError):
             feedback.plain_notebook(json.dumps(bad).encode())
@@ -92,10 +97,17 @@ def test_a_notebook_shaped_to_cost_the_grader_is_refused_quickly():
 def test_a_feedback_page_gets_no_output_metadata_attachments_or_active_math():
     nb = _hostile()
     nb.cells[0].attachments = {"a.png": {"image/png": '"><script>alert(16)</script>'}}
+    nb.cells[0].source += " &#92;href{javascript:alert(17)}{x}"  # the page decodes the entity before MathJax
+    nb.cells[1].metadata["tags"] = ["x navbar-fixed-top alert-success"]  # tags become the cell's CSS classes
+    nb.cells[1].outputs[0].data["text/html"] = r"$\mmlToken{mi}[href='javascript:alert(18)']{x}$"
     safe = json.loads(feedback._page_safe(nbformat.writes(nb)))
-    assert r"\backslash href{javascript:alert(5)}" in safe["cells"][0]["source"] and "attachments" not in safe["cells"][0]
-    assert safe["cells"][1]["outputs"][3]["data"]["text/latex"].startswith(r"$\backslash href")
-    assert all(not o.get("metadata") for o in safe["cells"][1]["outputs"])  # an image's width went into its tag
+    answer, code, raw = safe["cells"]
+    assert r"\backslash href{javascript:alert(5)}" in answer["source"] and "attachments" not in answer
+    assert r"\backslash href{javascript:alert(17)}" in answer["source"]
+    assert code["outputs"][3]["data"]["text/latex"].startswith(r"$\backslash href")
+    assert code["outputs"][0]["data"]["text/html"].startswith(r"$\backslash mmlToken")
+    assert all(not o.get("metadata") for o in code["outputs"])  # an image's width went into its tag
+    assert code["metadata"] == {"nbgrader": nb.cells[1].metadata.nbgrader} and raw["metadata"] == {}
     assert feedback.inert_tex(r"\hrefs \frac{a}{b}") == r"\hrefs \frac{a}{b}"  # other macros untouched
     with pytest.raises(ValueError):
         feedback._page_safe(json.dumps({"nbformat": 99, "cells": [{}]}))
