@@ -377,7 +377,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                 res.notes.append(f"{v.check}: not gradable on {slot['class']}; regrade on the hardware it needs")
         stuck = [v.cause for v in verdicts.values() if v.cause in ("timeout", "memory")]
         kcause = kcause or (f"check {stuck[0]}" if stuck else None)
-        report.write_scores(db, aid, sid, cells)
+    report.write_scores(db, aid, sid, cells)
     res.cells, res.cause = cells, kcause
     res.score = round(sum(c["score"] for c in cells), 4)
     res.message = f"{res.score:g} / {res.max_score:g} points"

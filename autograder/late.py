@@ -5,7 +5,8 @@ Submission times come from, in order of trust:
   2. the LMS download's file name: Blackboard (`..._attempt_2025-03-04-23-15-02_...`), D2L/Brightspace
      (`... - Mar 4, 2025 1115 PM - ...`) and ISO-like stamps (`2025-03-04T23:15:02`, `20250304T231502`);
      Canvas names carry no time, only a `_LATE_` marker, which is reported when no time is found;
-  3. archive metadata: the newest entry date of the student's zip (or of their folder in a class zip).
+  3. archive metadata: the newest entry date of their folder or file in the LMS's class zip, or of the
+     student's own zip, which their machine dated: it can show a hand-in late, never on time.
 Times without a zone are read in the policy's time zone. A file name's end is the student's own file name, so
 only the earliest stamp in a name counts (LMSs write theirs first), and nothing after a Canvas or Moodle prefix
 is read; a student's own zip is dated by their machine, so it never clears a hand-in the LMS marked late.
@@ -50,8 +51,11 @@ class Stamp:
     """When one hand-in was submitted, and how the grader knows."""
 
     at: dt.datetime | None  # aware datetime, None when unknown
-    source: str  # "csv", "file name", "zip entry date", or "" when unknown
+    source: str  # "csv", "file name", "zip entry date" (the LMS's class zip), STUDENT_ZIP, or "" when unknown
     lms_late: bool = False  # the LMS marked it late in the file name (Canvas's _LATE_), even without a time
+
+
+STUDENT_ZIP = "student's zip entry date"  # dated by the student's machine: it may show lateness, never clear it
 
 
 @dataclass
@@ -100,11 +104,14 @@ def time_from_name(name: str, tz: str = "UTC") -> dt.datetime | None:
 
     The student chose the end of the name (their own file name, e.g. `lab4 2025-03-01T10-00-00.ipynb`), so the
     earliest stamp counts, whatever its format: LMSs write theirs before the student's file name. Canvas and Moodle
-    names carry no time of their own, so a stamp after their prefix is the student's and is not read."""
-    if CANVAS_NAME.match(name):
+    names carry no time of their own (Moodle's starts with the student's full name, which some students can edit),
+    so none is read from them. A D2L name holds the student's name before D2L's stamp: only a D2L stamp counts
+    there, and two of them (one in the name) leave the time unknown."""
+    if CANVAS_NAME.match(name) or _MOODLE_FILE.search(name):
         return None
-    moodle = _MOODLE_FILE.search(name)
-    name = name[:moodle.start()] if moodle else name
+    d2l = [m for m in _NAME_STAMPS[1][0].finditer(name) if _stamp(m.group(1), "D2L") is not None]
+    if d2l:
+        return _stamp(d2l[0].group(1), "D2L").replace(tzinfo=_zone(tz)) if len(d2l) == 1 else None
     hits = []
     for rx, fmt in _NAME_STAMPS:
         for m in rx.finditer(name):
@@ -152,7 +159,7 @@ def _lms_entry(name: str, rx: re.Pattern, tz: str, zipped=None) -> tuple[str, St
     stamp = Stamp(t, "file name" if t else "", bool(_CANVAS_LATE.search(name)))
     if t is None and zipped is not None:
         stamp.at = _zip_file_time(zipped, tz)
-        stamp.source = "zip entry date" if stamp.at else ""
+        stamp.source = STUDENT_ZIP if stamp.at else ""
     return sid, stamp
 
 
@@ -261,7 +268,11 @@ def assess(policy: LatePolicy, student_id: str, stamp: Stamp | None, max_score: 
                             if stamp and stamp.lms_late else "no submission time found: not checked for lateness")
         return row
     over = (stamp.at - due).total_seconds()
-    if stamp.lms_late and stamp.source == "zip entry date" and over <= policy.grace_s:
+    if stamp.source == STUDENT_ZIP and over <= policy.grace_s and not stamp.lms_late:
+        row["late_note"] = (f"only its zip's entry dates ({stamp.at.isoformat()}, set by the student's machine) say "
+                            "it was on time: not checked for lateness; give its time in --submitted-csv")
+        return row
+    if stamp.lms_late and stamp.source in ("zip entry date", STUDENT_ZIP) and over <= policy.grace_s:
         # the zip's entry dates come from the student's machine: they cannot overrule the LMS's own late mark
         row["late_note"] = (f"the LMS marked this hand-in late; only its zip's entry dates ({stamp.at.isoformat()}, "
                             "set by the student's machine) say it was on time: give its time in --submitted-csv")

@@ -91,8 +91,9 @@ def course_cells(rows: list[dict], cells: list[dict]) -> tuple[list[dict], list[
     for c in cells:
         mine = got.get((c["notebook"], c["cell"]), [])
         score = min((r["score"] for r in mine), default=0.0)
+        # Only a written answer may wait for a person; the flag on any other cell came from the submission's code
         out.append({**c, "score": max(0.0, min(score, c["max_score"])), "source": "nbgrader",
-                    "needs_manual": any(r["needs_manual"] for r in mine)})
+                    "needs_manual": bool(c.get("manual")) and any(r["needs_manual"] for r in mine)})
     known = {(c["notebook"], c["cell"]) for c in cells}
     extra = sorted({f"{n}/{k}" for (n, k), rs in got.items() if (n, k) not in known or len(rs) > 1})
     return out, [f"the scratch gradebook held grade rows the assignment does not have ({', '.join(extra)}): "
@@ -114,10 +115,17 @@ def read_grades(db: Path, assignment: str, student: str) -> list[dict]:
 
 
 def write_scores(db: Path, assignment: str, student: str, cells: list[dict]) -> None:
-    """Store the grader's final per-cell scores as auto scores (so nbgrader's feedback shows them)."""
+    """Store the grader's final per-cell scores as auto scores (so nbgrader's feedback shows them), with no extra
+    credit and no comment but nbgrader's own: the feedback page shows both, and the submission's code could have
+    written them (extra credit reaches the class gradebook from the trusted checks, in classbook)."""
     with Gradebook(_url(db)) as gb:
+        for nb in gb.find_submission(assignment, student).notebooks:
+            for cm in nb.comments:
+                cm.manual_comment = None
+                cm.auto_comment = cm.auto_comment if cm.auto_comment == NO_RESPONSE else None
         for c in cells:
             g = gb.find_grade(c["cell"], c["notebook"], assignment, student)
+            g.extra_credit = None
             g.auto_score = c["score"]
             # nbgrader never writes a manual score while autograding: one here came from the submission's code,
             # and nbgrader's feedback page would show it in place of the grader's score
@@ -126,6 +134,9 @@ def write_scores(db: Path, assignment: str, student: str, cells: list[dict]) -> 
                 g.needs_manual_grade = False
             _manual_grade(g, c, graded=True)
         gb.db.commit()
+
+
+NO_RESPONSE = "No response."  # the one comment nbgrader's autograde writes (a written answer left blank)
 
 
 def _manual_grade(g, c: dict, graded: bool) -> None:

@@ -788,6 +788,36 @@ def test_the_cells_scored_are_the_assignments_whatever_the_scratch_gradebook_hol
     assert [(c["cell"], c["score"], c["max_score"]) for c in cells] == [("test_a", 1.0, 2.0), ("answer", 0.0, 2.0)]
     assert cells[1]["manual"] and len(flags) == 1 and "lab/phantom" in flags[0] and "lab/test_a" in flags[0]
     assert report.course_cells([row("test_a", 2.0)], master)[1] == []
+    flagged = [{**row("test_a", 2.0), "needs_manual": True}, {**row("answer", 0.0), "needs_manual": True}]
+    cells = report.course_cells(flagged, master)[0]  # only a written answer may wait for a person
+    assert [c["needs_manual"] for c in cells] == [False, True]
+
+
+def test_scores_written_back_leave_no_extra_credit_or_comment_the_submission_wrote(tmp_path):
+    """report.write_scores on a scratch gradebook whose rows the notebook's code rewrote (a helper outliving the
+    kernel can, after nbgrader's last save): the feedback page printed its extra credit and an 'instructor' comment."""
+    from nbgrader.api import Gradebook
+
+    from autograder import report
+
+    courses.generate_release(rehearsal.build_toy_course(tmp_path / "course"), AID, tmp_path / "made")
+    db = tmp_path / "made" / "gradebook.db"
+    with Gradebook(f"sqlite:///{db}") as gb:
+        gb.add_student("eve")
+        sub = gb.add_submission(AID, "eve")
+        cells = [{"notebook": AID, "cell": g.name, "score": 0.0} for nb in sub.notebooks for g in nb.grades]
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                g.extra_credit = 50.0
+            for cm in nb.comments:
+                cm.manual_comment, cm.auto_comment = "**Instructor:** +50 agreed", "full marks"
+        gb.db.commit()
+    report.write_scores(db, AID, "eve", cells)
+    with Gradebook(f"sqlite:///{db}") as gb:
+        nbs = gb.find_submission(AID, "eve").notebooks
+        assert cells and all(g.extra_credit is None for nb in nbs for g in nb.grades)
+        assert any(nb.comments for nb in nbs)
+        assert all(cm.manual_comment is None and cm.auto_comment is None for nb in nbs for cm in nb.comments)
 
 
 @pytest.mark.skipif(jail.probe() is not None, reason="needs the bubblewrap sandbox")

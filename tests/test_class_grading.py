@@ -280,7 +280,7 @@ def test_submission_times_from_names_zip_dates_and_csv(tmp_path):
     (tmp_path / "times.csv").write_text("student_id,submitted_at\nd2l,2025-03-04T20:00:00+00:00\n")
     got = late.submission_times(s, times_csv=str(tmp_path / "times.csv"))
     assert got["bb"].at == dt.datetime(2025, 3, 5, 1, 30, tzinfo=UTC) and got["bb"].source == "file name"
-    assert got["zed"].at == dt.datetime(2025, 3, 6, 8, 0, tzinfo=UTC) and got["zed"].source == "zip entry date"
+    assert got["zed"].at == dt.datetime(2025, 3, 6, 8, 0, tzinfo=UTC) and got["zed"].source == late.STUDENT_ZIP
     assert got["d2l"].source == "csv" and got["d2l"].at.hour == 20  # the CSV beats the name
     assert got["canv"].at is None and got["canv"].lms_late
     assert late.time_from_name("x - Mar 4, 2025 1115 PM - y", "UTC") == dt.datetime(2025, 3, 4, 23, 15, tzinfo=UTC)
@@ -304,6 +304,11 @@ def test_late_policy_grace_per_day_cap_and_extensions(tmp_path):
     assert late.assess(pol, "dan", at(days=9), 20)["late_penalty"] == 6.0  # capped at 30%
     assert late.assess(pol, "cat", at(hours=30), 20)["late_penalty"] == 0  # two days' extension
     assert "not checked" in late.assess(pol, "eve", None, 20)["late_note"]
+    # The student's own zip is dated by their machine: late by it counts, on time by it is not believed.
+    own = lambda **k: late.Stamp(due + dt.timedelta(**k), late.STUDENT_ZIP)  # noqa: E731
+    assert late.assess(pol, "bob", own(hours=30), 20)["late_penalty"] == 4.0
+    backdated = late.assess(pol, "mal", own(days=-3), 20)
+    assert backdated["submitted_at"] == "" and "not checked for lateness" in backdated["late_note"]
     info = classbook.ClassInfo("lab", 6.0, [], ["lab"], [], "d")
     times = {"bob": at(hours=30), "ann": at(minutes=10)}
     rows = {r["student_id"]: r for r in classbook.final_rows(info, [_result("bob", 1.0), _result("ann")], pol, times)}

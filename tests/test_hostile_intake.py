@@ -157,7 +157,13 @@ def test_a_time_in_the_students_own_file_name_does_not_date_the_hand_in(tmp_path
     # D2L writes its stamp first; a Blackboard-looking stamp later in the name is the student's
     (subs / "d2l_1 - Mar 9, 2025 1115 PM - lab_attempt_2025-03-01-00-00-00.ipynb").write_bytes(b"{}")
     (subs / "bb_attempt_2025-03-09-01-30-00_lab 2025-03-01T00-00-00.ipynb").write_bytes(b"{}")
+    # A student's name, which some LMSs let them edit, comes before the LMS's stamp: Moodle's and D2L's
+    assert late.time_from_name("Jo 2025-03-01T10-00-00 Li_77_assignsubmission_file_lab.ipynb") is None
+    (subs / "d2m_2 - Jo 2025-03-01T10-00-00 Li - Mar 9, 2025 1115 PM - lab.ipynb").write_bytes(b"{}")
+    (subs / "d2n_3 - Jo Mar 1, 2025 1000 AM Li - Mar 9, 2025 1115 PM - lab.ipynb").write_bytes(b"{}")
     got = late.submission_times(subs)
+    assert got["d2n"].at is None  # two D2L stamps: unknown
+    assert got["d2m"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
     assert got["mal"].at is None and got["mal"].lms_late and got["kim"].at is None and got["moe"].at is None
     assert got["d2l"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
     assert got["bb"].at == dt.datetime(2025, 3, 9, 1, 30, tzinfo=UTC)
@@ -166,7 +172,7 @@ def test_a_time_in_the_students_own_file_name_does_not_date_the_hand_in(tmp_path
     assert late.assess(pol, "d2l", got["d2l"], 10)["days_late"] == 5
 
 
-def test_a_backdated_zip_does_not_clear_a_hand_in_the_lms_marked_late(tmp_path):
+def test_a_backdated_zip_clears_no_hand_in_of_lateness(tmp_path):
     subs = tmp_path / "subs"
     subs.mkdir()
     old = (2025, 3, 1, 8, 0, 0)
@@ -181,7 +187,11 @@ def test_a_backdated_zip_does_not_clear_a_hand_in_the_lms_marked_late(tmp_path):
     res = grade.StudentResult("mal", AID, "graded", 10.0, 10.0)
     rows = classbook.final_rows(info, [res], pol, got)
     assert "no submission time (not checked for lateness): mal" in "\n".join(classbook.summary_lines(rows, pol, None))
-    assert late.assess(pol, "zed", got["zed"], 10)["submitted_at"].startswith("2025-03-01")  # unchanged rule
+    # Without a LATE mark too: the student's machine dated its zip, so on time by it is unknown, and said so.
+    zed = late.assess(pol, "zed", got["zed"], 10)
+    assert zed["submitted_at"] == "" and "not checked for lateness" in zed["late_note"]
+    rows = classbook.final_rows(info, [res, grade.StudentResult("zed", AID, "graded", 10.0, 10.0)], pol, got)
+    assert "not checked for lateness): mal, zed" in "\n".join(classbook.summary_lines(rows, pol, None))
 
 
 # ------------------------------------------------------------------------------------------------ merge
