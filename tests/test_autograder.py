@@ -793,6 +793,7 @@ def test_the_cells_scored_are_the_assignments_whatever_the_scratch_gradebook_hol
     assert [c["needs_manual"] for c in cells] == [False, True]
 
 
+@pytest.mark.filterwarnings("ignore:Object of type:Warning")  # nbgrader's own add_submission, under SQLAlchemy 2
 def test_scores_written_back_leave_no_extra_credit_or_comment_the_submission_wrote(tmp_path):
     """report.write_scores on a scratch gradebook whose rows the notebook's code rewrote (a helper outliving the
     kernel can, after nbgrader's last save): the feedback page printed its extra credit and an 'instructor' comment."""
