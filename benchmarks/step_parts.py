@@ -127,14 +127,18 @@ def kernel_split(step, batches, dev, epoch: int) -> dict:
         events = load_trace(path)["traceEvents"]
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     by: dict[str, float] = {}
+    other: dict[str, float] = {}
     for e in kernels:
-        name = str(e.get("name", "")).lower()
-        cls = next((c for c, keys in KERNEL_CLASSES if any(k in name for k in keys)), "other")
+        name = str(e.get("name", ""))
+        cls = next((c for c, keys in KERNEL_CLASSES if any(k in name.lower() for k in keys)), "other")
         by[cls] = by.get(cls, 0.0) + e["dur"] / 1e3 / n
+        if cls == "other":
+            other[name[:100]] = other.get(name[:100], 0.0) + e["dur"] / 1e3 / n
     busy = sum(by.values())
     return {"steps": n, "wall_ms_per_step": round(1e3 * wall / n, 3), "kernel_ms_per_step": round(busy, 3),
             "kernels_per_step": round(len(kernels) / n, 1),
-            "ms_per_step_by_class": {k: round(v, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1])}}
+            "ms_per_step_by_class": {k: round(v, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1])},
+            "other_top_ms_per_step": {k: round(v, 3) for k, v in sorted(other.items(), key=lambda kv: -kv[1])[:10]}}
 
 
 def summarize(res: dict) -> None:
@@ -150,6 +154,35 @@ def summarize(res: dict) -> None:
             p["share_of_rung"] = round(s / rung, 4) if rung else None
 
 
+def measure(res: dict, name: str, out: Path, cfg, model, step, batches, fixed, dev) -> None:
+    """Warm every part, time them in alternating rounds (saving `res` after each), then profile the rung."""
+    from labkit.bench import save_result, synchronize
+
+    fns = part_fns(cfg, model, step, batches, fixed, dev)
+    t0 = time.perf_counter()
+    for fn in fns.values():  # compile, capture and warm every part before any clock runs
+        fn(0)
+    synchronize(dev)
+    res["warm_up_s"] = round(time.perf_counter() - t0, 2)
+    print(f"step_parts: {res['preset']} at batch {cfg.batch_size}, {res['steps_per_epoch']} steps an epoch; warmed "
+          f"up in {res['warm_up_s']} s", flush=True)
+    for r in range(res["rounds"]):
+        for part in PARTS[r % len(PARTS):] + PARTS[:r % len(PARTS)]:
+            synchronize(dev)
+            t = time.perf_counter()
+            fns[part](r + 1)
+            synchronize(dev)
+            res["parts"][part]["epoch_s"].append(round(time.perf_counter() - t, 5))
+        summarize(res)
+        save_result(name, res, out_dir=out, device=dev)
+        print(f"round {r + 1}: " + ", ".join(f"{p} {res['parts'][p]['img_per_s']:,.0f}" for p in PARTS), flush=True)
+    if dev.type == "cuda":
+        res["profile"] = kernel_split(step, batches, dev, res["rounds"] + 1)
+        print(f"profiled epoch: {res['profile']}")
+    else:
+        print("step_parts: no kernel profile without a CUDA GPU (skipped)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="muon", help="the ladder rung to take apart (default: muon, the top rung)")
@@ -161,7 +194,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    from labkit.bench import save_result, synchronize
+    from labkit.bench import save_result
     from labkit.env import LabkitError, pick_device
     from labkit.outputs import check_writable
 
@@ -179,30 +212,10 @@ def main(argv=None) -> int:
            "steps_per_epoch": steps, "images_per_epoch": steps * cfg.batch_size, "rounds": args.rounds,
            "note": "one epoch of each part between device synchronizations, parts alternating per round",
            "parts": {p: {"epoch_s": []} for p in PARTS}}
-    fns = part_fns(cfg, model, step, batches, fixed, dev)
-    t0 = time.perf_counter()
-    for fn in fns.values():  # compile, capture and warm every part before any clock runs
-        fn(0)
-    synchronize(dev)
-    res["warm_up_s"] = round(time.perf_counter() - t0, 2)
-    print(f"step_parts: {args.preset} at batch {cfg.batch_size}, {steps} steps an epoch; warmed up in "
-          f"{res['warm_up_s']} s", flush=True)
-    live = list(PARTS)
-    for r in range(args.rounds):
-        for name in live[r % len(live):] + live[:r % len(live)]:
-            synchronize(dev)
-            t = time.perf_counter()
-            fns[name](r + 1)
-            synchronize(dev)
-            res["parts"][name]["epoch_s"].append(round(time.perf_counter() - t, 5))
-        summarize(res)
-        save_result(args.name, res, out_dir=out, device=dev)
-        print(f"round {r + 1}: " + ", ".join(f"{p} {res['parts'][p]['img_per_s']:,.0f}" for p in live), flush=True)
-    if dev.type == "cuda":
-        res["profile"] = kernel_split(step, batches, dev, args.rounds + 1)
-        print(f"profiled epoch: {res['profile']}")
-    else:
-        print("step_parts: no kernel profile without a CUDA GPU (skipped)")
+    from labkit import train as T
+
+    with T._switches(cfg):  # cuDNN's autotuning and inductor's settings, as the rung trains under them
+        measure(res, args.name, out, cfg, model, step, batches, fixed, dev)
     path = save_result(args.name, res, out_dir=out, device=dev)
     print(f"wrote {path}")
     return 0
