@@ -50,6 +50,12 @@ MODEL_VARIANTS = {
     "4096-reduce-overhead-matmul-edges-coordinate-descent": (4096, "reduce-overhead", {"coordinate_descent_tuning": True},
                                                              {"matmul_edges": True}),
     "4096-max-autotune-matmul-edges": (4096, "max-autotune", {}, {"matmul_edges": True}),
+    # inductor's other ways with the memory-bound BatchNorm/ReLU/add kernels (27% of the rung's GPU time)
+    "4096-reduce-overhead-cooperative-reductions": (4096, "reduce-overhead", {"triton.cooperative_reductions": True}),
+    "4096-reduce-overhead-multi-kernel": (4096, "reduce-overhead", {"triton.multi_kernel": 1}),
+    "4096-reduce-overhead-aggressive-fusion": (4096, "reduce-overhead", {"aggressive_fusion": True}),
+    "4096-reduce-overhead-benchmark-fusion": (4096, "reduce-overhead", {"benchmark_fusion": True}),
+    "4096-reduce-overhead-max-autotune-pointwise": (4096, "reduce-overhead", {"max_autotune_pointwise": True}),
     "4096-eager": (4096, None, {}),
     "4096-eager-matmul-edges": (4096, None, {}, {"matmul_edges": True}),
 }
