@@ -150,3 +150,27 @@ def test_compile_regions_cuts_the_model_into_regions_that_chain_to_it_and_skips_
         assert cr.main(["--device", "cpu", "--out", str(tmp_path)]) == 0
         assert "compile_regions: needs a CUDA GPU" in capsys.readouterr().out
         assert list(tmp_path.iterdir()) == []
+
+
+def test_step_parts_times_every_part_of_a_tiny_step_on_cpu_and_refuses_bad_input_first(tmp_path, capsys):
+    """benchmarks/step_parts.py: on a CPU every part runs (eager, tiny), the record says so, and a bad argument or an
+    output folder it cannot write fails before any model is built."""
+    import json
+
+    sp = benchmark_module("step_parts")
+    with pytest.raises(SystemExit):
+        sp.main(["--rounds", "0", "--out", str(tmp_path)])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert sp.main(["--out", str(blocker / "sub"), "--device", "cpu"]) == 2
+    assert "cannot write there" in capsys.readouterr().err
+    assert sp.main(["--preset", "nonesuch", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert "unknown preset 'nonesuch'" in capsys.readouterr().err
+    assert sp.main(["--device", "cpu", "--rounds", "2", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "nothing here is a measurement" in out and "no kernel profile without a CUDA GPU (skipped)" in out
+    r = json.loads((tmp_path / "r" / "step_parts.json").read_text())
+    assert r["quick"] and r["rounds"] == 2 and "profile" not in r
+    assert set(r["parts"]) == set(sp.PARTS)
+    assert all(len(p["epoch_s"]) == 2 and p["img_per_s"] > 0 for p in r["parts"].values())
+    assert r["parts"]["rung"]["share_of_rung"] == 1.0

@@ -1137,3 +1137,60 @@ def test_results_page_saved_regions_match_their_h200_record():
     assert f"Each builder spends {span(setups)} s starting" in page
     assert f"The run then spends {span([s['loaded_s'] - s['built_s'] for s in runs[4]])} s loading the files, and " \
            f"{span([s['first_step_end_s'] - s['loaded_s'] for s in runs[4]])} s in its first call" in page
+
+
+def test_results_page_step_parts_match_their_h200_records():
+    """'Where the steady step goes': the parts table, the profile and the inductor settings from their records."""
+    import json
+    import statistics
+
+    page = results_page()
+    rec = ROOT / "benchmarks" / "results"
+    r = json.loads((rec / "step_parts_h200.json").read_text())
+    assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+    assert r["env"]["git_commit"].startswith("453621e") and r["env"]["command"].startswith("step_parts.py")
+    assert "(`step_parts_h200.json`, NVIDIA H200, torch 2.11.0+cu130, commit 453621e, 5 rounds)" in page
+    assert r["rounds"] == 5 and r["batch"] == 4096 and r["steps_per_epoch"] == 12 and not r["quick"]
+    parts, n = r["parts"], r["images_per_epoch"]
+    rung = statistics.median(parts["rung"]["epoch_s"])
+    labels = {"rung": "the rung's step", "fixed batch": "on a fixed batch (no data path)",
+              "no optimizer": "no optimizer", "model only": "model only (a plain sum of the logits, no loss function)"}
+    for key, label in labels.items():
+        ips = [n / t for t in parts[key]["epoch_s"]]
+        share = statistics.median(parts[key]["epoch_s"]) / rung
+        assert (f"| {label} | {statistics.median(ips):,.0f} | {min(ips):,.0f}–{max(ips):,.0f} | {share:.3f} |"
+                in page), label
+        # every spread overlaps the rung's: within noise
+        assert min(ips) <= max(n / t for t in parts["rung"]["epoch_s"])
+        assert max(ips) >= min(n / t for t in parts["rung"]["epoch_s"])
+    for key, label in (("data only", "the data alone"), ("optimizer", "the optimizer alone")):
+        share = statistics.median(parts[key]["epoch_s"]) / rung
+        assert f"| {label} | | | {share:.3f} |" in page
+        assert f"{100 * share:.1f}%" in page
+    prof = r["profile"]
+    cls = prof["ms_per_step_by_class"]
+    conv, tri = cls["convolutions and matmuls"], cls["Triton (fused BN/ReLU/add)"]
+    busy, wall = prof["kernel_ms_per_step"], prof["wall_ms_per_step"]
+    assert f"The GPU is busy {100 * busy / wall:.0f}% of the step" in page
+    assert f"kernels ran {busy:.2f} ms of a {wall:.2f} ms step" in page
+    assert f"convolutions and matrix products {conv:.2f} ms ({100 * conv / busy:.0f}%)" in page
+    assert f"BatchNorm, ReLU and the adds {tri:.2f} ms ({100 * tri / busy:.0f}%)" in page
+    assert f"other kernels {cls['other']:.2f} ms, fused AdamW {cls['optimizer']:.2f} ms" in page
+
+    k = json.loads((rec / "top_rung_bn_kernels_h200.json").read_text())
+    assert k["env"]["device_name"] == "NVIDIA H200" and k["env"]["torch"] == "2.11.0+cu130" and k["note"]
+    assert k["env"]["git_commit"].startswith("5f0430a") and "--parts model" in k["env"]["command"]
+    assert "(fused SGD, batch 4096; `top_rung_bn_kernels_h200.json`, same card, commit 5f0430a" in page
+    ms = k["model_step"]
+    base = ms["4096-reduce-overhead"]
+    rows = {"inductor's default": "", "`max_autotune_pointwise`": "-max-autotune-pointwise",
+            "`triton.multi_kernel`": "-multi-kernel", "`aggressive_fusion`": "-aggressive-fusion",
+            "`benchmark_fusion`": "-benchmark-fusion", "`triton.cooperative_reductions`": "-cooperative-reductions"}
+    for label, suffix in rows.items():
+        v = ms["4096-reduce-overhead" + suffix]
+        assert (f"| {label} | {v['ms_per_step']:.2f} | {v['spread_ms']:.2f} | {v['img_per_s']:,.0f} | "
+                f"{v['compile_s']:.1f} s") in page, label
+        # "none is faster than the default by more than its spread"
+        assert base["ms_per_step"] - v["ms_per_step"] < max(base["spread_ms"], v["spread_ms"])
+    slow = ms["4096-reduce-overhead-cooperative-reductions"]["ms_per_step"] / base["ms_per_step"]
+    assert int(slow) == 23 and "23 times slower" in page
