@@ -22,7 +22,8 @@ from pathlib import Path
 
 from autograder import manual, report, trusted
 from autograder.feedback import GRADE_ID
-from autograder.sandbox import LeftFileError, Limits, read_left, run_limited, write_log
+from autograder.nbstart import nbgrader_command
+from autograder.sandbox import LeftFileError, Limits, load_left_json, read_left, run_limited, write_log
 from labkit.env import REPO_ROOT, LabkitError
 
 log = logging.getLogger("autograder")
@@ -164,7 +165,7 @@ def prepare_course(assignment: str, course: str | Path, work: Path, log_dir: Pat
         (master / "nbgrader_config.py").write_text(scratch_config(
             master, cell_timeout_s=cell_timeout_s, hide_hidden_tests=hide_hidden_tests, vault=None))
         _write_files(master / "source" / assignment, source)
-        out = run_limited([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
+        out = run_limited(nbgrader_command("generate_assignment", assignment, "--force"),
                           cwd=master, env=py_env(), limits=Limits(wall_s=600, memory_bytes=None))
         write_log(log_dir / "generate_assignment.log", f"nbgrader generate_assignment {assignment}", out)
         err = config_error(out.output)
@@ -240,10 +241,10 @@ def _check_grade_ids(data: bytes, rel: Path) -> None:
     feedback page prints the ids unescaped, and the student's code can rewrite the graded notebook after nbgrader
     wrote it (a helper of theirs lives until nbgrader exits): an id holding markup would run in whoever opens the
     page."""
+    nb = load_left_json(data, str(rel))  # parsed here only within MAX_JSON_VALUES: the grader's own memory
     try:
-        cells = json.loads(data).get("cells", [])
-        ids = [((c.get("metadata") or {}).get("nbgrader") or {}).get("grade_id") for c in cells]
-    except (ValueError, AttributeError, TypeError):
+        ids = [((c.get("metadata") or {}).get("nbgrader") or {}).get("grade_id") for c in nb.get("cells", [])]
+    except (AttributeError, TypeError):
         raise LeftFileError(f"{rel}: not a notebook") from None
     bad = [i for i in ids if i is not None and not (isinstance(i, str) and GRADE_ID.fullmatch(i))]
     if bad:
@@ -256,7 +257,7 @@ def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(course / "nbgrader_config.py", dest / "nbgrader_config.py")
     shutil.copytree(course / "source" / assignment, dest / "source" / assignment, dirs_exist_ok=True)
-    out = run_limited([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
+    out = run_limited(nbgrader_command("generate_assignment", assignment, "--force"),
                       cwd=dest, env=py_env(), limits=Limits(wall_s=600, memory_bytes=None))
     release = dest / "release" / assignment / f"{assignment}.ipynb"
     if not out.ok or not release.exists():

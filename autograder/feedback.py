@@ -103,6 +103,9 @@ def _serve(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever the libraries print goes to stderr, never into a reply
+    from autograder.nbstart import skip_iri_checker
+
+    skip_iri_checker()
     import nbgrader.converters  # noqa: F401  (once, before the first request: the grader waits on nothing else)
 
     for line in sys.stdin:
@@ -170,8 +173,9 @@ class Renderer:
                 except subprocess.TimeoutExpired:
                     dead = False
                 self._stop()
+                work = "rendering the feedback" if pages else "rebuilding the notebooks kept for formgrader"
                 stopped = ("the feedback renderer died (out of memory?)" if dead else
-                           f"rendering the feedback took longer than {timeout_s:g} s and was stopped")
+                           f"{work} took longer than {timeout_s:g} s and was stopped")
         if stopped:
             return {}, stopped + "\n", stopped
         found = {p.stem: p.read_text(errors="replace") for p in (root / "feedback" / student / assignment).glob("*.html")}
@@ -323,8 +327,8 @@ def plain_notebook(data: bytes) -> bytes:
         cid = cid if cid not in ids else f"cell-{i}"
         ids.add(cid)
         meta = c.get("metadata") if isinstance(c.get("metadata"), dict) else {}
-        cell = {"id": cid, "metadata": {"nbgrader": _nbgrader_meta(meta["nbgrader"])}
-                if _nbgrader_meta(meta.get("nbgrader")) else {}}
+        nbg = _nbgrader_meta(meta.get("nbgrader"))
+        cell = {"id": cid, "metadata": {"nbgrader": nbg} if nbg else {}}
         if c.get("cell_type") == "code":
             cell.update(cell_type="code", source=_text(c.get("source")), execution_count=_count(c.get("execution_count")),
                         outputs=[p for p in map(_plain_output, o) if p is not None])

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -50,7 +49,16 @@ from autograder.course import Course
 from autograder.feedback import RENDER_TIMEOUT_S
 from autograder.jail import Jail
 from autograder.late import LatePolicy
-from autograder.sandbox import LeftFileError, Limits, Outcome, kill_token, run_limited, write_log
+from autograder.nbstart import nbgrader_command
+from autograder.sandbox import (
+    LeftFileError,
+    Limits,
+    Outcome,
+    kill_token,
+    load_left_json,
+    run_limited,
+    write_log,
+)
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -211,25 +219,26 @@ def _kernel_cause(outcome: Outcome) -> str | None:
 
 
 def _notebook_notes(paths: list[Path], cell_timeout_s) -> list[str]:
-    """Errors the graded notebooks show that a student should hear about (interrupted cells, memory)."""
-    import nbformat
+    """Errors the graded notebooks show that a student should hear about (interrupted cells, memory).
 
+    Read as bounded JSON (`load_left_json`), not through nbformat, whose validation of a rewritten notebook takes
+    gigabytes: these are the student's bytes, copied by `take_graded`."""
     notes = []
     for p in paths:
         try:
-            nb = nbformat.read(p, as_version=4)
-        except Exception:  # unreadable output: nothing to report from it
+            cells = list(load_left_json(p.read_bytes(), p.name).get("cells", []))
+            for i, cell in enumerate(cells):
+                for o in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+                    if o.get("output_type") != "error":
+                        continue
+                    ename = str(o.get("ename", ""))[:100]
+                    if ename == "CellTimeoutError":
+                        notes.append(f"cell {i} hit the per-cell time limit ({cell_timeout_s or 'course'} s) and "
+                                     "was interrupted")
+                    elif ename == "MemoryError" or "can't allocate memory" in str(o.get("evalue", "")):
+                        notes.append(f"cell {i} ran out of memory ({ename})")
+        except (LeftFileError, OSError, AttributeError, TypeError):  # unreadable output: nothing more to report
             continue
-        for i, cell in enumerate(nb.cells):
-            for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
-                if o.get("output_type") != "error":
-                    continue
-                ename = o.get("ename", "")
-                if ename == "CellTimeoutError":
-                    notes.append(f"cell {i} hit the per-cell time limit ({cell_timeout_s or 'course'} s) and was "
-                                 "interrupted")
-                elif ename == "MemoryError" or "can't allocate memory" in str(o.get("evalue", "")):
-                    notes.append(f"cell {i} ran out of memory ({ename})")
     return notes[:10]
 
 
@@ -307,7 +316,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     cache = scratch / "compile-cache"  # this student's alone: their notebook fills it, their runner reuses it
     cache.mkdir(parents=True)
     box = Jail(writable=[root], gpu=slot["index"], env=gpu, trusted=not jailed, cache=cache)
-    outcome = run_limited([sys.executable, "-m", "nbgrader", "autograde", aid, "--student", sid, "--force"],
+    outcome = run_limited(nbgrader_command("autograde", aid, "--student", sid, "--force"),
                           cwd=root, env=env, limits=limits, token=token, jail=box)
     write_log(sdir / "autograde.log", f"nbgrader autograde {aid} --student {sid}", outcome)
     res = StudentResult(sid, aid, "graded", 0.0, course.max_score, notes=list(sub.notes),

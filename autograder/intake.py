@@ -24,6 +24,8 @@ from pathlib import Path
 
 import nbformat
 
+from autograder.feedback import MAX_CELLS, MAX_OUTPUTS
+from autograder.sandbox import MAX_JSON_VALUES, json_values
 from labkit.env import LabkitError
 
 # Canvas, Moodle and Blackboard downloads all start the file name with an id followed by "_".
@@ -110,10 +112,18 @@ def check_notebook(data: bytes, name: str) -> str | None:
     """None if `data` is a readable Jupyter notebook, else one line (naming file `name`) saying what is wrong."""
     if len(data) > MAX_NOTEBOOK_BYTES:
         return f"{name} is {len(data) / 2**20:.0f} MiB (limit {MAX_NOTEBOOK_BYTES // 2**20} MiB): clear its outputs"
+    # parsing and validating take memory per value, not per byte: bounded here, in the grader, before either runs
+    if json_values(data) > MAX_JSON_VALUES:
+        return f"{name} holds more than {MAX_JSON_VALUES:,} JSON values (commas and brackets): clear its outputs"
     try:
         raw = json.loads(data.decode("utf-8"))
         if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or "nbformat" not in raw:
             return f"{name} is not a notebook: JSON without the notebook fields (cells, nbformat)"
+        if len(raw["cells"]) > MAX_CELLS:  # validation's time and memory grow with the cells it rejects
+            return f"{name} has {len(raw['cells']):,} cells (limit {MAX_CELLS:,})"
+        outputs = sum(len(c.get("outputs") or ()) for c in raw["cells"] if isinstance(c, dict))
+        if outputs > MAX_OUTPUTS:
+            return f"{name} has {outputs:,} outputs (limit {MAX_OUTPUTS:,}): clear its outputs"
         nb = nbformat.reads(data.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
     except json.JSONDecodeError as e:

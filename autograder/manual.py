@@ -17,6 +17,7 @@ import re
 import warnings
 from pathlib import Path
 
+from autograder.sandbox import MAX_JSON_VALUES, json_values
 from labkit.errors import LabkitError
 
 SOURCE = "manual"  # a cell's "source" once an instructor's score is in
@@ -50,11 +51,14 @@ def mark(cells: list[dict], ids: set[tuple[str, str]]) -> list[dict]:
 
 def _answered(graded_nb: Path, cell: str, original: str | None) -> bool:
     """False when the student left the answer as released (nbgrader's own rule: the checksum is unchanged)."""
-    import nbformat
+    from nbformat.reader import reads
     from nbgrader.utils import compute_checksum
 
     try:
-        nb = nbformat.read(graded_nb, as_version=4)
+        data = graded_nb.read_bytes()
+        if json_values(data) > MAX_JSON_VALUES:  # the student's bytes: take_graded refused them already
+            return True
+        nb = reads(data)  # nbformat's reader without its validation, which a rewritten notebook makes huge
         found = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell]
         return bool(found) and compute_checksum(found[0]) != original
     except Exception:  # an unreadable cell: a person looks at it rather than a silent zero

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import resource
 import secrets
@@ -337,3 +338,27 @@ def read_left(root: Path, rel: str | os.PathLike, limit: int = MAX_LEFT_BYTES) -
     if len(data) > limit:
         raise LeftFileError(f"{rel}: larger than {limit:,} bytes")
     return data
+
+
+MAX_JSON_VALUES = 2_000_000  # values in a JSON file the grader parses from a student (~150 MiB parsed at most)
+
+
+def json_values(data: bytes) -> int:
+    """A bound on what parsing a JSON text builds, counted without parsing it: its commas and opening brackets.
+    Every array element and object member but the first follows a comma, the first a bracket, so a text holds at
+    most about twice this many values and keys (commas and brackets inside strings only overcount). 64 MiB of `[],`
+    took json.loads 1.4 GiB and 16 s on a 2-core machine; counting takes milliseconds."""
+    return data.count(b",") + data.count(b"[") + data.count(b"{")
+
+
+def load_left_json(data: bytes, what: str, max_values: int = MAX_JSON_VALUES):
+    """json.loads of bytes a student's code may have written, in bounded memory: LeftFileError, before parsing,
+    past `max_values` (`json_values`); also when it is not JSON or nests deeper than the parser goes."""
+    if json_values(data) > max_values:
+        raise LeftFileError(f"{what}: more than {max_values:,} JSON values (commas and brackets): refused unread")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise LeftFileError(f"{what}: nested deeper than a JSON reader goes") from None
+    except ValueError:
+        raise LeftFileError(f"{what}: not JSON") from None

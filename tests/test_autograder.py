@@ -774,6 +774,57 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
         read_left(tmp_path, "a/b/none.py")
 
 
+def test_nbgrader_starts_without_the_iri_checker_and_still_validates_notebooks(tmp_path):
+    """autograder.nbstart: the grader's nbgrader processes leave out rfc3987_syntax (1.3 s of grammar building each),
+    and nbformat's validation, which does not use it, still rejects a broken notebook."""
+    from autograder.nbstart import nbgrader_command
+
+    out = subprocess.run(nbgrader_command("--version"), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+    code = ("import sys; from autograder.nbstart import skip_iri_checker; skip_iri_checker(); import nbformat\n"
+            "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('x = 1')]); nbformat.validate(nb)\n"
+            "nb.cells[0]['cell_type'] = 'nonsense'\n"
+            "try:\n    nbformat.validate(nb)\nexcept nbformat.ValidationError:\n    print('rejected')\n"
+            "print('rfc3987_syntax' in sys.modules and sys.modules['rfc3987_syntax'] is not None)\n")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert out.stdout.split() == ["rejected", "False"], (out.stdout, out.stderr[-2000:])
+
+
+def test_a_graded_notebook_rewritten_into_millions_of_values_is_refused_unread_in_little_memory(tmp_path):
+    """A helper outliving the kernel can rewrite the graded notebook after nbgrader wrote it (as the hostile class's
+    xena does). 60 MiB of `[],` (20 million values) would take json.loads over 1.3 GiB in the grader's process, and nbformat's
+    validation, which read it twice more, far more: now the grader counts its values first and refuses it unread,
+    and its other readers (the cell notes, the written-answer seal) never validate it."""
+    import time
+    import tracemalloc
+
+    from autograder import course as courses
+    from autograder import manual
+    from autograder.sandbox import MAX_JSON_VALUES, LeftFileError, load_left_json
+
+    huge = b'{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [' + b"[]," * (20 * 2**20) + b"[]]}"
+    deep = b'{"cells": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    graded = tmp_path / "lab.ipynb"
+    graded.write_bytes(huge)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(LeftFileError, match=f"more than {MAX_JSON_VALUES:,} JSON values"):
+        courses._check_grade_ids(huge, Path("autograded/s/lab/lab.ipynb"))
+    with pytest.raises(LeftFileError, match="nested deeper"):
+        courses._check_grade_ids(deep, Path("lab.ipynb"))
+    assert grade._notebook_notes([graded], 60) == []
+    assert manual._answered(graded, "answer", "released checksum")  # unreadable: a person looks at it
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 200 * 2**20 and time.perf_counter() - t0 < 20, (peak, time.perf_counter() - t0)
+    ok = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "error", "ename": "CellTimeoutError"}]}]}
+    graded.write_text(json.dumps(ok))
+    assert grade._notebook_notes([graded], 60) == ["cell 0 hit the per-cell time limit (60 s) and was interrupted"]
+    assert load_left_json(b"[1, 2]", "x") == [1, 2]
+    with pytest.raises(LeftFileError, match="not JSON"):
+        load_left_json(b"{", "x")
+
+
 def test_the_cells_scored_are_the_assignments_whatever_the_scratch_gradebook_holds():
     """report.course_cells: the master's cells and points; a row the assignment lacks, a second row for a cell and
     a score above the cell's points change nothing but a flag."""

@@ -118,6 +118,8 @@ def test_the_renderer_stops_a_page_past_its_time_and_serves_the_next(tmp_path):
     try:
         pages, log, stopped = r.render(tmp_path, "lab", "amy", timeout_s=0.001)  # still importing nbgrader
         assert pages == {} and stopped == "rendering the feedback took longer than 0.001 s and was stopped"
+        stopped = r.render(tmp_path, "lab", "amy", pages=False, timeout_s=0.001)[2]  # --no-feedback: copies only
+        assert stopped == "rebuilding the notebooks kept for formgrader took longer than 0.001 s and was stopped"
         pages, log, stopped = r.render(tmp_path, "lab", "amy", timeout_s=120)  # a fresh child answers
         assert pages == {} and stopped is None and "nbgrader_config.py" in log  # its answer: no course here
     finally:

@@ -300,3 +300,30 @@ def test_a_notebook_nested_past_the_parsers_depth_is_one_clear_problem(tmp_path)
     (subs / f"deep_{AID}.ipynb").write_bytes(b'{"nbformat": 4, "cells": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
     by, _ = _collect(subs, tmp_path)
     assert by["deep"].cause == "invalid notebook" and "RecursionError" in by["deep"].problem, by["deep"].problem
+
+
+def test_a_notebook_of_millions_of_tiny_values_is_refused_before_it_is_parsed(tmp_path):
+    """Intake parses and validates each hand-in in the grader's process. 48 MiB of `{},` (16 million cells) stayed
+    under the 50 MiB limit and cost gigabytes there (every cell an object, and a validation error each); so did
+    200,000 empty cells, validated one by one."""
+    import time
+    import tracemalloc
+
+    from autograder.feedback import MAX_CELLS
+
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    head = b'{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": ['
+    (subs / f"vast_{AID}.ipynb").write_bytes(head + b"{}," * (16 * 2**20) + b"{}]}")
+    (subs / f"wide_{AID}.ipynb").write_bytes(head + b"{}," * 200_000 + b"{}]}")
+    (subs / f"amy_{AID}.ipynb").write_bytes(_nb())
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    by, _ = _collect(subs, tmp_path)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert by["vast"].cause == "invalid notebook" and "more than 2,000,000 JSON values" in by["vast"].problem
+    assert by["wide"].cause == "invalid notebook" and f"(limit {MAX_CELLS:,})" in by["wide"].problem
+    assert by["amy"].problem is None
+    # the files are read whole (48 MiB, then a decoded copy) but never parsed into millions of objects
+    assert peak < 300 * 2**20 and time.perf_counter() - t0 < 30, (peak, time.perf_counter() - t0)
