@@ -51,6 +51,7 @@ from autograder.jail import Jail
 from autograder.late import LatePolicy
 from autograder.nbstart import nbgrader_command
 from autograder.sandbox import (
+    MAX_JSON_VALUES,
     LeftFileError,
     Limits,
     Outcome,
@@ -354,6 +355,11 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
         return _fail(res, course, "tampered files", "the notebook left something other than its own files where "
                                                     f"the grader reads them back ({e})")
     taken = graded_dir.parents[2]  # the copy's course folder
+    for n in course.notebooks:  # the ones take_graded left out: honest print-outs can be this large too
+        if not (graded_dir / f"{n}.ipynb").exists():
+            res.notes.append(f"{n}.ipynb as graded holds more than {MAX_JSON_VALUES:,} JSON values, too many to read "
+                             "(print less): scored from the gradebook and the checks, with no feedback page or "
+                             "formgrader copy; its written answers wait for a person")
     res.notes += _notebook_notes([graded_dir / f"{n}.ipynb" for n in course.notebooks], cfg.cell_timeout_s)
     db = taken / "gradebook.db"
     try:

@@ -343,6 +343,10 @@ def read_left(root: Path, rel: str | os.PathLike, limit: int = MAX_LEFT_BYTES) -
 MAX_JSON_VALUES = 2_000_000  # values in a JSON file the grader parses from a student (~150 MiB parsed at most)
 
 
+class TooManyValues(LeftFileError):
+    """A JSON file past MAX_JSON_VALUES: refused unread (a notebook's outputs can grow that large honestly)."""
+
+
 def json_values(data: bytes) -> int:
     """A bound on what parsing a JSON text builds, counted without parsing it: its commas and opening brackets.
     Every array element and object member but the first follows a comma, the first a bracket, so a text holds at
@@ -355,7 +359,7 @@ def load_left_json(data: bytes, what: str, max_values: int = MAX_JSON_VALUES):
     """json.loads of bytes a student's code may have written, in bounded memory: LeftFileError, before parsing,
     past `max_values` (`json_values`); also when it is not JSON or nests deeper than the parser goes."""
     if json_values(data) > max_values:
-        raise LeftFileError(f"{what}: more than {max_values:,} JSON values (commas and brackets): refused unread")
+        raise TooManyValues(f"{what}: more than {max_values:,} JSON values (commas and brackets): refused unread")
     try:
         return json.loads(data)
     except RecursionError:

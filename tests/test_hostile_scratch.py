@@ -15,8 +15,9 @@ A second pass found what the copied gradebook and notebooks could still say:
   feedback page prints unescaped.
 And what a graded notebook is made of, no code needed: a markdown cell that takes nbconvert minutes to render (the
 grader used to render it in its own process, holding the class), outputs that would run script in formgrader,
-which shows the kept notebook in the instructor's session without sanitizing it, and an image whose display
-options nbconvert wrote into the feedback page's markup.
+which shows the kept notebook in the instructor's session without sanitizing it, an image whose display
+options nbconvert wrote into the feedback page's markup, and outputs holding more JSON values than the grader
+parses (it used to parse, and validate, whatever a graded notebook held, in its own memory).
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ IMAGE_OPTIONS = (
     "from IPython.display import publish_display_data\n"
     f"publish_display_data(data={{'image/png': {PNG!r}, 'text/plain': 'my loss curve'}},\n"
     "    metadata={'image/png': {'width': '1 onload=alert(1)', 'height': '1 onerror=alert(2)'}})\n")
+# Output the grader cannot parse in bounded memory: 2.2 million JSON values (commas and brackets) printed, which an
+# honest hand-in can do as well as a helper rewriting the graded notebook can.
+VERBOSE = 'print("[," * 1_100_000)\n'
 SHOW_SCRIPT = (
     "from IPython.display import HTML, SVG, Javascript, display\n"
     "display(HTML('<script>alert(1)</script>'), SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" onload=\"alert(2)\"/>'),"
@@ -179,7 +183,8 @@ def graded(tmp_path_factory):
              "vic": _hand_in(wrong, VIEW_ATTACK),
              "xena": _hand_in(wrong, XSS_ATTACK.format(nb=f"{AID}.ipynb", markup=MARKUP)),
              "amos": _hand_in(wrong, SHOW_SCRIPT, SLOW_MARKDOWN),  # graded before bob: his page comes after
-             "ivy": _hand_in(wrong, IMAGE_OPTIONS)}
+             "ivy": _hand_in(wrong, IMAGE_OPTIONS),
+             "zed": _hand_in(None, VERBOSE)}  # the reference, printing more than the grader parses
     for sid, data in hands.items():
         (base / "subs" / sid).mkdir(parents=True)
         (base / "subs" / sid / f"{AID}.ipynb").write_bytes(data)
@@ -266,3 +271,16 @@ def test_an_images_display_options_run_nothing_in_its_feedback_page(graded):
     page = (graded["base"] / "out" / "feedback" / "ivy" / AID / f"{AID}.html").read_text()
     assert PNG in page and active_markup(page) == []  # the image is shown, its options are not
     assert graded["results"]["ivy"].score == graded["results"]["bob"].score
+
+
+def test_a_notebook_printed_past_what_the_grader_parses_is_scored_without_it(graded):
+    """zed's graded notebook holds more JSON values than the grader reads (sandbox.MAX_JSON_VALUES): it is left
+    unread, and the score comes from the gradebook and the trusted checks, as for alice; no page is rendered from it
+    and formgrader gets no copy, and the summary says so."""
+    r, out = graded["results"], graded["base"] / "out"
+    zed = r["zed"]
+    assert zed.status == "graded" and zed.cause is None and zed.score == r["alice"].score == zed.max_score, zed
+    assert any("holds more than 2,000,000 JSON values, too many to read" in n for n in zed.notes), zed.notes
+    page = (out / "feedback" / "zed" / AID / f"{AID}.html").read_text()
+    assert f"{zed.score:g} / {zed.max_score:g} points" in page and "[,[," not in page  # the summary box alone
+    assert not (out / "autograded" / "zed" / AID / f"{AID}.ipynb").exists()
