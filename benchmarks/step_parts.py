@@ -2,15 +2,17 @@
 
     python benchmarks/step_parts.py [--preset muon] [--rounds 5] [--out benchmarks/results] [--name step_parts]
 
-One process compiles the rung's forward once and then times, in alternating rounds, one epoch's worth of steps
-(the rung's batches per epoch) of each of:
+One process builds the rung as `labkit train` does, compiles its forward (the step's own, and a second wrapper for the
+parts below that bypass the step, which inductor's cache serves), then times, in alternating rounds, one epoch's
+worth of steps (the rung's batches per epoch) of each of:
   rung          labkit's own step (`labkit.train._make_step`) on the epoch's batches: gather, augmentation,
                 normalization, forward, loss, backward, optimizer and schedule; the ladder's steady figure
   fixed batch   the same step on one batch made before the clock starts: no data path
   no optimizer  forward, loss and backward on that batch, gradients dropped: no optimizer, no schedule
   model only    forward and backward of a plain sum of the logits: no loss function either
   data only     the epoch's batches alone
-  optimizer     the optimizer's step alone, on the gradients the last step left
+  optimizer     the step of an optimizer like the rung's (its own is private to the step) on the same weights,
+                with fixed gradients of their shapes
 Each part runs as one epoch between two device synchronizations, as the ladder times an epoch, and reports img/s
 (median and spread over the rounds) and its share of the rung's time. A profiler then records one epoch of the
 rung and splits its GPU time by kernel class (convolutions, inductor's Triton kernels, the optimizer, the rest)
