@@ -26,7 +26,7 @@ from autograder.nbstart import nbgrader_command
 from autograder.sandbox import (
     LeftFileError,
     Limits,
-    TooManyValues,
+    TooLarge,
     load_left_json,
     read_left,
     run_limited,
@@ -220,9 +220,9 @@ def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_ti
     gradebook, the graded notebooks, and links in place of any of them, pointing at a classmate's files or the
     grader's. So nothing under `root` is loaded, executed or followed after this: the gradebook, the graded
     notebooks and the files the checks run (`course.calls`) are read as data (`read_left`: no links, regular
-    files, bounded), and the config files are written again from the grader's own text. A graded notebook holding
-    more JSON values than the grader parses (sandbox.MAX_JSON_VALUES: outputs printed by the million, or a rewrite)
-    is not copied. Raises sandbox.LeftFileError, or FileNotFoundError where a graded notebook is missing.
+    files, bounded), and the config files are written again from the grader's own text. A graded notebook larger
+    than the grader reads (sandbox.TooLarge: over MAX_LEFT_BYTES, or MAX_JSON_VALUES; outputs printed by the
+    million, or a rewrite) is not copied. Raises sandbox.LeftFileError, or FileNotFoundError where a graded notebook is missing.
     """
     rel = Path("autograded") / student / course.assignment
     graded = dest / rel
@@ -232,10 +232,10 @@ def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_ti
                                                             hide_hidden_tests=hide_hidden_tests, vault=None))
     (dest / "gradebook.db").write_bytes(read_left(root, "gradebook.db"))
     for n in course.notebooks:
-        data = read_left(root, rel / f"{n}.ipynb")
         try:
+            data = read_left(root, rel / f"{n}.ipynb")
             _check_grade_ids(data, rel / f"{n}.ipynb")
-        except TooManyValues:  # left out: scored from the gradebook and the checks, with no page (grade.py says so)
+        except TooLarge:  # left out: scored from the gradebook and the checks, with no page (grade.py says so)
             continue
         (graded / f"{n}.ipynb").write_bytes(data)
     for name in dict.fromkeys(c.student_file for c in course.calls):

@@ -52,6 +52,7 @@ from autograder.late import LatePolicy
 from autograder.nbstart import nbgrader_command
 from autograder.sandbox import (
     MAX_JSON_VALUES,
+    MAX_LEFT_BYTES,
     LeftFileError,
     Limits,
     Outcome,
@@ -357,9 +358,9 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     taken = graded_dir.parents[2]  # the copy's course folder
     for n in course.notebooks:  # the ones take_graded left out: honest print-outs can be this large too
         if not (graded_dir / f"{n}.ipynb").exists():
-            res.notes.append(f"{n}.ipynb as graded holds more than {MAX_JSON_VALUES:,} JSON values, too many to read "
-                             "(print less): scored from the gradebook and the checks, with no feedback page or "
-                             "formgrader copy; its written answers wait for a person")
+            res.notes.append(f"{n}.ipynb as graded is too large to read (over {MAX_LEFT_BYTES // 2**20} MiB or "
+                             f"{MAX_JSON_VALUES:,} JSON values: print less): scored from the gradebook and the "
+                             "checks, with no feedback page or formgrader copy; its written answers wait for a person")
     res.notes += _notebook_notes([graded_dir / f"{n}.ipynb" for n in course.notebooks], cfg.cell_timeout_s)
     db = taken / "gradebook.db"
     try:

@@ -315,6 +315,10 @@ def left_folder(root: Path, rel: str | os.PathLike) -> Path:
     return path
 
 
+class TooLarge(LeftFileError):
+    """A file left past what the grader reads (bytes, or JSON values): an honest notebook's output can get there."""
+
+
 def read_left(root: Path, rel: str | os.PathLike, limit: int = MAX_LEFT_BYTES) -> bytes:
     """The bytes of `root/rel`, a regular file of at most `limit` bytes reached through no link (`left_folder`
     for its folders, O_NOFOLLOW for the file itself); raises LeftFileError, or FileNotFoundError where there is
@@ -336,15 +340,15 @@ def read_left(root: Path, rel: str | os.PathLike, limit: int = MAX_LEFT_BYTES) -
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise LeftFileError(f"{rel}: larger than {limit:,} bytes")
+        raise TooLarge(f"{rel}: larger than {limit:,} bytes")
     return data
 
 
-MAX_JSON_VALUES = 2_000_000  # values in a JSON file the grader parses from a student (~150 MiB parsed at most)
+MAX_JSON_VALUES = 2_000_000  # values in a JSON file the grader parses from a student: a few hundred MiB at most
 
 
-class TooManyValues(LeftFileError):
-    """A JSON file past MAX_JSON_VALUES: refused unread (a notebook's outputs can grow that large honestly)."""
+class TooManyValues(TooLarge):
+    """A JSON file past MAX_JSON_VALUES: refused unread."""
 
 
 def json_values(data: bytes) -> int:

@@ -754,7 +754,7 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
     """sandbox.read_left: the grader's only way to read a file from a folder student code could write."""
     import os
 
-    from autograder.sandbox import LeftFileError, left_folder, read_left
+    from autograder.sandbox import LeftFileError, TooLarge, left_folder, read_left
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "mine.py").write_text("x = 1\n")
@@ -768,7 +768,7 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
     for rel in ("a/b/link.py", "via/b/mine.py", "a/b/pipe.py", "a/b", "../elsewhere.py", "/etc/passwd"):
         with pytest.raises(LeftFileError):
             read_left(tmp_path, rel)
-    with pytest.raises(LeftFileError, match="larger than 10 bytes"):
+    with pytest.raises(TooLarge, match="larger than 10 bytes"):  # a LeftFileError the grader may read past
         read_left(tmp_path, "a/big.py", limit=10)
     with pytest.raises(FileNotFoundError):
         read_left(tmp_path, "a/b/none.py")
@@ -817,6 +817,18 @@ def test_a_graded_notebook_rewritten_into_millions_of_values_is_refused_unread_i
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 200 * 2**20 and time.perf_counter() - t0 < 20, (peak, time.perf_counter() - t0)
+    # take_graded leaves such a notebook out of the grader's copy, and one over MAX_LEFT_BYTES too (an honest print
+    # of 70 MB used to fail as "tampered files", 0 points); grade.py then scores without it, and says so
+    from types import SimpleNamespace
+
+    course = SimpleNamespace(assignment="lab", notebooks=["lab", "big"], calls=[], config_text="c = get_config()\n")
+    root = tmp_path / "scratch"
+    (root / "autograded" / "s" / "lab").mkdir(parents=True)
+    (root / "gradebook.db").write_bytes(b"")
+    (root / "autograded" / "s" / "lab" / "lab.ipynb").write_bytes(huge)
+    (root / "autograded" / "s" / "lab" / "big.ipynb").write_bytes(b'{"cells": []}' + b" " * (64 * 2**20))
+    taken = courses.take_graded(root, tmp_path / "taken", course, "s", cell_timeout_s=60, hide_hidden_tests=True)
+    assert taken.is_dir() and not list(taken.glob("*.ipynb"))
     ok = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "error", "ename": "CellTimeoutError"}]}]}
     graded.write_text(json.dumps(ok))
     assert grade._notebook_notes([graded], 60) == ["cell 0 hit the per-cell time limit (60 s) and was interrupted"]

@@ -327,3 +327,21 @@ def test_a_notebook_of_millions_of_tiny_values_is_refused_before_it_is_parsed(tm
     assert by["amy"].problem is None
     # the files are read whole (48 MiB, then a decoded copy) but never parsed into millions of objects
     assert peak < 300 * 2**20 and time.perf_counter() - t0 < 30, (peak, time.perf_counter() - t0)
+
+
+def test_tags_that_take_validation_minutes_are_refused_in_milliseconds_and_missing_ids_still_pass(tmp_path):
+    """12,000 tags of mixed types (92 KB): jsonschema's distinct-items check compared every pair when nbformat
+    worded the failure, and held intake 107 s in the grader's process. fastjsonschema alone decides now. A notebook
+    saved without cell ids is still read, its ids made as nbformat.reads makes them."""
+    import time
+
+    nb = json.loads(_nb())
+    nb["cells"][0]["metadata"]["tags"] = [i if i % 2 == 0 else f"a{i}" for i in range(12_000)]
+    t0 = time.perf_counter()
+    problem = intake.check_notebook(json.dumps(nb).encode(), "lab.ipynb")
+    assert time.perf_counter() - t0 < 2 and problem.startswith("lab.ipynb is not a valid notebook: data.cells[0]")
+    nb["cells"][0]["metadata"]["tags"] = ["fine"]
+    del nb["cells"][0]["id"]
+    assert intake.check_notebook(json.dumps(nb).encode(), "lab.ipynb") is None
+    nb["nbformat"] = 3
+    assert "only nbformat 4 notebooks are read" in intake.check_notebook(json.dumps(nb).encode(), "lab.ipynb")
