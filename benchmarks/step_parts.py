@@ -25,18 +25,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # top_rung: its kernel classes
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 PARTS = ("rung", "fixed batch", "no optimizer", "model only", "data only", "optimizer")
-KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
-    ("convolutions and matmuls", ("conv", "xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "wgrad", "dgrad")),
-    ("Triton (fused BN/ReLU/add)", ("triton",)),
-    ("optimizer", ("multi_tensor", "adam", "foreach")),
-)
 
 
 def setup(preset: str, quick: bool, dev):
@@ -112,10 +107,10 @@ def part_fns(cfg, model, step, batches, fixed, dev):
 
 def kernel_split(step, batches, dev, epoch: int) -> dict:
     """GPU milliseconds per step by kernel class over one profiled epoch of the rung, and the wall ms per step."""
+    from top_rung import kernel_times
     from torch.profiler import ProfilerActivity, profile
 
     from labkit.bench import synchronize
-    from labkit.diagnosis import load_trace
 
     synchronize(dev)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -123,24 +118,15 @@ def kernel_split(step, batches, dev, epoch: int) -> dict:
         n = len([step(*b) for b in batches.epoch(epoch)])
         synchronize(dev)
         wall = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = load_trace(path)["traceEvents"]
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    times, count = kernel_times(prof, n)
     by: dict[str, float] = {}
-    other: dict[str, float] = {}
-    for e in kernels:
-        name = str(e.get("name", ""))
-        cls = next((c for c, keys in KERNEL_CLASSES if any(k in name.lower() for k in keys)), "other")
-        by[cls] = by.get(cls, 0.0) + e["dur"] / 1e3 / n
-        if cls == "other":
-            other[name[:100]] = other.get(name[:100], 0.0) + e["dur"] / 1e3 / n
-    busy = sum(by.values())
-    return {"steps": n, "wall_ms_per_step": round(1e3 * wall / n, 3), "kernel_ms_per_step": round(busy, 3),
-            "kernels_per_step": round(len(kernels) / n, 1),
+    for cls, ms in times.values():
+        by[cls] = by.get(cls, 0.0) + ms
+    other = sorted(((name, ms) for name, (cls, ms) in times.items() if cls == "other"), key=lambda kv: -kv[1])
+    return {"steps": n, "wall_ms_per_step": round(1e3 * wall / n, 3), "kernel_ms_per_step": round(sum(by.values()), 3),
+            "kernels_per_step": round(count / n, 1),
             "ms_per_step_by_class": {k: round(v, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1])},
-            "other_top_ms_per_step": {k: round(v, 3) for k, v in sorted(other.items(), key=lambda kv: -kv[1])[:10]}}
+            "other_top_ms_per_step": {k: round(v, 3) for k, v in other[:10]}}
 
 
 def summarize(res: dict) -> None:

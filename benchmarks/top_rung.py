@@ -99,8 +99,24 @@ DEFAULT_TRAIN_VARIANTS = ("rung (batch 512)", "batch 2048, lr 0.05", "batch 2048
 KERNEL_CLASSES = (  # first match wins; names as the CUDA profiler reports them
     ("conv/matmul (cuDNN, cuBLAS)", ("conv", "xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "wgrad", "dgrad")),
     ("Triton (fused BN/ReLU/add)", ("triton",)),
-    ("optimizer", ("multi_tensor", "sgd", "foreach")),
+    ("optimizer", ("multi_tensor", "sgd", "adam", "foreach")),
 )
+
+
+def kernel_times(prof, steps: int) -> tuple[dict[str, tuple[str, float]], int]:
+    """From a finished torch.profiler run over `steps` steps: {kernel name (first 100 characters): (its class in
+    KERNEL_CLASSES, or "other"; GPU milliseconds per step)}, and how many kernels ran."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = load_trace(path)["traceEvents"]
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    times: dict[str, tuple[str, float]] = {}
+    for e in kernels:
+        name = str(e.get("name", ""))
+        cls = next((c for c, keys in KERNEL_CLASSES if any(k in name.lower() for k in keys)), "other")
+        times[name[:100]] = (cls, times.get(name[:100], (cls, 0.0))[1] + e["dur"] / 1e3 / steps)
+    return times, len(kernels)
 
 
 def _compiled_step(dev, batch: int, mode: str | None, model_kw: dict | None = None):
@@ -179,21 +195,14 @@ def kernel_breakdown(dev, batch: int = 512, steps: int = 5, model_kw: dict | Non
                 step()
             torch.cuda.synchronize(dev)
             wall = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = load_trace(path)["traceEvents"]
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    times, count = kernel_times(prof, steps)
     by_class: dict[str, float] = {}
-    by_name: dict[str, float] = {}
-    for e in kernels:
-        name = str(e.get("name", ""))
-        cls = next((c for c, keys in KERNEL_CLASSES if any(k in name.lower() for k in keys)), "other")
-        by_class[cls] = by_class.get(cls, 0.0) + e["dur"] / 1e3 / steps
-        by_name[name[:90]] = by_name.get(name[:90], 0.0) + e["dur"] / 1e3 / steps
+    for cls, ms in times.values():
+        by_class[cls] = by_class.get(cls, 0.0) + ms
+    by_name = {name: ms for name, (_, ms) in times.items()}
     total = sum(by_class.values())
     return {"batch": batch, "wall_ms_per_step": 1e3 * wall / steps, "kernel_ms_per_step": total,
-            "kernels_per_step": len(kernels) / steps,
+            "kernels_per_step": count / steps,
             "ms_per_step_by_class": dict(sorted(by_class.items(), key=lambda kv: -kv[1])),
             "share_by_class": {k: v / total for k, v in by_class.items()} if total else {},
             "top_kernels_ms_per_step": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12])}
