@@ -222,7 +222,8 @@ def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_ti
     notebooks and the files the checks run (`course.calls`) are read as data (`read_left`: no links, regular
     files, bounded), and the config files are written again from the grader's own text. A graded notebook larger
     than the grader reads (sandbox.TooLarge: over MAX_LEFT_BYTES, or MAX_JSON_VALUES; outputs printed by the
-    million, or a rewrite) is not copied. Raises sandbox.LeftFileError, or FileNotFoundError where a graded notebook is missing.
+    million, or a rewrite) is not copied. Raises sandbox.LeftFileError, or FileNotFoundError where a graded
+    notebook is missing.
     """
     rel = Path("autograded") / student / course.assignment
     graded = dest / rel
