@@ -188,10 +188,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps < 1 or args.sample_ms <= 0:
         ap.error("--rounds and --steps must be >= 1 and --sample-ms > 0")
+    from step_parts import setup
+
     from labkit.bench import save_result
     from labkit.env import LabkitError, pick_device
     from labkit.outputs import check_writable
-    from step_parts import setup
 
     try:
         out = check_writable(args.out or Path(__file__).parent / "results", "dir")

@@ -1194,3 +1194,38 @@ def test_results_page_step_parts_match_their_h200_records():
         assert base["ms_per_step"] - v["ms_per_step"] < max(base["spread_ms"], v["spread_ms"])
     slow = ms["4096-reduce-overhead-cooperative-reductions"]["ms_per_step"] / base["ms_per_step"]
     assert int(slow) == 23 and "23 times slower" in page
+
+
+def test_results_page_power_limit_matches_its_h200_record():
+    """'At the power limit': every figure of the table and its bullets from step_power_h200.json."""
+    import json
+
+    page = results_page()
+    r = json.loads((ROOT / "benchmarks" / "results" / "step_power_h200.json").read_text())
+    assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+    assert r["env"]["git_commit"].startswith("fb73a0d") and r["env"]["command"].startswith("step_power.py")
+    assert (f"(`step_power_h200.json`, NVIDIA H200, torch 2.11.0+cu130, commit fb73a0d, {r['rounds']} rounds of "
+            f"{r['steps']} calls)") in page
+    assert not r["quick"] and r["sample_ms"] == 20 and "every 20 ms" in page
+    card, parts = r["card"], r["parts"]
+    assert f"The card's limits: {card['power_limit_w']:.0f} W, and an SM clock of at most {card['max_sm_clock_mhz']:,} MHz" in page
+    labels = {"rung step": "the rung's step", "model, trained": "model step, the rung's weights after an epoch",
+              "model, fresh": "model step, the model freshly built", "matmul": "bf16 matmul, 8192 x 8192"}
+    for key, label in labels.items():
+        p = parts[key]
+        lo, hi = p["rate_spread"]
+        assert (f"| {label} | {p['rate_median']:,.0f} {p['unit']} | {lo:,.0f}–{hi:,.0f} | {p['sm_clock_mhz']:,.0f} MHz "
+                f"| {p['power_w']:.0f} W | in every sample |") in page, label
+        # "in every sample": the power-cap bit in every reading of every round
+        assert all(rd["reasons"].get("power cap") == 1.0 for rd in p["rounds"]) and len(p["rounds"]) == r["rounds"]
+    watts = [w for p in parts.values() for w in p["power_w_spread"]]
+    assert f"Every part drew {min(watts):.0f}–{max(watts):.0f} W of the {card['power_limit_w']:.0f} W" in page
+    rung, fresh, trained = parts["rung step"], parts["model, fresh"], parts["model, trained"]
+    assert f"ran at {rung['sm_clock_mhz']:,.0f} MHz, {100 * rung['sm_clock_mhz'] / card['max_sm_clock_mhz']:.0f}% of" in page
+    ratio = fresh["rate_median"] / trained["rate_median"]
+    assert f"The same kernels ran {ratio:.2f}x faster on other weights" in page
+    assert fresh["rate_spread"][0] > trained["rate_spread"][1]  # beyond both spreads, not noise
+    assert f"the card held {fresh['sm_clock_mhz']:,.0f} MHz" in page
+    m = parts["matmul"]
+    assert f"{m['rate_median']:.0f} TFLOP/s at {m['sm_clock_mhz']:,.0f} MHz" in page
+    assert f"its clock held at {100 * rung['sm_clock_mhz'] / card['max_sm_clock_mhz']:.0f}% of the maximum" in page
