@@ -10,7 +10,7 @@ weights are those of a run under way. It then times, in alternating rounds of --
                   a BatchNorm scale of 0, so every gradient into a block's branch is zero until the first update
   matmul          25 bf16 8192x8192 matrix products a call, the workload a card's Tensor Core peak is quoted for
 While each round runs, a thread reads the GPU through NVML every --sample-ms: SM clock (MHz), board power (W) and
-the clock-event reasons, the bits the driver sets to say why the clock is below its maximum (power cap, thermal,
+the clock-event reasons (`labkit.gpu_power`), the bits the driver sets to say why the clock is below its maximum (power cap, thermal,
 ...). A part whose samples sit at the power limit with the power-cap reason set is power-bound: its kernels run at
 whatever clock the limit leaves, and the same kernels run faster where their operands toggle fewer bits.
 Saved after every round. Without a CUDA GPU and NVML it runs eager at a tiny size and measures nothing.
@@ -19,9 +19,9 @@ Saved after every round. Without a CUDA GPU and NVML it runs eager at a tiny siz
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,61 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_parts: the rung
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 PARTS = ("rung step", "model, trained", "model, fresh", "matmul")
-# NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*); idle and the applications-clock setting are
-# left out: neither slows a busy card below the clock it was set to
-REASONS = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "thermal (software)", 0x40: "thermal (hardware)",
-           0x80: "power brake", 0x10: "sync boost"}
-
-
-class Sampler:
-    """NVML readings of one GPU on a thread: (seconds, SM MHz, board W, clock-event reason bits) every `every_s`."""
-
-    def __init__(self, index: int, every_s: float):
-        import pynvml
-        pynvml.nvmlInit()
-        self.nv, self.every = pynvml, every_s
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        reasons = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                   or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
-        self.read = lambda: (time.perf_counter(), pynvml.nvmlDeviceGetClockInfo(self.handle, pynvml.NVML_CLOCK_SM),
-                             pynvml.nvmlDeviceGetPowerUsage(self.handle) / 1000, reasons(self.handle))
-        self.samples: list = []
-        self._stop = threading.Event()
-        self._thread = None
-
-    def card(self) -> dict:
-        """The limits the readings are judged against: enforced power limit (W), max SM clock (MHz)."""
-        nv, h = self.nv, self.handle
-        return {"power_limit_w": nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
-                "max_sm_clock_mhz": nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
-                "temperature_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)}
-
-    def __enter__(self):
-        self.samples = []
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(self.every):
-            self.samples.append(self.read())
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
-def summary(samples: list, limit_w: float) -> dict:
-    """Medians of a round's readings, and the share of them with each slowing reason set."""
-    if not samples:
-        return {}
-    out = {"samples": len(samples), "sm_clock_mhz": statistics.median(s[1] for s in samples),
-           "power_w": round(statistics.median(s[2] for s in samples), 1),
-           "at_limit": round(sum(s[2] >= 0.97 * limit_w for s in samples) / len(samples), 3)}
-    out["reasons"] = {name: round(sum(bool(s[3] & bit) for s in samples) / len(samples), 3)
-                      for bit, name in REASONS.items() if any(s[3] & bit for s in samples)}
-    return out
 
 
 def part_fns(cfg, model, step, fixed, dev):
@@ -120,6 +65,7 @@ def part_fns(cfg, model, step, fixed, dev):
 def measure(res: dict, args, out: Path, cfg, model, step, batches, fixed, dev, sampler) -> None:
     """Train one epoch, warm every part, then time the parts in alternating rounds with the sampler running."""
     from labkit.bench import save_result, synchronize
+    from labkit.gpu_power import summary
 
     t0 = time.perf_counter()
     for b in batches.epoch(0):  # the weights of a run under way: scales off zero, moments in the optimizer
@@ -135,7 +81,7 @@ def measure(res: dict, args, out: Path, cfg, model, step, batches, fixed, dev, s
         for part in PARTS[r % len(PARTS):] + PARTS[:r % len(PARTS)]:
             fn, images = fns[part]
             synchronize(dev)
-            with sampler or _Nothing() as s:
+            with sampler.reading() if sampler is not None else contextlib.nullcontext() as s:
                 t = time.perf_counter()
                 for _ in range(args.steps):
                     fn()
@@ -151,14 +97,6 @@ def measure(res: dict, args, out: Path, cfg, model, step, batches, fixed, dev, s
                                              + (f" at {res['parts'][p]['sm_clock_mhz']:.0f} MHz, "
                                                 f"{res['parts'][p]['power_w']:.0f} W" if res['parts'][p].get('rounds')
                                                 else "") for p in PARTS), flush=True)
-
-
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def summarize(res: dict) -> None:
@@ -192,6 +130,7 @@ def main(argv=None) -> int:
 
     from labkit.bench import save_result
     from labkit.env import LabkitError, pick_device
+    from labkit.gpu_power import Meter
     from labkit.outputs import check_writable
 
     try:
@@ -204,16 +143,10 @@ def main(argv=None) -> int:
     except LabkitError as e:
         print(f"step_power: {e}", file=sys.stderr)
         return 2
-    sampler, card = None, {}
-    if dev.type == "cuda":
-        try:
-            sampler = Sampler(dev.index or 0, args.sample_ms / 1000)
-            card = sampler.card()
-        except Exception as e:  # pynvml missing, or NVML not answering: time without readings
-            print(f"step_power: no NVML readings ({type(e).__name__}: {e}); timing only (skipped: clocks, power)")
-            sampler = None
-    else:
-        print("step_power: no NVML without a CUDA GPU (skipped: clocks, power)")
+    sampler = Meter.open(dev, args.sample_ms / 1000)
+    card = dict(sampler.card) if sampler is not None else {}
+    if sampler is None:
+        print("step_power: no NVML readings without a CUDA GPU and pynvml (skipped: clocks, power)")
     res = {"kind": "step_power", "preset": args.preset, "quick": quick, "batch": cfg.batch_size, "steps": args.steps,
            "rounds": args.rounds, "sample_ms": args.sample_ms, "card": card,
            "note": "parts alternating per round on one fixed batch; rates in img/s (matmul: TFLOP/s); NVML readings "

@@ -26,6 +26,7 @@ from torch.profiler import record_function
 from labkit import compile_artifacts as CA
 from labkit import cudnn_warmup as CW
 from labkit import data as D
+from labkit import gpu_power as GP
 from labkit import precompiled as P
 from labkit import report
 from labkit import tiered as TI
@@ -293,7 +294,9 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
     img_per_s_all (every epoch, the first with its compile and warm-up included), epoch_s (seconds per epoch),
     first_step_s (the first step alone: compile/autotune cost), peak_mem_bytes (CUDA only), flops_per_image,
-    mfu (against `peak_tflops`), losses (one per optimizer step), accuracy, config, env.
+    mfu (against `peak_tflops`), losses (one per optimizer step), accuracy, config, env, gpu_power (the steady
+    epochs' median SM clock in MHz and board power in W beside the card's limits, `labkit.gpu_power`; None without
+    NVML).
     `progress` (a tqdm bar) and `on_step(steps_done)` (e.g. a profiler's `step`) are called after each step;
     the step's phases carry record_function labels: data, forward, backward, optimizer.
     `warmup`: a cuDNN warm-up the caller started for `cfg` (`labkit.cudnn_warmup.start`) so that it overlaps the
@@ -322,10 +325,11 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     on_epoch = (lambda: evaluate(model, ds, cfg, dev)) if cfg.eval_every_epoch else None
+    meter = GP.Meter.open(dev)
     t_loop = time.perf_counter()
     with _switches(cfg):
         model.train()
-        run = _run_epochs(cfg, step, batches, dev, steps_total, progress, on_step, on_epoch)
+        run = _run_epochs(cfg, step, batches, dev, steps_total, progress, on_step, on_epoch, meter)
         t_eval = time.perf_counter()
         if not all(math.isfinite(v) for v in run.losses):
             raise LabkitError(f"{cfg.name}: the loss became NaN/inf (lr {lr:.3g}, precision {cfg.precision}): "
@@ -339,6 +343,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     rec = _record(cfg, dev, run, batches.steps_per_epoch * cfg.batch_size, flops, peak_tflops, acc)
     rec["cudnn_warmup"] = warmed
     rec["precompiled"] = precompiled is not None
+    rec["gpu_power"] = meter.report() if meter is not None else None
     # where a run's wall time goes besides its epochs: a compiled rung's wait is not all in the first step
     rec["stages_s"] = {"setup": t_loop - t_start, "loop": t_eval - t_loop, "final_evaluation": time.perf_counter() - t_eval}
     return rec
@@ -492,8 +497,10 @@ class _Run:
 
 
 def _run_epochs(cfg: TrainConfig, step, batches: _Batches, dev: torch.device, steps_total: int, progress,
-                on_step, on_epoch=None) -> _Run:
+                on_step, on_epoch=None, meter: GP.Meter | None = None) -> _Run:
     """Run `step` over the epochs' batches until `steps_total` steps; times each epoch and the first step.
+
+    `meter` (`labkit.gpu_power`) reads the GPU's clock and power through the steady epochs.
 
     `on_epoch()` (an evaluation returning accuracy) runs after each epoch, outside the timed span: its
     accuracy joins `run.curve` beside the training seconds so far.
@@ -506,24 +513,10 @@ def _run_epochs(cfg: TrainConfig, step, batches: _Batches, dev: torch.device, st
         t0 = time.perf_counter()
         dev_losses = []
         it = iter(batches.epoch(e))
-        while run.steps < steps_total:
-            with record_function("data"):
-                batch = next(it, None)
-            if batch is None:
-                break
-            loss = step(*batch)
-            dev_losses.append(loss)
-            if cfg.sync_every_step:
-                loss.item()  # the naive script's per-step logging: a host sync
-            run.steps += 1
-            if run.first_step_s is None:
-                synchronize(dev)
-                run.first_step_s = time.perf_counter() - t0
-            if progress is not None:
-                progress.update(1)
-            if on_step is not None:
-                on_step(run.steps)
-        synchronize(dev)
+        # the steady epochs' clock and power, as img_per_s counts them: not the first (compile) unless it is the only
+        with meter.reading() if meter is not None and (e > 0 or cfg.epochs == 1) else contextlib.nullcontext():
+            _epoch_steps(cfg, step, it, run, steps_total, dev, t0, dev_losses, progress, on_step)
+            synchronize(dev)  # the queued kernels run inside the readings too
         run.epoch_s.append(time.perf_counter() - t0)
         run.losses += _epoch_losses(dev_losses)
         if on_epoch is not None:
@@ -534,6 +527,28 @@ def _run_epochs(cfg: TrainConfig, step, batches: _Batches, dev: torch.device, st
             break
     run.total_s = time.perf_counter() - t_start - eval_s
     return run
+
+
+def _epoch_steps(cfg: TrainConfig, step, it, run: _Run, steps_total: int, dev: torch.device, t0: float,
+                 dev_losses: list, progress, on_step) -> None:
+    """One epoch's steps from the batch iterator `it`, counted into `run` (the first step's seconds from `t0`)."""
+    while run.steps < steps_total:
+        with record_function("data"):
+            batch = next(it, None)
+        if batch is None:
+            break
+        loss = step(*batch)
+        dev_losses.append(loss)
+        if cfg.sync_every_step:
+            loss.item()  # the naive script's per-step logging: a host sync
+        run.steps += 1
+        if run.first_step_s is None:
+            synchronize(dev)
+            run.first_step_s = time.perf_counter() - t0
+        if progress is not None:
+            progress.update(1)
+        if on_step is not None:
+            on_step(run.steps)
 
 
 def _epoch_losses(dev_losses: list[torch.Tensor]) -> list[float]:
@@ -697,7 +712,7 @@ def merge_runs(runs: list[dict]) -> dict:
     """One rung's record from its repeated runs: the first run's record (config, losses, accuracy) with img/s
     replaced by the median over the runs, its spread (min and max, img/s) and every run under "runs"."""
     keep = ("img_per_s", "img_per_s_all", "first_step_s", "final_loss", "accuracy", "peak_mem_bytes", "epoch_s",
-            "mfu", "mfu_datasheet", "accuracy_curve", "round", "position")
+            "mfu", "mfu_datasheet", "accuracy_curve", "round", "position", "gpu_power")
     rec = {k: v for k, v in runs[0].items() if k not in ("round", "position")}
     ips = [r["img_per_s"] for r in runs]
     rec.update(img_per_s=float(np.median(ips)), img_per_s_min=min(ips), img_per_s_max=max(ips), repeats=len(runs),
@@ -898,7 +913,9 @@ def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peaks: tu
         _release_compiled(dev)
     rec["mfu_datasheet"] = rec["achieved_tflops"] / sheet if sheet else None
     acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
-    log(f"  {label:<24} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}")
+    power = GP.describe(rec.get("gpu_power"))
+    log(f"  {label:<24} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}"
+        + (f"  ({power})" if power else ""))
     return rec
 
 
@@ -1057,8 +1074,9 @@ def _cli_train(args) -> int:
     rec["tiered"] = tier_report
     rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,
                        "compile_cache_load": t_train - t_cache, **rec.get("stages_s", {})}
+    power = GP.describe(rec.get("gpu_power"))
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
-          f"accuracy {rec['accuracy']}")
+          f"accuracy {rec['accuracy']}" + (f" (steady epochs at {power})" if power else ""))
     if args.json:
         write_json(args.json, {"kind": "train", "env": environment(device=dev), "compile_cache": loaded, **rec})
     return 0
