@@ -1229,3 +1229,31 @@ def test_results_page_power_limit_matches_its_h200_record():
     m = parts["matmul"]
     assert f"{m['rate_median']:.0f} TFLOP/s at {m['sm_clock_mhz']:,.0f} MHz" in page
     assert f"its clock held at {100 * rung['sm_clock_mhz'] / card['max_sm_clock_mhz']:.0f}% of the maximum" in page
+
+
+def test_results_page_ladder_power_table_matches_its_h200_record():
+    """'At the power limit': each rung's steady clock and power, as labkit train read them, from ladder_power_h200.json."""
+    import json
+
+    page = results_page()
+    r = json.loads((ROOT / "benchmarks" / "results" / "ladder_power_h200.json").read_text())
+    assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+    assert r["env"]["git_commit"].startswith("d15ed2e") and r["repeats"] == 1
+    assert r["env"]["command"] == "ladder.py --epochs 5 --repeats 1 --no-real-data --out /root/out"
+    assert "(`ladder_power_h200.json`, commit d15ed2e," in page
+    for rung in r["rungs"]:
+        p = rung["gpu_power"]
+        assert p["samples"] > 50 and p["max_sm_clock_mhz"] == 1980 and p["power_limit_w"] == 700
+        capped = p["reasons"].get("power cap") == 1.0
+        assert capped or p["reasons"] == {}, rung["name"]  # all or nothing: the table has no other wording
+        cap = "in every reading" if capped else "never"
+        assert (f"| `{rung['name']}` | {rung['img_per_s']:,.0f} | {p['sm_clock_mhz']:,.0f} MHz | {p['power_w']:.0f} W "
+                f"| {cap} |") in page, rung["name"]
+    *below, top = r["rungs"]
+    assert top["name"] == "muon" and top["gpu_power"]["reasons"] == {"power cap": 1.0}
+    assert all(b["gpu_power"]["sm_clock_mhz"] == 1980 and not b["gpu_power"]["reasons"] for b in below)
+    closest = max(below, key=lambda b: b["gpu_power"]["power_w"])
+    assert (f"The `{closest['name']}` rung came closest to the limit, at {closest['gpu_power']['power_w']:.0f} W"
+            in page)
+    tp = top["gpu_power"]
+    assert f"The top rung ran at {tp['sm_clock_mhz']:,.0f} MHz and {tp['power_w']:.0f} W" in page
