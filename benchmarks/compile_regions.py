@@ -18,6 +18,11 @@ them at once:
             and data and imports dynamo, then loads the K files and takes 3 steps through them: what a run
             compiling its forward in K children would wait for. Its first step counts from its setup's end, as
             `labkit train`'s does; every mark is the process's age. (--parts compile,saved)
+  cached    as saved, but the builders only compile their regions with torch.compile, into one compile cache they
+            share (inductor's FX graph and AOTAutograd caches, Triton's kernels), and leave; the run then compiles
+            the K regions itself, finding every graph in that cache, and takes 3 steps. While it waits it takes
+            one eager step, so cuDNN has timed every convolution before the compiled steps, as a tiered run's
+            eager steps do. It records the cache hits. (--parts cached)
   speed     one process compiles the model whole and as K regions chained, then times the model step (forward,
             loss and backward at the rung's batch, bf16, channels_last, no optimizer) for each, in alternating
             rounds: what the cuts cost once everything is compiled.
@@ -50,7 +55,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 BATCH = 4096   # the top rung's batch
 MODE = "reduce-overhead"  # the top rung's torch.compile mode (CUDA graphs)
 # the cuts (model_regions.CUTS, imported with torch): 1 is the whole model
-SPLITS = (1, 2, 3, 4)
+SPLITS = (1, 2, 3, 4, 5, 10)
 
 
 def regions(model, k: int) -> list:
@@ -248,6 +253,97 @@ def child_speed(splits: list[int], rounds: int, steps: int, batch: int, device: 
     return 0
 
 
+def child_warm(k: int, i: int, batch: int, device: str, record: str) -> int:
+    """Region i of a k-way split compiled with torch.compile, forward and backward, into the compile cache this
+    process shares with the run that started it; leaves at once once compiled."""
+    import torch
+
+    from labkit.env import process_age_s
+    dev = torch.device(device)
+    model = build(dev)
+    region, x = regions(model, k)[i], region_input(k, i, dev, batch)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    t0 = time.perf_counter()
+    fn = torch.compile(region, mode=MODE, dynamic=False)
+    torch.compiler.cudagraph_mark_step_begin()
+    with torch.autocast(dev.type, torch.bfloat16):
+        out = fn(x)
+    region_loss(out, y).backward()  # the backward graph compiles at its first call
+    torch.cuda.synchronize(dev)
+    Path(record).write_text(json.dumps({
+        "region": i, "setup_s": round(t0 - T_IMPORT + (process_age_s(T_IMPORT) or 0.0), 3),
+        "compile_s": round(time.perf_counter() - t0, 3), "process_s": round(process_age_s() or 0.0, 3)}))
+    sys.stdout.flush()
+    os._exit(0)  # not the seconds inductor's compile workers take to shut down: the cache is what counts
+
+
+def child_cached(k: int, batch: int, device: str, record: str) -> int:
+    """A run that starts k builders (`child_warm`) first thing, sharing its compile cache; sets up the model and
+    data meanwhile and takes one eager step; then compiles the k regions from the cache and takes 3 steps through
+    them. Every mark is this process's age, seconds."""
+    t_start = time.perf_counter()
+    folder = Path(record).parent / "cached"
+    folder.mkdir()
+    builders = [subprocess.Popen([sys.executable, __file__, "--child-warm", str(k), str(i), str(batch), device,
+                                  str(folder / f"r{i}.json")], stdout=subprocess.DEVNULL,
+                                 stderr=open(folder / f"b{i}.log", "w")) for i in range(k)]
+    t_spawned = time.perf_counter()
+    import torch
+    import torch.nn.functional as F
+
+    from labkit.bench import synchronize
+    from labkit.env import process_age_s
+    base = (process_age_s(t_start) or 0.0) - t_start
+    age = lambda t: round(base + t, 3)  # noqa: E731
+    dev = torch.device(device)
+    model = build(dev)
+    regs = regions(model, k)
+    x = torch.randn(batch, 3, 32, 32, device=dev).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    synchronize(dev)
+    t_setup = time.perf_counter()
+    with torch.autocast(dev.type, torch.bfloat16):  # cuDNN times each convolution here, as a tiered run's eager steps
+        F.cross_entropy(model(x).float(), y).backward()
+    model.zero_grad(set_to_none=True)
+    synchronize(dev)
+    t_eager = time.perf_counter()
+    import torch._dynamo  # noqa: F401  (what a run's loading thread imports while the builders work)
+    from torch._dynamo.utils import counters
+    codes = [b.wait() for b in builders]
+    t_built = time.perf_counter()
+    out = {"k": k, "spawned_s": age(t_spawned), "setup_s": age(t_setup), "eager_step_s": round(t_eager - t_setup, 3),
+           "built_s": age(t_built), "builders": []}
+    for i, code in enumerate(codes):
+        rec = folder / f"r{i}.json"
+        if code != 0 or not rec.exists():
+            tail = (folder / f"b{i}.log").read_text().strip().splitlines()[-1:] or [f"exit {code}"]
+            raise SystemExit(f"builder {i} failed: {tail[0]}")
+        out["builders"].append(json.loads(rec.read_text()))
+    fns = [torch.compile(r, mode=MODE, dynamic=False) for r in regs]
+    steps, losses = [], []
+    for _ in range(3):
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(dev.type, torch.bfloat16):
+            h = x
+            for fn in fns:
+                h = fn(h)
+        loss = F.cross_entropy(h.float(), y)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        synchronize(dev)
+        steps.append(time.perf_counter())
+        losses.append(round(loss.item(), 4))
+    with torch.no_grad(), torch.autocast(dev.type, torch.bfloat16):  # the same loss, eager: the regions are the model
+        eager = F.cross_entropy(model(x).float(), y).item()
+    hits = {f"{group}.{name}": n for group in ("inductor", "aot_autograd") for name, n in counters[group].items()
+            if "cache" in name}
+    out.update(first_step_end_s=age(steps[0]), first_step_s=round(steps[0] - t_setup, 3),
+               first_call_s=round(steps[0] - t_built, 3), steps_s=[round(t - t_setup, 3) for t in steps],
+               losses=losses, eager_loss=round(eager, 4), cache=hits)
+    Path(record).write_text(json.dumps(out))
+    return 0
+
+
 def compile_group(k: int, tail: list[str], timeout_s: float) -> dict:
     """k compile children started together, each with its own empty caches; their records and the wall time."""
     from cold_start import fresh_env
@@ -285,6 +381,7 @@ def summarize(res: dict) -> dict:
     for k in res["splits"]:
         groups = [g for g in res["compile"] if g["k"] == k and all("error" not in r for r in g["regions"])]
         saved = [r for r in res.get("saved", []) if r.get("k") == k and "error" not in r]
+        cached = [r for r in res.get("cached", []) if r.get("k") == k and "error" not in r]
         speed = res["speed"].get(str(k), {}).get("img_per_s", [])
         out[str(k)] = {
             "group_wall_s": spread([g["wall_s"] for g in groups]),
@@ -292,6 +389,9 @@ def summarize(res: dict) -> dict:
             "saved_first_step_s": spread([r["first_step_s"] for r in saved]),
             "saved_first_step_end_s": spread([r["first_step_end_s"] for r in saved]),
             "saved_load_s": spread([round(r["loaded_s"] - r["built_s"], 3) for r in saved]),
+            "cached_first_step_s": spread([r["first_step_s"] for r in cached]),
+            "cached_built_s": spread([r["built_s"] for r in cached]),
+            "cached_first_call_s": spread([r["first_call_s"] for r in cached]),
             "img_per_s_median": statistics.median(speed) if speed else None, "img_per_s": spread(speed)}
     return out
 
@@ -315,9 +415,11 @@ def run_child(args: list[str], timeout_s: float) -> dict:
 CHILDREN = {"--child-compile": lambda a: child_compile(int(a[0]), int(a[1]), int(a[2]), a[3], a[4]),
             "--child-build": lambda a: child_build(int(a[0]), int(a[1]), int(a[2]), a[3], a[4], a[5]),
             "--child-saved": lambda a: child_saved(int(a[0]), int(a[1]), a[2], a[3]),
+            "--child-warm": lambda a: child_warm(int(a[0]), int(a[1]), int(a[2]), a[3], a[4]),
+            "--child-cached": lambda a: child_cached(int(a[0]), int(a[1]), a[2], a[3]),
             "--child-speed": lambda a: child_speed([int(k) for k in a[0].split(",")], int(a[1]), int(a[2]),
                                                    int(a[3]), a[4], a[5])}
-PARTS = ("compile", "saved", "speed")
+PARTS = ("compile", "saved", "cached", "speed")
 
 
 def parse(argv: list[str]):
@@ -366,7 +468,7 @@ def main(argv=None) -> int:
     command, splits, tail = ["compile_regions.py", *argv], args.splits, [str(args.batch), str(dev)]
     import model_regions
     res = {"kind": "compile_regions", "splits": splits, "batch": args.batch, "mode": MODE, "cuts": model_regions.CUTS,
-           "repeats": args.repeats, "compile": [], "saved": [], "speed": {}, "note": ""}
+           "repeats": args.repeats, "compile": [], "saved": [], "cached": [], "speed": {}, "note": ""}
 
     def save():
         res["summary"] = summarize(res)
@@ -385,12 +487,13 @@ def main(argv=None) -> int:
                     res["compile"].append(compile_group(k, tail, args.timeout))
                     print(f"round {r + 1}: {k} region(s) compiled in {res['compile'][-1]['wall_s']:.1f} s", flush=True)
                     save()
-                if "saved" in args.parts:
-                    res["saved"].append({"k": k, **run_child(["--child-saved", str(k), *tail], args.timeout)})
-                    got = res["saved"][-1]
-                    print(f"round {r + 1}: {k} saved region(s): first step "
-                          f"{got.get('first_step_s', got.get('error'))}", flush=True)
-                    save()
+                for part in ("saved", "cached"):
+                    if part in args.parts:
+                        res[part].append({"k": k, **run_child([f"--child-{part}", str(k), *tail], args.timeout)})
+                        got = res[part][-1]
+                        print(f"round {r + 1}: {k} {part} region(s): first step "
+                              f"{got.get('first_step_s', got.get('error'))}", flush=True)
+                        save()
     print(json.dumps(res.get("summary", {}), indent=2))
     return 0
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The model as 10 pieces (stem, 8 residual blocks, pooling and classifier); a split cuts it between pieces, at
-# stage boundaries, so each region's input has one fixed shape.
-CUTS = {1: [0, 10], 2: [0, 5, 10], 3: [0, 3, 7, 10], 4: [0, 3, 5, 7, 10]}
+# The model as 10 pieces (stem, 8 residual blocks, pooling and classifier); a split cuts it between pieces, so
+# each region's input has one fixed shape. Up to 4 regions the cuts fall at stage boundaries; 5 pairs the pieces
+# and 10 gives every piece its own region.
+CUTS = {1: [0, 10], 2: [0, 5, 10], 3: [0, 3, 7, 10], 4: [0, 3, 5, 7, 10], 5: [0, 2, 4, 6, 8, 10],
+        10: list(range(11))}
 # (channels, side) of the activation entering piece c, at width 64 and 32x32 images
-ENTERING = {0: (3, 32), 3: (64, 32), 5: (128, 16), 7: (256, 8)}
+ENTERING = {0: (3, 32), 1: (64, 32), 2: (64, 32), 3: (64, 32), 4: (128, 16), 5: (128, 16), 6: (256, 8), 7: (256, 8),
+            8: (512, 4), 9: (512, 4)}
 
 
 class Stem(nn.Module):
