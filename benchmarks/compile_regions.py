@@ -22,7 +22,8 @@ them at once:
             share (inductor's FX graph and AOTAutograd caches, Triton's kernels), and leave; the run then compiles
             the K regions itself, finding every graph in that cache, and takes 3 steps. While it waits it takes
             one eager step, so cuDNN has timed every convolution before the compiled steps, as a tiered run's
-            eager steps do. It records the cache hits. (--parts cached)
+            eager steps do. It records the cache hits. Each builder gets its share of the cores as compile
+            workers. (--parts cached)
   speed     one process compiles the model whole and as K regions chained, then times the model step (forward,
             loss and backward at the rung's batch, bf16, channels_last, no optimizer) for each, in alternating
             rounds: what the cuts cost once everything is compiled.
@@ -284,8 +285,10 @@ def child_cached(k: int, batch: int, device: str, record: str) -> int:
     t_start = time.perf_counter()
     folder = Path(record).parent / "cached"
     folder.mkdir()
+    # the machine's cores shared out: k builders each starting a compile worker per core would start k times as many
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 1) // k)))
     builders = [subprocess.Popen([sys.executable, __file__, "--child-warm", str(k), str(i), str(batch), device,
-                                  str(folder / f"r{i}.json")], stdout=subprocess.DEVNULL,
+                                  str(folder / f"r{i}.json")], env=env, stdout=subprocess.DEVNULL,
                                  stderr=open(folder / f"b{i}.log", "w")) for i in range(k)]
     t_spawned = time.perf_counter()
     import torch
