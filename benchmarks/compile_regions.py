@@ -23,7 +23,8 @@ them at once:
             the K regions itself, finding every graph in that cache, and takes 3 steps. While it waits it takes
             one eager step, so cuDNN has timed every convolution before the compiled steps, as a tiered run's
             eager steps do. It records the cache hits. Each builder gets its share of the cores as compile
-            workers. (--parts cached)
+            workers and leaves cuDNN's autotuning off: its timed choices would stay in its own process.
+            (--parts cached)
   speed     one process compiles the model whole and as K regions chained, then times the model step (forward,
             loss and backward at the rung's batch, bf16, channels_last, no optimizer) for each, in alternating
             rounds: what the cuts cost once everything is compiled.
@@ -262,6 +263,7 @@ def child_warm(k: int, i: int, batch: int, device: str, record: str) -> int:
     from labkit.env import process_age_s
     dev = torch.device(device)
     model = build(dev)
+    torch.backends.cudnn.benchmark = False  # timing cuDNN here would hand the run nothing: its choices stay here
     region, x = regions(model, k)[i], region_input(k, i, dev, batch)
     y = torch.randint(0, 10, (batch,), device=dev)
     t0 = time.perf_counter()
