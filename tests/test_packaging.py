@@ -1257,3 +1257,42 @@ def test_results_page_ladder_power_table_matches_its_h200_record():
             in page)
     tp = top["gpu_power"]
     assert f"The top rung ran at {tp['sm_clock_mhz']:,.0f} MHz and {tp['power_w']:.0f} W" in page
+
+
+def test_results_page_regions_from_a_shared_cache_match_their_h200_records():
+    """'Compiled from a shared cache instead': the table's spreads, the cache hits, the losses and the builders'
+    times from compile_regions_cached_h200.json and compile_regions_cached_nobench_h200.json."""
+    import json
+
+    page = results_page()
+    rec = ROOT / "benchmarks" / "results"
+    a = json.loads((rec / "compile_regions_cached_h200.json").read_text())
+    b = json.loads((rec / "compile_regions_cached_nobench_h200.json").read_text())
+    for r, commit, parts in ((a, "f9be5b9", "saved,cached"), (b, "726ff9a", "cached")):
+        assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130"
+        assert r["env"]["git_commit"].startswith(commit) and r["repeats"] == 2 and r["splits"] == [1, 4, 10]
+        assert f"--parts {parts} --splits 1,4,10 --repeats 2" in r["env"]["command"]
+        assert f"commit {commit}, 2 rounds" in page
+        for run in r["cached"]:  # every region's graphs from the cache, and the same loss as eager
+            hits = run["cache"]
+            assert hits["inductor.fxgraph_cache_hit"] > 0 and hits["aot_autograd.autograd_cache_hit"] > 0
+            assert not hits.get("inductor.fxgraph_cache_miss") and not hits.get("aot_autograd.autograd_cache_miss")
+            assert run["losses"][0] == run["eager_loss"]
+    f = lambda v: f"{v[0]:.1f}–{v[1]:.1f} s"  # noqa: E731
+    sa, sb = a["summary"], b["summary"]
+    label = {"1": "1 (the whole model)", "4": "4", "10": "10"}
+    for k in ("1", "4", "10"):
+        assert (f"| {label[k]} | {f(sa[k]['saved_first_step_s'])} | {f(sa[k]['cached_first_step_s'])} | "
+                f"{f(sb[k]['cached_first_step_s'])} |") in page, k
+    for k in ("4", "10"):  # the shared cache beat the saved files, spreads apart
+        assert sa[k]["cached_first_step_s"][1] < sa[k]["saved_first_step_s"][0]
+    assert f"the builders were done {f(sa['4']['cached_built_s'])[:-2]} s into the run" in page
+    four = [bd["compile_s"] for run in a["cached"] if run["k"] == 4 for bd in run["builders"]]
+    ten = [bd["compile_s"] for run in a["cached"] if run["k"] == 10 for bd in run["builders"]]
+    assert f"each spending {min(four):.1f}–{max(four):.1f} s compiling its region" in page
+    assert f"Their builders took {min(ten):.1f}–{max(ten):.1f} s each" in page
+    assert f"first call through the regions took {f(sa['4']['cached_first_call_s'])}" in page
+    assert f"the whole model also took longer ({f(sb['1']['cached_first_step_s'])})" in page
+    assert f"Within it, 4 regions took {f(sb['4']['cached_first_step_s'])}" in page
+    # the second call's whole model is apart from the first's: the calls are not compared run for run
+    assert sb["1"]["cached_first_step_s"][0] > sa["1"]["cached_first_step_s"][1]
