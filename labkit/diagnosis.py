@@ -20,7 +20,9 @@ sharpen the picture but are never required:
   copy or sync inside) and device-to-host copies.
 - launch/Python: kernel count, launch-call time and mean kernel length, and host time in no torch operator
   (neither on the stepping thread nor, during backward, on autograd's thread).
-- compute: the share of the step the GPU runs kernels or copies, and how much kernel time is on tensor cores.
+- compute: the share of the step the GPU runs kernels or copies, and how much kernel time is on tensor cores;
+  where `labkit.profiling` read the card's clock and power through the active steps (the trace's
+  labkit.gpu_power, `labkit.gpu_power`), whether it ran at its power limit.
 
 How the shares are made. On a GPU the step's wall time is split along the GPU timeline: busy time is compute;
 each idle gap is charged to what the host was doing meanwhile: waiting for data (the overlap with data
@@ -77,6 +79,7 @@ SMALL_OP_US = 20.0
 SYNC_TOLERANCE_US = 20.0   # host and device clocks in a trace agree to within a few microseconds
 DOMINANCE = 2.0            # the top cause is the single verdict when its share is at least this times the next
 NOTE_SHARE = 0.10          # other causes at this share of the step or more are listed as next in line
+POWER_CAP_SHARE = 0.5      # readings with the driver's power-cap reason set, above which the card is power-bound
 
 FIXES = {
     "data": "Feed the step faster than it eats: a DataLoader worker per core, pin_memory=True with non_blocking "
@@ -97,6 +100,10 @@ FIXES = {
     "compute_cpu": "The arithmetic itself is the limit on this CPU: on a GPU it would move to tensor cores "
                    "(bf16 autocast); on the CPU only fewer FLOPs (a smaller model or batch) or more cores help.",
 }
+# added to the compute fix when the card ran at its power limit (benchmarks/results/step_power_h200.json)
+POWER_FIX = (" The card ran at its power limit, so its clock sank to keep within the watts: a change that only "
+             "shortens kernels at full clock gains less or nothing; spending fewer joules per image still pays "
+             "(fewer bytes moved, fewer or cheaper multiplications).")
 
 
 def save_trace(trace: dict, path: str | os.PathLike) -> Path:
@@ -497,6 +504,9 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
     }
     if win.on_gpu:
         st.update(_gpu_stats(win, sig, data_iv))
+        # the card's clock and power over the active steps, where labkit.profiling read them (labkit.gpu_power)
+        lab = trace.get("labkit")
+        st["gpu_power"] = lab.get("gpu_power") if isinstance(lab, dict) else None
     else:
         st.update(gpu_busy_share=None, gpu_idle_share=None, idle_by_cause=None, tensor_core_share=None)
         selfs = [(str(e.get("name", "")), s) for e, s in rows if str(e.get("name", "")).startswith("aten::")]
@@ -681,6 +691,18 @@ def _gpu_evidence(st: dict) -> dict[str, str]:
     }
 
 
+def _power_limited(st: dict) -> str:
+    """The readings in a few words where the power-cap reason was set in most of them, else ''."""
+    from labkit.gpu_power import describe
+    p = st.get("gpu_power")
+    numbers = ("samples", "sm_clock_mhz", "max_sm_clock_mhz", "power_w", "power_limit_w")
+    if not (isinstance(p, dict) and all(isinstance(p.get(k), int | float) for k in numbers)
+            and isinstance(p.get("reasons"), dict)):
+        return ""  # none read, or not labkit's readings (a trace from elsewhere): no claim either way
+    cap = p["reasons"].get("power cap", 0.0)
+    return describe(p) if isinstance(cap, int | float) and cap >= POWER_CAP_SHARE else ""
+
+
 def _causes(order, shares, evidence, fixes, titles=KINDS) -> list[dict]:
     return [{"cause": k, "name": CAUSES[k], "title": titles[k], "share": shares[k], "evidence": evidence[k],
              "fix": fixes[k]} for k in order]
@@ -704,6 +726,10 @@ def _decide_gpu(st: dict) -> Diagnosis:
     fixes = {**FIXES, "compute": FIXES["compute_tensor_cores" if st["tensor_core_share"] >= 0.5
                                       else "compute_cuda_cores"]}
     evidence = _gpu_evidence(st)
+    power = _power_limited(st)
+    if power:
+        evidence["compute"] += f"; the card ran at its power limit ({power})"
+        fixes["compute"] += POWER_FIX
     causes = _causes(order, shares, evidence, fixes)
     kind = order[0]
     reasons = [f"GPU busy {_pct(st['gpu_busy_share'])} of the step, idle {_pct(idle)}: {_pct(c['data'])} while the "
@@ -721,6 +747,9 @@ def _decide_gpu(st: dict) -> Diagnosis:
         notes.append(evidence["sync"])
     if "overhead" not in mentioned:
         notes.append(evidence["overhead"])
+    if power and kind != "compute":
+        notes.append(f"the card ran at its power limit ({power}): once the GPU is the limit, its clock is set by "
+                     f"the energy its kernels spend")
     return Diagnosis(kind, KINDS[kind], "cuda", reasons, fixes[kind], st, notes, causes,
                      _is_dominant(order, shares))
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from labkit import gpu_power as GP
 from labkit.diagnosis import (  # noqa: F401  (re-exported: profile, then diagnose, from one module)
     FIXES,
     KINDS,
@@ -168,6 +169,13 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     bar = tqdm(total=sched.total, desc=f"profiling {label}", leave=False, disable=None if progress else True)
+    meter = GP.Meter.open(dev)  # the clock and power over the active steps: is the card at its power limit?
+    reading = {"steps": 0, "block": None}
+
+    def read_from_here():
+        if meter is not None and reading["block"] is None:
+            reading["block"] = meter.reading().__enter__()
+
     with _quiet_profiler(), profile(activities=acts, record_shapes=record_shapes, with_stack=with_stack,
                                     profile_memory=profile_memory, on_trace_ready=ready,
                                     schedule=make_schedule(wait=sched.wait, warmup=sched.warmup,
@@ -175,8 +183,13 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
         def on_step(_done=None):
             bar.update(1)
             prof.step()
+            reading["steps"] += 1
+            if reading["steps"] == sched.wait + sched.warmup:
+                read_from_here()
 
         try:
+            if sched.wait + sched.warmup == 0:
+                read_from_here()
             if step is None:
                 train(_train_config_for_profile(target, sched.total), dev, dataset=dataset, on_step=on_step)
             else:
@@ -185,12 +198,15 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
                     on_step()
         finally:
             bar.close()
+            if reading["block"] is not None:
+                reading["block"].__exit__(None, None, None)
     if "trace" not in captured:
         raise LabkitError(f"{label}: the profiler recorded nothing; the run ended before the {sched.total} steps "
                           f"that wait={sched.wait} + warmup={sched.warmup} + active={sched.active} need")
     trace = captured["trace"]
     trace["traceName"] = label  # export wrote it to a temporary file whose path means nothing later
-    trace["labkit"] = {"name": label, "device": dev.type, "schedule": asdict(sched)}
+    trace["labkit"] = {"name": label, "device": dev.type, "schedule": asdict(sched),
+                       "gpu_power": meter.report() if meter is not None and meter.samples else None}
     result = Profile(label, dev.type, trace, captured["table"], sched)
     if out is not None:
         result.trace_path = save_trace(trace, Path(out) / f"{_safe(label)}.pt.trace.json.gz")

@@ -115,3 +115,79 @@ def test_training_records_the_steady_epochs_readings_and_none_without_a_meter(mo
     p = rec["gpu_power"]
     assert p["samples"] > 0 and p["sm_clock_mhz"] == 1680 and p["power_limit_w"] == 700.0
     assert GP.describe(p) == "1,680/1,980 MHz, 693/700 W, power cap 100%"
+
+
+CORPUS = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "trace_corpus"
+CAPPED = {"power_limit_w": 700.0, "max_sm_clock_mhz": 1980, "samples": 60, "sm_clock_mhz": 1470, "power_w": 693.0,
+          "at_limit": 1.0, "reasons": {"power cap": 1.0}}
+
+
+def _with_power(name: str, power) -> dict:
+    from labkit.diagnosis import load_trace
+    trace = load_trace(CORPUS / f"{name}.pt.trace.json.gz")
+    trace["labkit"] = {**(trace.get("labkit") or {}), "gpu_power": power}
+    return trace
+
+
+def test_diagnosis_names_the_power_limit_where_the_readings_show_it_and_only_there():
+    """A compute-bound GPU trace with readings at the power limit: the compute evidence names them and the fix
+    says what still pays; below the limit, with no readings, or with readings that are not labkit's, nothing
+    is claimed; where another cause ranks first the limit is a note."""
+    from labkit import diagnosis as D
+
+    plain = D.diagnose(_with_power("big_matmul", None))
+    assert plain.kind == "compute" and "power limit" not in str(plain)
+    d = D.diagnose(_with_power("big_matmul", CAPPED))
+    assert d.kind == "compute"
+    assert d.causes[0]["evidence"].endswith("; the card ran at its power limit (1,470/1,980 MHz, 693/700 W, power cap 100%)")
+    assert d.fix.endswith(D.POWER_FIX) and d.fix.startswith(plain.fix)
+    below = {**CAPPED, "sm_clock_mhz": 1980, "power_w": 400.0, "at_limit": 0.0, "reasons": {}}
+    assert "power limit" not in str(D.diagnose(_with_power("big_matmul", below)))
+    for junk in ({"reasons": {"power cap": 1.0}}, {**CAPPED, "power_w": "693"}, "capped", {**CAPPED, "reasons": [1]},
+                 {**CAPPED, "reasons": {"power cap": "all"}}):
+        assert "power limit" not in str(D.diagnose(_with_power("big_matmul", junk))), junk
+    other = D.diagnose(_with_power("small_batch_mlp", CAPPED))
+    assert other.kind != "compute"
+    assert any(n.startswith("the card ran at its power limit (1,470/1,980 MHz") for n in other.notes)
+
+
+def test_profile_steps_reads_the_card_over_the_active_steps_only(monkeypatch):
+    """labkit.profiling: the readings start once the wait and warm-up steps are done, stop with the run, and land
+    in the trace (labkit.gpu_power) where diagnose finds them; without a meter there are none."""
+    import sys
+
+    from labkit import profiling as PR
+
+    nv = fake_nvml([(1470, 693_000, 0x4)])
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    done, started = [], []
+
+    def open_meter(dev, every_s=0.02):
+        m = GP.Meter(nv, ("index", 0), 0.001)
+        real = m.reading
+
+        def reading():
+            started.append(len(done))
+            return real()
+        m.reading = reading
+        return m
+
+    def step():
+        done.append(1)
+        time.sleep(0.01)
+
+    sched = PR.ProfileSchedule(wait=2, warmup=1, active=3)
+    assert PR.profile_steps(step, "cpu", schedule=sched).trace["labkit"]["gpu_power"] is None
+    monkeypatch.setattr(GP.Meter, "open", staticmethod(open_meter))
+    done.clear()
+    prof = PR.profile_steps(step, "cpu", schedule=sched)
+    assert started == [3]  # after wait + warm-up, before the first active step
+    p = prof.trace["labkit"]["gpu_power"]
+    assert p["samples"] > 0 and p["reasons"] == {"power cap": 1.0} and p["sm_clock_mhz"] == 1470
+    started.clear()
+    done.clear()
+    import warnings
+    with warnings.catch_warnings():  # torch.profiler warns that a schedule without warm-up skews its results
+        warnings.simplefilter("ignore", UserWarning)
+        PR.profile_steps(step, "cpu", schedule=PR.ProfileSchedule(wait=0, warmup=0, active=2))
+    assert started == [0]
