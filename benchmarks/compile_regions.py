@@ -144,6 +144,35 @@ def child_build(k: int, i: int, batch: int, device: str, path: str, record: str)
     os._exit(0)  # not the seconds inductor's compile workers take to shut down: the file is what counts
 
 
+def _run_setup(k: int, batch: int, device: str, t_start: float):
+    """A run's setup once its builders are started: (dev, model, its k regions, a batch x, y, age), where age(t)
+    turns a perf_counter reading into this process's age, seconds."""
+    import torch
+
+    from labkit.bench import synchronize
+    from labkit.env import process_age_s
+    base = (process_age_s(t_start) or 0.0) - t_start
+    dev = torch.device(device)
+    model = build(dev)
+    regs = regions(model, k)
+    x = torch.randn(batch, 3, 32, 32, device=dev).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    synchronize(dev)
+    return dev, model, regs, x, y, lambda t: round(base + t, 3)
+
+
+def _builder_records(folder: Path, codes: list[int]) -> list[dict]:
+    """The builders' records, in order; SystemExit naming the first that failed, with its log's last line."""
+    out = []
+    for i, code in enumerate(codes):
+        rec = folder / f"r{i}.json"
+        if code != 0 or not rec.exists():
+            tail = (folder / f"b{i}.log").read_text().strip().splitlines()[-1:] or [f"exit {code}"]
+            raise SystemExit(f"builder {i} failed: {tail[0]}")
+        out.append(json.loads(rec.read_text()))
+    return out
+
+
 def child_saved(k: int, batch: int, device: str, record: str) -> int:
     """A run that starts k builders (`child_build`) first thing, sets up the model and data meanwhile, then loads
     the k saved regions and takes 3 steps through them. Every mark is this process's age, seconds."""
@@ -162,28 +191,14 @@ def child_saved(k: int, batch: int, device: str, record: str) -> int:
     import torch.nn.functional as F
 
     from labkit.bench import synchronize
-    from labkit.env import process_age_s
-    base = (process_age_s(t_start) or 0.0) - t_start
-    age = lambda t: round(base + t, 3)  # noqa: E731
-    dev = torch.device(device)
-    model = build(dev)
-    regs = regions(model, k)
-    x = torch.randn(batch, 3, 32, 32, device=dev).to(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (batch,), device=dev)
-    synchronize(dev)
+    dev, model, regs, x, y, age = _run_setup(k, batch, device, t_start)
     t_setup = time.perf_counter()
     import torch._dynamo  # noqa: F401  (what a run's loading thread imports while the builders work)
     t_dynamo = time.perf_counter()
     codes = [b.wait() for b in builders]
     t_built = time.perf_counter()
     out = {"k": k, "spawned_s": age(t_spawned), "setup_s": age(t_setup), "dynamo_s": age(t_dynamo),
-           "built_s": age(t_built), "builders": []}
-    for i, code in enumerate(codes):
-        rec = folder / f"r{i}.json"
-        if code != 0 or not rec.exists():
-            tail = (folder / f"b{i}.log").read_text().strip().splitlines()[-1:] or [f"exit {code}"]
-            raise SystemExit(f"builder {i} failed: {tail[0]}")
-        out["builders"].append(json.loads(rec.read_text()))
+           "built_s": age(t_built), "builders": _builder_records(folder, codes)}
     from labkit import precompiled as P
     from labkit import train as T
     cfg = T.preset("muon")
@@ -297,15 +312,7 @@ def child_cached(k: int, batch: int, device: str, record: str) -> int:
     import torch.nn.functional as F
 
     from labkit.bench import synchronize
-    from labkit.env import process_age_s
-    base = (process_age_s(t_start) or 0.0) - t_start
-    age = lambda t: round(base + t, 3)  # noqa: E731
-    dev = torch.device(device)
-    model = build(dev)
-    regs = regions(model, k)
-    x = torch.randn(batch, 3, 32, 32, device=dev).to(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (batch,), device=dev)
-    synchronize(dev)
+    dev, model, regs, x, y, age = _run_setup(k, batch, device, t_start)
     t_setup = time.perf_counter()
     with torch.autocast(dev.type, torch.bfloat16):  # cuDNN times each convolution here, as a tiered run's eager steps
         F.cross_entropy(model(x).float(), y).backward()
@@ -317,13 +324,7 @@ def child_cached(k: int, batch: int, device: str, record: str) -> int:
     codes = [b.wait() for b in builders]
     t_built = time.perf_counter()
     out = {"k": k, "spawned_s": age(t_spawned), "setup_s": age(t_setup), "eager_step_s": round(t_eager - t_setup, 3),
-           "built_s": age(t_built), "builders": []}
-    for i, code in enumerate(codes):
-        rec = folder / f"r{i}.json"
-        if code != 0 or not rec.exists():
-            tail = (folder / f"b{i}.log").read_text().strip().splitlines()[-1:] or [f"exit {code}"]
-            raise SystemExit(f"builder {i} failed: {tail[0]}")
-        out["builders"].append(json.loads(rec.read_text()))
+           "built_s": age(t_built), "builders": _builder_records(folder, codes)}
     fns = [torch.compile(r, mode=MODE, dynamic=False) for r in regs]
     steps, losses = [], []
     for _ in range(3):

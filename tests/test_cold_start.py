@@ -1,5 +1,7 @@
 """benchmarks/cold_start.py: its plan and summary, its variants' checks, and a clean exit without a GPU."""
 
+import time
+
 import pytest
 import torch
 from conftest import benchmark_module
@@ -143,6 +145,16 @@ def test_compile_regions_cuts_the_model_into_regions_that_chain_to_it_and_skips_
             assert cr.region_input(k, i, torch.device("cpu"), 2).shape == h.shape
             h = region(h)
         assert torch.allclose(h, want), k
+    # a run's setup (the saved and cached parts share it) and its builders' records
+    dev, m, regs, xb, yb, age = cr._run_setup(4, 2, "cpu", time.perf_counter())
+    assert len(regs) == 4 and xb.shape == (2, 3, 32, 32) and yb.shape == (2,) and age(time.perf_counter()) > 0
+    (tmp_path / "r0.json").write_text('{"region": 0}')
+    (tmp_path / "b1.log").write_text("compiling\nRuntimeError: out of memory\n")
+    assert cr._builder_records(tmp_path, [0]) == [{"region": 0}]
+    with pytest.raises(SystemExit, match="builder 1 failed: RuntimeError: out of memory"):
+        cr._builder_records(tmp_path, [0, 1])
+    for f in ("r0.json", "b1.log"):
+        (tmp_path / f).unlink()
     for bad in (["--splits", "2,4"], ["--splits", "6,1"], ["--parts", "warm"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             cr.main([*bad, "--device", "cpu", "--out", str(tmp_path)])
