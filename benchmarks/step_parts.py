@@ -171,28 +171,43 @@ def measure(res: dict, name: str, out: Path, cfg, model, step, batches, fixed, d
         print("step_parts: no kernel profile without a CUDA GPU (skipped)")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="muon", help="the ladder rung to take apart (default: muon, the top rung)")
+def arguments(doc: str, name: str) -> argparse.ArgumentParser:
+    """The options every step benchmark takes (preset, rounds, device, quick, out, name); `name`: its program."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="muon", help="the ladder rung to measure (default: muon, the top rung)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of every part (default 5)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--quick", action="store_true", help="tiny, eager: the plumbing only (the default on a CPU)")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
-    ap.add_argument("--name", default="step_parts", help="result file stem (default step_parts)")
+    ap.add_argument("--name", default=name, help=f"result file stem (default {name})")
+    return ap
+
+
+def start(args, name: str):
+    """(results folder, device, quick, the rung's setup) for a step benchmark's parsed options: the folder checked
+    writable and the preset known before any model is built (LabkitError otherwise). Without a CUDA GPU it runs
+    quick and says that it measures nothing."""
+    from labkit.env import pick_device
+    from labkit.outputs import check_writable
+
+    out = check_writable(args.out or Path(__file__).parent / "results", "dir")
+    dev = pick_device(args.device)
+    quick = args.quick or dev.type != "cuda"
+    if quick and not args.quick:
+        print(f"{name}: no CUDA GPU, so the parts run eager at a tiny size: nothing here is a measurement")
+    return out, dev, quick, setup(args.preset, quick, dev)
+
+
+def main(argv=None) -> int:
+    ap = arguments(__doc__, "step_parts")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     from labkit.bench import save_result
-    from labkit.env import LabkitError, pick_device
-    from labkit.outputs import check_writable
+    from labkit.env import LabkitError
 
     try:
-        out = check_writable(args.out or Path(__file__).parent / "results", "dir")
-        dev = pick_device(args.device)
-        quick = args.quick or dev.type != "cuda"
-        if quick and not args.quick:
-            print("step_parts: no CUDA GPU, so the parts run eager at a tiny size: nothing here is a measurement")
-        cfg, model, step, batches, fixed, steps = setup(args.preset, quick, dev)
+        out, dev, quick, (cfg, model, step, batches, fixed, steps) = start(args, "step_parts")
     except LabkitError as e:
         print(f"step_parts: {e}", file=sys.stderr)
         return 2

@@ -18,7 +18,6 @@ Saved after every round. Without a CUDA GPU and NVML it runs eager at a tiny siz
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
@@ -114,32 +113,20 @@ def summarize(res: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="muon", help="the ladder rung to measure (default: muon, the top rung)")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of every part (default 5)")
+    from step_parts import arguments, start
+
+    ap = arguments(__doc__, "step_power")
     ap.add_argument("--steps", type=int, default=30, help="calls of a part per round (default 30)")
     ap.add_argument("--sample-ms", type=float, default=20.0, help="milliseconds between NVML readings (default 20)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--quick", action="store_true", help="tiny, eager: the plumbing only (the default on a CPU)")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
-    ap.add_argument("--name", default="step_power", help="result file stem (default step_power)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps < 1 or args.sample_ms <= 0:
         ap.error("--rounds and --steps must be >= 1 and --sample-ms > 0")
-    from step_parts import setup
-
     from labkit.bench import save_result
-    from labkit.env import LabkitError, pick_device
+    from labkit.env import LabkitError
     from labkit.gpu_power import Meter
-    from labkit.outputs import check_writable
 
     try:
-        out = check_writable(args.out or Path(__file__).parent / "results", "dir")
-        dev = pick_device(args.device)
-        quick = args.quick or dev.type != "cuda"
-        if quick and not args.quick:
-            print("step_power: no CUDA GPU, so the parts run eager at a tiny size: nothing here is a measurement")
-        cfg, model, step, batches, fixed, _ = setup(args.preset, quick, dev)
+        out, dev, quick, (cfg, model, step, batches, fixed, _) = start(args, "step_power")
     except LabkitError as e:
         print(f"step_power: {e}", file=sys.stderr)
         return 2
