@@ -170,21 +170,20 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     bar = tqdm(total=sched.total, desc=f"profiling {label}", leave=False, disable=None if progress else True)
     meter = GP.Meter.open(dev)  # the clock and power over the active steps: is the card at its power limit?
-    reading = {"steps": 0, "block": None}
+    done = [0]
+    with contextlib.ExitStack() as readings, _quiet_profiler(), \
+            profile(activities=acts, record_shapes=record_shapes, with_stack=with_stack,
+                    profile_memory=profile_memory, on_trace_ready=ready,
+                    schedule=make_schedule(wait=sched.wait, warmup=sched.warmup, active=sched.active, repeat=1)) as prof:
+        def read_from_here():  # the readings run from the first active step to the end of the run
+            if meter is not None:
+                readings.enter_context(meter.reading())
 
-    def read_from_here():
-        if meter is not None and reading["block"] is None:
-            reading["block"] = meter.reading().__enter__()
-
-    with _quiet_profiler(), profile(activities=acts, record_shapes=record_shapes, with_stack=with_stack,
-                                    profile_memory=profile_memory, on_trace_ready=ready,
-                                    schedule=make_schedule(wait=sched.wait, warmup=sched.warmup,
-                                                           active=sched.active, repeat=1)) as prof:
         def on_step(_done=None):
             bar.update(1)
             prof.step()
-            reading["steps"] += 1
-            if reading["steps"] == sched.wait + sched.warmup:
+            done[0] += 1
+            if done[0] == sched.wait + sched.warmup:
                 read_from_here()
 
         try:
@@ -198,8 +197,6 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
                     on_step()
         finally:
             bar.close()
-            if reading["block"] is not None:
-                reading["block"].__exit__(None, None, None)
     if "trace" not in captured:
         raise LabkitError(f"{label}: the profiler recorded nothing; the run ended before the {sched.total} steps "
                           f"that wait={sched.wait} + warmup={sched.warmup} + active={sched.active} need")
