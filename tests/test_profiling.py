@@ -274,12 +274,14 @@ def test_cli_reports_a_bad_trace_in_one_line(tmp_path, capsys):
 
 def test_cpu_scenarios_are_diagnosed_as_planted(one_thread):
     got = {}
+    # Six recorded steps, not three, so one descheduled moment on a shared 2-core machine weighs less in a share.
+    sched = P.ProfileSchedule(wait=1, warmup=1, active=6)
     for name in ("data", "compute", "overhead"):
         for fixed in (False, True):
             if name == "overhead" and fixed:
                 continue
             wl = S.workload(name, "cpu", fixed=fixed, quick=True)
-            got[(name, fixed)] = P.profile_steps(wl, "cpu").diagnose()
+            got[(name, fixed)] = P.profile_steps(wl, "cpu", schedule=sched).diagnose()
     assert got[("data", False)].kind == "data", str(got[("data", False)])
     assert got[("data", True)].kind != "data", str(got[("data", True)])
     assert got[("data", False)].evidence["data_share"] > got[("data", True)].evidence["data_share"] + 0.2
