@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="one student's whole grading, seconds (the process group is killed past it)")
     g.add_argument("--memory-gb", type=float, default=None, help="memory budget of one student's processes, GiB")
+    g.add_argument("--disk-gb", type=float, default=None,
+                   help="what one student's processes may leave in their folders together, GiB (default 8; at most "
+                        "100,000 files); past it they are stopped")
     g.add_argument("--address-space-limit", action="store_true",
                    help="also cap each process's virtual memory at --memory-gb (RLIMIT_AS; CPU-only machines: "
                         "torch alone reserves ~3.5 GiB of address space)")
@@ -65,6 +68,7 @@ def _cli_grade(args) -> int:
     cfg = PRESETS[args.preset]
     changes = {"course": args.course, "out": args.out or str(default_out(args.assignment)), "work": args.work,
                "cell_timeout_s": args.cell_timeout, "wall_timeout_s": args.timeout, "memory_gb": args.memory_gb,
+               "disk_gb": args.disk_gb,
                "jobs": args.jobs, "harness_module": args.harness, "lms_regex": args.lms_regex}
     cfg = replace(cfg, **{k: v for k, v in changes.items() if v is not None}, force=args.force,
                   only=tuple(args.only), keep_work=args.keep_work, trusted_submissions=args.trusted_submissions,

@@ -46,6 +46,7 @@ from autograder import (
 )
 from autograder import course as courses
 from autograder.course import Course
+from autograder.disk_cap import DISK_BYTES
 from autograder.feedback import RENDER_TIMEOUT_S
 from autograder.jail import Jail
 from autograder.late import LatePolicy
@@ -79,6 +80,7 @@ class GradeConfig:
     cell_timeout_s: int | None = None  # per-cell limit; None: the course's c.Execute.timeout, else 600 (not 30)
     wall_timeout_s: float = 3600.0  # one student's whole autograde, seconds; its process group is killed past it
     memory_gb: float = 16.0  # resident memory of one student's processes together, GiB
+    disk_gb: float = DISK_BYTES / 2**30  # space the files one student's processes leave in their folders may take, GiB
     address_space_limit: bool = False  # also RLIMIT_AS per process, CPU only (torch alone reserves ~3.5 GiB)
     jobs: int | None = None  # students graded at once; None: one per GPU, one without a GPU
     trusted_recheck: bool = True  # re-run the test cells' harness checks outside the kernel; they set the score
@@ -317,7 +319,8 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     write_json(sdir / "running.json", {"token": token, "started_at": _now()})
     cache = scratch / "compile-cache"  # this student's alone: their notebook fills it, their runner reuses it
     cache.mkdir(parents=True)
-    box = Jail(writable=[root], gpu=slot["index"], env=gpu, trusted=not jailed, cache=cache)
+    box = Jail(writable=[root], gpu=slot["index"], env=gpu, trusted=not jailed, cache=cache,
+               disk_bytes=int(cfg.disk_gb * 2**30))
     outcome = run_limited(nbgrader_command("autograde", aid, "--student", sid, "--force"),
                           cwd=root, env=env, limits=limits, token=token, jail=box)
     write_log(sdir / "autograde.log", f"nbgrader autograde {aid} --student {sid}", outcome)
@@ -336,6 +339,8 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
         return _fail(res, course, "timeout", f"grading took longer than {cfg.wall_timeout_s:.0f} s and was stopped")
     if outcome.out_of_memory:
         return _fail(res, course, "memory", f"the notebook used more than {cfg.memory_gb:g} GiB and was stopped")
+    if outcome.out_of_disk:
+        return _fail(res, course, "disk", f"the notebook {outcome.out_of_disk} and was stopped")
     if outcome.error:
         return _fail(res, course, "grader error", f"could not start nbgrader: {outcome.error}")
     graded_dir = root / "autograded" / sid / aid
@@ -381,7 +386,8 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                                              limits=replace(limits, wall_s=cfg.harness_timeout_s),
                                              data_files=course.source_files,
                                              sandbox="none" if cfg.trusted_submissions else "bwrap",
-                                             memory_gb=cfg.memory_gb, cache=cache, student=sid)
+                                             memory_gb=cfg.memory_gb, cache=cache, student=sid,
+                                             disk_gb=cfg.disk_gb)
         for o in outs:
             res.peak_rss_bytes = max(res.peak_rss_bytes, o.peak_rss_bytes)
             res.wall_s += o.wall_s
@@ -391,7 +397,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                                "cause": v.cause, **trusted.headline(v.numbers), "measurements": v.numbers})
             if v.passed is None and v.cause is None:
                 res.notes.append(f"{v.check}: not gradable on {slot['class']}; regrade on the hardware it needs")
-        stuck = [v.cause for v in verdicts.values() if v.cause in ("timeout", "memory")]
+        stuck = [v.cause for v in verdicts.values() if v.cause in ("timeout", "memory", "disk")]
         kcause = kcause or (f"check {stuck[0]}" if stuck else None)
     report.write_scores(db, aid, sid, cells)
     res.cells, res.cause = cells, kcause
@@ -547,6 +553,9 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         if not Path(submissions).exists():
             raise LabkitError(f"submissions folder {submissions} does not exist: pass the folder (or .zip) you "
                               "downloaded with --submissions")
+        for name, value in (("memory_gb", cfg.memory_gb), ("disk_gb", cfg.disk_gb)):
+            if not value > 0:
+                raise LabkitError(f"--{name.replace('_', '-')} must be positive, not {value}")
         secret = course_secret.for_grading(cfg.open_kit)
         log.info("hidden cases and variants from the %s", secret.label)
         _remove_stale_sockets()

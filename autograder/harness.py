@@ -45,6 +45,8 @@ import traceback
 import warnings
 from pathlib import Path
 
+from autograder.disk_cap import DISK_BYTES
+
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE_CLASSES = ("tensor_core_gpu", "gpu", "cpu")
 _STARTUP_S = 60.0  # python + torch import in the worker, on a slow, busy machine
@@ -223,6 +225,7 @@ class Context:
     student_file: Path  # the submission (a copy inside the student's sandbox folder)
     sandbox: str = "none"  # "bwrap" (student code in bubblewrap) or "none" (trusted submissions)
     memory_bytes: int | None = None  # resident memory allowed to the student's processes, bytes
+    disk_bytes: int | None = DISK_BYTES  # space the files in the student's folders may take, bytes (disk_cap)
     deadline: float = float("inf")  # time.monotonic() when the running check's budget ends
     cache: Path | None = None  # the student's own compile-cache folder (autograder.jail.cache_env), if any
     student_id: str | None = None  # whose submission this is (lab 3 grades that student's variant); None: unknown
@@ -232,7 +235,8 @@ class Context:
 
     def _jail(self, folder: Path, trusted: bool):
         return _jail_for(folder, getattr(self.device, "type", "cpu"), self.sandbox,
-                         cache=None if trusted else self.cache, baseline=trusted, hide=() if trusted else self.hide)
+                         cache=None if trusted else self.cache, baseline=trusted, hide=() if trusted else self.hide,
+                         disk_bytes=self.disk_bytes)
 
     def student(self):
         """The student's runner process (sandboxed), started on first use (or early, by the worker)."""
@@ -426,17 +430,18 @@ def _student_box(student_file: Path, work: Path) -> Path:
 
 
 def _jail_for(folder: Path, device_type: str, sandbox: str, *, cache: Path | None, baseline: bool,
-              hide: tuple[str, ...] = ()):
+              hide: tuple[str, ...] = (), disk_bytes: int | None = DISK_BYTES):
     """The sandbox of one runner: the student's (with their compile cache, without the labkit modules that answer
     their lab) or the baseline's (nothing of theirs; trusted code, sandboxed unless the whole run is unsandboxed)."""
     from autograder.jail import Jail, visible_gpu
 
     gpu = visible_gpu() if device_type != "cpu" else None
-    return Jail(writable=[folder], gpu=gpu, trusted=baseline or sandbox == "none", cache=cache, hide=hide)
+    return Jail(writable=[folder], gpu=gpu, trusted=baseline or sandbox == "none", cache=cache, hide=hide,
+                disk_bytes=disk_bytes)
 
 
 def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | None, cache: Path | None,
-                   baseline: bool, hide: tuple[str, ...] = ()) -> tuple:
+                   baseline: bool, hide: tuple[str, ...] = (), disk_bytes: int | None = DISK_BYTES) -> tuple:
     """The student's runner, and the baseline's if a check needs one, started before this process imports torch
     so that the three processes load at once (None where one cannot start here: Context retries and reports)."""
     from autograder.remote import Remote
@@ -444,7 +449,8 @@ def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | Non
     student = base = None
     with contextlib.suppress(Exception):
         student = Remote(work_dir=path.parent, device=device, student_file=path,
-                         jail=_jail_for(path.parent, device, sandbox, cache=cache, baseline=False, hide=hide),
+                         jail=_jail_for(path.parent, device, sandbox, cache=cache, baseline=False, hide=hide,
+                                        disk_bytes=disk_bytes),
                          memory_bytes=int(memory_gb * 2**30) if memory_gb else None, startup_s=_STARTUP_S)
     if baseline:
         folder = Path.cwd() / "baseline"
@@ -456,7 +462,7 @@ def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | Non
 
 
 def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None,
-            cache: str | None = None, student: str | None = None) -> int:
+            cache: str | None = None, student: str | None = None, disk_gb: float | None = None) -> int:
     nonce = sys.stdin.readline().strip()  # the parent's marker for verdict lines; no student code runs here
     sys.dont_write_bytecode = True
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -469,8 +475,9 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
     hide = tuple(sorted({m for n in names for m in labkit_answers.banned(n)}))
     path = _student_box(Path(student_file), Path.cwd())
     cache_dir = Path(cache) if cache else None
+    disk = int(disk_gb * 2**30) if disk_gb else DISK_BYTES
     early = _early_runners(path, device, sandbox, memory_gb, cache_dir, any(CHECKS[n].baseline for n in names),
-                           hide)
+                           hide, disk)
     memory = int(memory_gb * 2**30) if memory_gb else None
     if any(CHECKS[n].torch for n in names):
         import torch
@@ -480,13 +487,14 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
         dev = pick_device(device)
         ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
                       student_file=path, sandbox=sandbox, memory_bytes=memory, cache=cache_dir, student_id=student,
-                      hide=hide)
+                      hide=hide, disk_bytes=disk)
         torch.backends.cudnn.benchmark = False
         if dev.type == "cpu":
             torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
     else:
         ctx = Context(device="cpu", hardware="cpu", small=True, work_dir=Path.cwd(), student_file=path,
-                      sandbox=sandbox, memory_bytes=memory, cache=cache_dir, student_id=student, hide=hide)
+                      sandbox=sandbox, memory_bytes=memory, cache=cache_dir, student_id=student, hide=hide,
+                      disk_bytes=disk)
     ctx._student, ctx._baseline = early
     secret = _secret_label()
     try:
@@ -525,11 +533,13 @@ def _failed(name: str, message: str, **measurements) -> dict:
 
 def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: float | None = None,
                device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None,
-               cache: str | os.PathLike | None = None, student: str | None = None) -> list[dict]:
+               cache: str | os.PathLike | None = None, student: str | None = None,
+               disk_gb: float | None = None) -> list[dict]:
     """Run several checks on one student file from one fresh trusted process; one verdict per name, in order.
 
     The student's code runs in a sandboxed process of its own (`sandbox`: "bwrap" requires bubblewrap, "none"
-    trusts the submission, "auto" sandboxes where bubblewrap works), `memory_gb` caps its resident memory.
+    trusts the submission, "auto" sandboxes where bubblewrap works), `memory_gb` caps its resident memory and
+    `disk_gb` what it may write to its folders (autograder.disk_cap; None: the default, 8 GiB).
     `cache` is this student's own compile-cache folder (shared with their notebook's run; never another
     student's, never the baseline's).
     `timeout_s` bounds the whole run (default: the sum of the checks' budgets). If the process runs out of
@@ -549,7 +559,7 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     remaining = [n for n in names if n not in results]
     while remaining:
         budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
-        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, cache, student)
+        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, cache, student, disk_gb)
         results.update(got)
         if err is None:
             for n in remaining:
@@ -584,7 +594,7 @@ def _banned_uses(names: list[str], path: Path) -> dict[str, dict]:
 
 
 def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None,
-           cache: str | os.PathLike | None = None, student: str | None = None):
+           cache: str | os.PathLike | None = None, student: str | None = None, disk_gb: float | None = None):
     """Run the worker; returns (names started, verdicts by name, error text or None if it finished)."""
     nonce = secrets.token_hex(16)
     env = dict(os.environ)
@@ -592,6 +602,7 @@ def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto",
     env.update(PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
     cmd = [sys.executable, "-m", "autograder.harness", "--worker", "--device", device, "--sandbox", sandbox,
            *(["--memory-gb", str(memory_gb)] if memory_gb else []),
+           *(["--disk-gb", str(disk_gb)] if disk_gb else []),
            *(["--cache", str(Path(cache).resolve())] if cache else []),
            *(["--student", student] if student is not None else []), str(path), *names]
     err = None
@@ -715,12 +726,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--device", default="auto")
         ap.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
         ap.add_argument("--memory-gb", type=float, default=None)
+        ap.add_argument("--disk-gb", type=float, default=None)
         ap.add_argument("--cache", default=None)
         ap.add_argument("--student", default=None)
         ap.add_argument("student_file")
         ap.add_argument("names", nargs="+")
         a = ap.parse_args(argv[1:])
-        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.cache, a.student)
+        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.cache, a.student, a.disk_gb)
     ap = argparse.ArgumentParser(prog="python -m autograder.harness",
                                  description="Run a trusted check on a student's file in a fresh process.")
     ap.add_argument("check", nargs="?", help="check name (e.g. lab2.loader_speed) or a lab id prefix (e.g. lab2)")

@@ -10,8 +10,9 @@ Policy (one place, used for the notebook kernel and for the student side of ever
   repository, the course, the submissions, other students or the grader's output;
 - one writable folder (the student's own scratch folder) and a private /tmp;
 - one GPU passed through for GPU labs (`gpu=N`), nothing else of /dev beyond the basic nodes.
-Memory, wall-clock and process-count limits are enforced from outside by `autograder.sandbox`, which also
-freezes (SIGSTOP) the whole sandbox while a baseline is being timed.
+Memory, wall-clock, process-count and disk limits (`autograder.disk_cap`) are enforced from outside by
+`autograder.sandbox` and `autograder.remote`, which also freezes (SIGSTOP) the whole sandbox while a baseline is
+being timed.
 
 Bubblewrap is the tool made for this (Flatpak's sandbox): no daemon, no root needed where unprivileged user
 namespaces are allowed. Where it is missing the grader refuses to start unless the instructor says the
@@ -26,6 +27,8 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from autograder.disk_cap import DISK_BYTES, MAX_FILES, DiskWatch
 
 GRADER_ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = GRADER_ROOT / "autograder" / "student"  # the only part of the grader a student process may import
@@ -62,6 +65,13 @@ class Jail:
     trusted: bool = False  # no sandbox at all (the instructor vouched for the submissions)
     cache: Path | None = None  # this student's compile caches, shared by their notebook and runner only (below)
     hide: tuple[str, ...] = ()  # labkit modules left out of the view: a lab's answer (autograder.labkit_answers)
+    disk_bytes: int | None = DISK_BYTES  # space the files in `writable` and `cache` may take together, bytes
+    max_files: int | None = MAX_FILES  # files and folders there together
+
+    def disk_watch(self) -> DiskWatch:
+        """The watch on what this sandbox writes (autograder.disk_cap): its writable folders and its cache."""
+        return DiskWatch([*self.writable, *([self.cache] if self.cache is not None else [])], self.disk_bytes,
+                         self.max_files)
 
     def host_env(self, env: dict[str, str]) -> dict[str, str]:
         """The environment to start the sandbox with: bubblewrap's own process stays visible inside (as the PID

@@ -6,8 +6,8 @@ in the grader's process, with the grader's clock: nothing the student's process 
 side is being timed the other is frozen (SIGSTOP on every process it has, a wait until every thread of them has
 stopped, and a check afterwards that none of them ran meanwhile), so a submission cannot slow the baseline by
 spinning threads or children in the background.
-Memory, process count and wall clock are watched from outside; past a limit the whole sandbox is killed and the
-call fails with the cause.
+Memory, process count, disk (autograder.disk_cap) and wall clock are watched from outside; past a limit the whole
+sandbox is killed and the call fails with the cause.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from autograder.disk_cap import file_size_limit
 from autograder.jail import GRADER_ROOT, Jail
 from autograder.sandbox import _Capture, _kill, _rss, too_many
 from autograder.student import channel
@@ -64,6 +65,7 @@ class Remote:
         self._ids = 0
         self._frozen = False
         self._frozen_tasks: dict = {}
+        self.disk = jail.disk_watch()
         parent, child = socket.socketpair()
         cmd = [sys.executable, "-m", "autograder.student.runner", "--fd", str(child.fileno()), "--device", device]
         if student_file is not None:
@@ -74,7 +76,8 @@ class Remote:
         self.proc = subprocess.Popen(jail.command(cmd), cwd=str(work_dir), env=jail.host_env(env),
                                      pass_fds=[child.fileno()],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=lambda: file_size_limit(self.disk.limit_bytes))
         child.close()
         self.sock = parent
         self.output = _Capture(self.proc.stdout, 32 * 1024)
@@ -111,6 +114,10 @@ class Remote:
                 self._fail("memory")
             elif too_many(procs, self.max_processes, self.max_threads):
                 self._fail("processes")
+            elif not self._frozen and self.disk.over([p.pid for p in procs]):
+                # Not while frozen: a stopped side writes nothing, and walking its folders then would spend the
+                # grader's CPU beside the other side's timing (a hand-in could plant files to make it costly).
+                self._fail("disk")
             time.sleep(0.1)
 
     def _fail(self, cause: str) -> None:
@@ -205,8 +212,11 @@ class Remote:
                     self._fail("protocol")
                     raise RemoteFailed(f"the grading process broke the protocol: {e}", "protocol") from None
                 break
+        if self.cause is None and self.disk.over([], now=True):  # ended by SIGXFSZ, or before the watch looked
+            self.cause = "disk"
         cause = self.cause or "died"
-        words = {**_WORDS, "died": f"exited (status {self.proc.poll()}) while {what}"}
+        words = {**_WORDS, "died": f"exited (status {self.proc.poll()}) while {what}",
+                 **({"disk": f"{self.disk.why} and was stopped"} if self.disk.why else {})}
         raise RemoteFailed(f"the submission's process {words.get(cause, cause)}", cause)
 
     def call(self, probe: str, params: dict | None = None, *, timeout_s: float = 120.0) -> tuple[object, float]:
@@ -215,7 +225,8 @@ class Remote:
         Raises StudentFailed when the student's code failed (its message), RemoteFailed when the process broke.
         """
         if self.cause:
-            raise RemoteFailed(f"the submission's process was already stopped ({self.cause})", self.cause)
+            why = self.disk.why if self.cause == "disk" else self.cause  # the student reads what broke the cap
+            raise RemoteFailed(f"the submission's process was already stopped ({why})", self.cause)
         self.wait_ready()
         self._ids += 1
         rid = self._ids
@@ -240,6 +251,7 @@ class Remote:
 
 
 _WORDS = {"memory": "used more memory than allowed and was stopped",
+          "disk": "wrote more to its folders than allowed and was stopped",
           "processes": "started more processes or threads than allowed and was stopped",
           "freeze": f"kept running more than {FREEZE_WAIT_S:g} s after it was told to stop while the other side "
                     f"was timed, and was stopped",

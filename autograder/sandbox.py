@@ -6,7 +6,8 @@ kernel it started, and anything the student's code spawned. Memory is bounded tw
 that sums the resident memory of every process in the session and kills the tree when it passes the budget.
 Every process carries a random token in its environment, so a daemon that escaped the session (double fork,
 setsid) is still found and killed when the command ends. Output is kept as a bounded head and tail, so a
-submission that floods stdout cannot fill the disk or the grader's memory.
+submission that floods stdout cannot fill the disk or the grader's memory; what it writes to its folders is held
+to the jail's disk caps (autograder.disk_cap).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from autograder.disk_cap import file_size_limit
 
 TOKEN_VAR = "LABKIT_GRADER_TOKEN"
 
@@ -52,6 +55,7 @@ class Outcome:
     timed_out: bool = False  # killed for passing Limits.wall_s
     out_of_memory: bool = False  # killed for passing Limits.memory_bytes
     too_many_processes: bool = False  # killed for passing Limits.max_processes or Limits.max_threads
+    out_of_disk: str | None = None  # what broke the jail's disk caps (autograder.disk_cap), if it was killed for it
     peak_rss_bytes: int = 0  # largest total resident memory the watchdog saw, bytes
     output: str = ""  # stdout and stderr interleaved, head and tail only
     output_bytes: int = 0  # how many bytes the command wrote in all
@@ -60,7 +64,8 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not (self.timed_out or self.out_of_memory or self.too_many_processes)
+        return self.returncode == 0 and not (self.timed_out or self.out_of_memory or self.too_many_processes
+                                             or self.out_of_disk)
 
     def cause(self) -> str | None:
         """A short cause for a failed command, for logs and summaries; None when it succeeded."""
@@ -72,6 +77,8 @@ class Outcome:
             return "memory"
         if self.too_many_processes:
             return "processes"
+        if self.out_of_disk:
+            return "disk"
         if self.returncode != 0:
             return f"exit {self.returncode}"
         return None
@@ -110,10 +117,11 @@ class _Capture:
         return head + f"\n[... {skipped} bytes of output left out ...]\n" + self.tail.decode("utf-8", "replace")
 
 
-def _preexec(limits: Limits):
-    """Runs in the child before exec: no core dumps, optional RLIMIT_AS, die with the grader."""
+def _preexec(limits: Limits, file_bytes: int | None = None):
+    """Runs in the child before exec: no core dumps, optional RLIMIT_AS and RLIMIT_FSIZE, die with the grader."""
     def fn():
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        file_size_limit(file_bytes)
         if limits.address_space and limits.memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         with contextlib.suppress(Exception):  # Linux only; elsewhere the stale-run sweep covers it
@@ -214,7 +222,8 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
 
     `token` marks every process of this run (a fresh random one if None); pass a token you recorded if you
     want to be able to kill the run's leftovers after a crash of the caller (see kill_token). With `jail` (an
-    autograder.jail.Jail) the command runs in that sandbox, whose PID namespace takes every process with it.
+    autograder.jail.Jail) the command runs in that sandbox, whose PID namespace takes every process with it, and
+    under the jail's disk caps (autograder.disk_cap).
     """
     limits = limits or Limits()
     token = token or secrets.token_hex(16)
@@ -227,11 +236,12 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
         except RuntimeError as e:
             return Outcome(None, 0.0, error=str(e))
         env = jail.host_env(env)
+    disk = jail.disk_watch() if jail is not None else None
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_preexec(limits))
+                                preexec_fn=_preexec(limits, disk.limit_bytes if disk else None))
     except OSError as e:
         return Outcome(None, 0.0, error=f"{type(e).__name__}: {e}")
     cap = _Capture(proc.stdout, limits.keep_output_bytes)
@@ -253,6 +263,9 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
                 out.too_many_processes = True
                 _kill(members)
                 break
+            if disk is not None and disk.over([p.pid for p in members]):
+                _kill(members)
+                break
             if time.monotonic() - t0 > limits.wall_s:
                 out.timed_out = True
                 _kill(members)
@@ -267,7 +280,9 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
             out.returncode = proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             out.returncode = None
-        if out.timed_out or out.out_of_memory or out.too_many_processes:
+        if disk is not None and disk.over([], now=True):  # a last look: what it left, however it ended
+            out.out_of_disk = disk.why
+        if out.timed_out or out.out_of_memory or out.too_many_processes or out.out_of_disk:
             out.returncode = -signal.SIGKILL  # psutil may have reaped it first and left 0 behind
         out.wall_s = time.monotonic() - t0
         out.output = cap.text()

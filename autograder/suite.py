@@ -246,6 +246,13 @@ class SuiteBuilder:
         add("fork_flood", "the reference plus a cell that starts processes until something stops it",
             self._files(self.notebook(before_tests=_FORK_FLOOD)),
             Expect(None, None, status="not graded", causes=("processes", "memory", "kernel died", "timeout")))
+        # Run the class with a disk cap under 1 GiB (GradeConfig.disk_gb): these write up to 1 GiB each.
+        add("disk_fill", "the reference plus a cell that writes one file until something stops it",
+            self._files(self.notebook(before_tests=_DISK_FILL)), Expect(None, None, status="not graded",
+                                                                        causes=("disk",)))
+        add("disk_hidden", "the reference plus a cell that writes files it has deleted, which no folder listing "
+            "shows, and holds them open", self._files(self.notebook(before_tests=_DISK_HIDDEN)),
+            Expect(None, None, status="not graded", causes=("disk",)))
         if slow:
             steal = ("try:\n    from autograder.rehearsal import REFERENCE as _R\n    exec(_R)\nexcept Exception:\n"
                      "    pass\n")
@@ -253,6 +260,9 @@ class SuiteBuilder:
                 self._files(self.notebook(slow + "\n" + steal + _IMPORT_TRUSTED)), Expect(True, False))
             add("spinner", "slow solution whose import starts detached processes that spin while the baseline is "
                 "timed", self._files(self.notebook(slow + "\n" + _SPINNER)), Expect(True, False))
+            add("disk_checks", "slow solution whose import, in the checks' process only, writes a file until "
+                "something stops it and carries on", self._files(self.notebook(slow + "\n" + _DISK_CHECKS)),
+                Expect(True, False, causes=("check disk",)))
             add("in_kernel", "slow solution whose import starts a process that works inside long system calls, "
                 "where a stop signal waits for it, while the baseline is timed",
                 self._files(self.notebook(slow + "\n" + _IN_KERNEL)), Expect(True, False))
@@ -439,6 +449,44 @@ for _ in range(3000):
         os._exit(0)
     kids += 1
 print("started", kids)
+"""
+
+# Writes 1 GiB into one file in the scratch folder, 8 MiB at a time; Python ignores SIGXFSZ, so a write past the
+# file-size limit fails (EFBIG) and the cell errs.
+_DISK_FILL = r"""
+chunk = b"\0" * (8 << 20)
+with open("fill.bin", "wb") as f:
+    for _ in range(128):
+        f.write(chunk)
+        f.flush()
+"""
+
+# 512 MiB in eight files deleted as soon as they are opened: only the open descriptors show them.
+_DISK_HIDDEN = r"""
+import os, time
+held = []
+for i in range(8):
+    f = open(f"hidden{i}.bin", "wb")
+    os.unlink(f"hidden{i}.bin")
+    f.write(b"\0" * (64 << 20))
+    f.flush()
+    held.append(f)
+time.sleep(60)
+"""
+
+# Outside the notebook's kernel (in the checks' process), writes 1 GiB beside the module, swallows the error at the
+# limit and carries on; waits for the watch to look, as a long import would.
+_DISK_CHECKS = r"""
+import sys as _sys
+if "ipykernel" not in _sys.modules:
+    import time as _time
+    try:
+        with open("fill.bin", "wb") as _f:
+            for _ in range(128):
+                _f.write(b"\0" * (8 << 20))
+    except OSError:
+        pass
+    _time.sleep(3)
 """
 
 # Imports the grader's trusted modules at import time (in the sandbox they do not exist).

@@ -34,8 +34,11 @@ IN_BATCH = ["reference", "release", "wrong_fast", "tests_edited", "slow_correct"
             "vandal", "malformed", "no_notebook",
             # the hostile class: forge, reach the grader's files, kill, outlive, flood, steal, slow the baseline
             "forge_verdict", "reach_files", "kill_all", "daemon", "fork_flood", "import_reference", "spinner",
-            "in_kernel", "cache_share_a", "cache_share_b"]
+            "in_kernel", "cache_share_a", "cache_share_b",
+            # fill the grader's disk: one endless file, deleted files held open, and from the checks' process
+            "disk_fill", "disk_hidden", "disk_checks"]
 CANARY = "instructor-only: the hidden answers are 42"
+DISK_GB = 0.25  # under what the disk attacks write (1 GiB, 512 MiB), far over what an honest hand-in leaves
 
 
 # ------------------------------------------------------------------------------------------------ sandbox
@@ -469,13 +472,13 @@ def test_harness_cli_refuses_what_is_not_a_module_and_notebooks_that_are_not(tmp
 def _cli(cls: Path, work: Path, *extra: str) -> list[str]:
     return [PY, "-m", "autograder", "grade", AID, "--submissions", str(cls / "subs"), "--course", str(cls / "course"),
             "--out", str(cls / "out"), "--work", str(work), "--preset", "quick", "--cell-timeout", "20",
-            "--timeout", "120", "--memory-gb", "2.5", "--jobs", "2", "--harness", "autograder.rehearsal",
+            "--timeout", "120", "--memory-gb", "2.5", "--disk-gb", str(DISK_GB), "--jobs", "2", "--harness", "autograder.rehearsal",
             "--no-progress", *extra]
 
 
 def _config(cls: Path, work: Path) -> grade.GradeConfig:
     return grade.GradeConfig(course=str(cls / "course"), out=str(cls / "out"), work=str(work), cell_timeout_s=20,
-                             wall_timeout_s=120, memory_gb=2.5, harness_timeout_s=300, jobs=2,
+                             wall_timeout_s=120, memory_gb=2.5, disk_gb=DISK_GB, harness_timeout_s=300, jobs=2,
                              harness_module="autograder.rehearsal", progress=False)
 
 

@@ -189,7 +189,7 @@ def graded(tmp_path_factory):
         (base / "subs" / sid).mkdir(parents=True)
         (base / "subs" / sid / f"{AID}.ipynb").write_bytes(data)
     cfg = grade.GradeConfig(course=str(base / "course"), out=str(base / "out"), work=str(base / "work"),
-                            cell_timeout_s=60, wall_timeout_s=300, memory_gb=2.5, jobs=1, feedback_timeout_s=FEEDBACK_S,
+                            cell_timeout_s=60, wall_timeout_s=300, memory_gb=2.5, jobs=2, feedback_timeout_s=FEEDBACK_S,
                             harness_module="autograder.rehearsal", progress=False)
     cwd = Path.cwd()
     faulthandler.dump_traceback_later(900, exit=True)  # a grader held by a hand-in fails here, not CI's clock
