@@ -114,3 +114,29 @@ def test_a_cap_that_is_not_positive_is_refused_before_any_work(tmp_path):
     cfg = grade.GradeConfig(out=str(tmp_path / "out"), disk_gb=0, progress=False)
     with pytest.raises(LabkitError, match="--disk-gb must be positive"):
         grade.grade_class("lab", tmp_path / "subs", cfg)
+
+
+@needs_bwrap
+def test_the_watch_does_not_walk_a_frozen_sides_folders(tmp_path):
+    """While one side is timed the other is frozen, and a frozen side writes nothing: walking its folders then would
+    only spend the grader's CPU beside the timing, and a hand-in could plant files to make that walk long."""
+    r = Remote(work_dir=tmp_path, device="cpu", jail=jail.Jail(writable=[tmp_path]))
+    looks = []
+
+    class Counting(disk_cap.DiskWatch):
+        def over(self, pids, *, now=False):
+            looks.append(time.monotonic())
+            return False
+
+    r.disk = Counting([tmp_path])
+    try:
+        r.wait_ready()
+        r.freeze()
+        t0 = time.monotonic()
+        time.sleep(0.6)
+        frozen = [t for t in looks if t >= t0]
+        r.thaw()
+        time.sleep(0.6)
+        assert frozen == [] and looks[-1] > t0 + 0.6
+    finally:
+        r.close()
