@@ -397,7 +397,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                                "cause": v.cause, **trusted.headline(v.numbers), "measurements": v.numbers})
             if v.passed is None and v.cause is None:
                 res.notes.append(f"{v.check}: not gradable on {slot['class']}; regrade on the hardware it needs")
-        stuck = [v.cause for v in verdicts.values() if v.cause in ("timeout", "memory", "disk")]
+        stuck = [v.cause for v in verdicts.values() if v.cause in ("timeout", "memory")]
         kcause = kcause or (f"check {stuck[0]}" if stuck else None)
     report.write_scores(db, aid, sid, cells)
     res.cells, res.cause = cells, kcause

@@ -538,6 +538,17 @@ def test_each_submission_gets_what_it_deserves(graded_class, name):
     assert suite.check(v, r, r.cells, graded_class["builder"].speed_cells) == []
 
 
+def test_a_hand_in_filling_the_disk_is_stopped_and_told_why(graded_class):
+    by = {r.student_id: r for r in graded_class["report"].results}
+    cap = f"left more than {DISK_GB * 1024:g} MiB of files"
+    for name in ("disk_fill", "disk_hidden"):  # the notebook's run: not graded
+        assert by[name].cause == "disk" and cap in by[name].message, by[name].message
+    speed = [c for c in by["disk_checks"].checks if not c["passed"]]  # the checks' process: those checks fail
+    assert speed and all(cap in c["message"] for c in speed), speed
+    left = [p for p in (graded_class["work"]).rglob("*.bin")]
+    assert all(p.stat().st_size <= DISK_GB * 2**30 + 1 for p in left)  # no file past the cap, wherever it was
+
+
 def test_the_run_survived_a_kill_and_resumed_without_regrading(graded_class):
     before, rep = graded_class["before"], graded_class["report"]
     assert 1 <= len(before) < len(graded_class["variants"])
