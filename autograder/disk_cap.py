@@ -4,20 +4,23 @@ A sandbox writes only to its own folders (the scratch course, the compile cache:
 those are folders of the grader's disk: one hand-in writing without end would fill it, and every classmate
 graded after it would fail for want of space. Two bounds, both per sandbox:
 
-- RLIMIT_FSIZE on every process (`file_size_limit`): no single file grows past the cap, whatever folder it is
-  in (the private /tmp included) and however fast it is written. A write past it gets SIGXFSZ, which ends the
-  process.
+- limits set before the sandbox starts (`child_limits`): no single file grows past the cap (RLIMIT_FSIZE),
+  whatever folder it is in and however fast it is written, and fallocate(2), which allocates past that limit,
+  is refused (seccomp).
 - a watch from outside (`DiskWatch`, beside the memory watchdog): the space its folders' files take, counted by
   allocated blocks (a sparse file costs what it holds) and each inode once (hard links), plus the files its
-  processes hold open after deleting them; and the number of files and folders. Past either cap the sandbox is
+  processes hold open or mapped after deleting them; and the number of files and folders. Past either cap the sandbox is
   killed, and a last look once it has ended says whether what it left is over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import resource
+import shutil
 import stat
 import time
 from dataclasses import dataclass, field
@@ -25,94 +28,207 @@ from pathlib import Path
 
 DISK_BYTES = 8 * 2**30  # default: the files one sandbox's processes may keep in its folders together, bytes
 MAX_FILES = 100_000  # default: files and folders there together (each takes one of the filesystem's inodes)
+MAX_DEPTH = 64  # folders nested deeper than this are not counted but refused: the walk holds one descriptor per level
+MAX_OPEN = 65_536  # descriptors of all its processes together that a look reads; more are refused
+OPEN_FILES = 8192  # RLIMIT_NOFILE in the sandbox (at most): keeps a look at its descriptors short
 
 
-def file_size_limit(limit_bytes: int | None) -> None:
-    """Cap the size of any file this process (and its children) writes at `limit_bytes` + 1 bytes: one byte over,
-    so a file that reaches the limit is also over it for the watch. Call in the child before exec."""
-    if limit_bytes:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes + 1, limit_bytes + 1))
+def child_limits(limit_bytes: int | None):
+    """What a sandbox's first process runs before exec (a preexec_fn), inherited by everything it starts:
+
+    - RLIMIT_FSIZE at `limit_bytes` + 1: one byte over, so a file that reaches the cap is also over it for the watch;
+    - RLIMIT_NOFILE at most OPEN_FILES, which keeps the watch's look at the descriptors short;
+    - a seccomp filter that refuses fallocate(2) (EOPNOTSUPP): with FALLOC_FL_KEEP_SIZE it allocates blocks
+      without growing the file, past RLIMIT_FSIZE, gigabytes in a millisecond. glibc's posix_fallocate then
+      falls back to writing, which the limit stops.
+    The filter is built here, in the parent: the child only makes system calls. Where it cannot be installed
+    (another architecture, a setuid bubblewrap that no_new_privs would break) the other two still hold."""
+    prog = _seccomp_program()
+    libc = ctypes.CDLL(None, use_errno=True) if prog is not None else None
+
+    def fn():
+        if limit_bytes:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes + 1, limit_bytes + 1))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        hard = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, hard), hard))
+        if prog is not None:
+            libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: required to install a filter unprivileged
+            libc.prctl(22, 2, ctypes.byref(prog[0]), 0, 0)  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    return fn
+
+
+class _Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_Filter))]
+
+
+# (audit arch, fallocate's number, mask applied to the number first) for each ABI a process of this machine can
+# call the kernel through: x86_64 with its x32 numbers (bit 30) and i386 (int 0x80); arm64 and 32-bit arm.
+_FALLOCATE = {"x86_64": [(0xC000003E, 285, 0xBFFFFFFF), (0x40000003, 324, None)],
+              "aarch64": [(0xC00000B7, 47, None), (0x40000028, 352, None)]}
+
+
+def _seccomp_program():
+    """(sock_fprog, its instructions) refusing fallocate, or None where this machine has no entry or bubblewrap
+    is setuid."""
+    import platform
+
+    abis = _FALLOCATE.get(platform.machine())
+    bwrap = shutil.which("bwrap")
+    if not abis or (bwrap and os.stat(bwrap).st_mode & stat.S_ISUID):
+        return None
+    ld, jeq, and_, ret = 0x20, 0x15, 0x54, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_ALU|AND|K, BPF_RET|K
+    refuse, allow = 0x00050000 | errno.EOPNOTSUPP, 0x7FFF0000  # SECCOMP_RET_ERRNO | errno, SECCOMP_RET_ALLOW
+    code: list[tuple[int, int, int, int]] = []
+    for arch, nr, mask in abis:
+        block = [(ld, 0, 0, 0), *([(and_, 0, 0, mask)] if mask else []), (jeq, 0, 1, nr), (ret, 0, 0, refuse),
+                 (ret, 0, 0, allow)]
+        code += [(ld, 0, 0, 4), (jeq, 0, len(block), arch), *block]  # seccomp_data: nr at 0, arch at 4
+    code.append((ret, 0, 0, allow))
+    insns = (_Filter * len(code))(*[_Filter(*c) for c in code])
+    return _Program(len(code), ctypes.cast(insns, ctypes.POINTER(_Filter))), insns
 
 
 @dataclass
 class Use:
-    """One look at a sandbox's folders."""
+    """One look at a sandbox's folders and processes."""
 
-    bytes: int = 0  # allocated bytes of the files found, each inode once, plus deleted files held open
+    bytes: int = 0  # allocated bytes of the files found, each inode once, plus deleted files held open or mapped
     files: int = 0  # files and folders found (the count stops once past the cap)
-    unreadable: str | None = None  # a folder the grader could not list, even after giving itself the right to
+    refused: str | None = None  # why the look could not count everything (then the sandbox is stopped)
 
 
-def folder_use(folders: list[Path], max_files: int | None = None) -> Use:
+def folder_use(folders: list[Path], max_files: int | None = None, max_depth: int = MAX_DEPTH) -> Use:
     """Bytes and entries under `folders`, links not followed; stops counting past `max_files`.
 
-    A folder the student's code made unlistable (chmod 000) is opened up again (the grader owns what the
-    sandbox wrote); one that stays shut is reported in `unreadable`, since it could hide anything."""
+    Every folder is opened relative to its parent's descriptor, never by path, so neither a path past PATH_MAX nor
+    a folder swapped for a link while the sandbox runs can hide files or lead the walk outside. A folder the
+    student's code made unlistable (chmod 000) is opened up again (the grader owns what the sandbox wrote).
+    Whatever cannot be counted (nesting past `max_depth`, a folder that stays shut or changed kind under the
+    walk) is reported in `refused`: it could hide anything."""
     use, seen = Use(), set()
-    stack = [Path(f) for f in folders]
-    while stack:
-        d = stack.pop()
+    for root in folders:
         try:
-            entries = _list(d)
-        except PermissionError as e:
-            use.unreadable = f"{d} ({e.strerror})"
-            return use
-        except OSError:  # gone, or swapped for a file or a link since it was listed: what it holds is elsewhere
+            fd = _open_dir(None, str(root))
+        except FileNotFoundError:
             continue
-        for path, st in entries:
-            use.files += 1
-            if max_files and use.files > max_files:
+        except OSError as e:
+            use.refused = f"{root}: {e.strerror}"
+            return use
+        try:
+            if not _walk(fd, str(root), 1, use, seen, max_files, max_depth):
                 return use
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                use.bytes += st.st_blocks * 512
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(path)
+        finally:
+            os.close(fd)
     return use
 
 
-def _list(d: Path) -> list[tuple[Path, os.stat_result]]:
-    # Through a descriptor opened without following links: the sandbox may still be running and could swap a
-    # folder for a link between a check and a use.
+def _walk(fd: int, shown: str, depth: int, use: Use, seen: set, max_files: int | None, max_depth: int) -> bool:
+    """Count the entries of the open folder `fd` and below; False once the look must stop (`use` says why)."""
+    for name in os.listdir(fd):
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:  # removed since the listing
+            continue
+        use.files += 1
+        if max_files and use.files > max_files:
+            return False
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            use.bytes += st.st_blocks * 512
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if depth >= max_depth:
+            use.refused = f"folders nested deeper than {max_depth} under {shown}"
+            return False
+        try:
+            child = _open_dir(fd, name)
+        except FileNotFoundError:
+            continue
+        except OSError as e:  # shut for good, or swapped for a link or a file since its stat
+            use.refused = f"{shown}/{name}: {e.strerror}"
+            return False
+        try:
+            if not _walk(child, f"{shown}/{name}", depth + 1, use, seen, max_files, max_depth):
+                return False
+        finally:
+            os.close(child)
+    return True
+
+
+def _open_dir(parent: int | None, name: str) -> int:
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     try:
-        fd = os.open(d, flags)
+        return os.open(name, flags, dir_fd=parent)
     except PermissionError:
-        shut = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        # O_PATH needs no read right; O_DIRECTORY | O_NOFOLLOW refuses a link, so the chmod lands on this folder
+        shut = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
         try:
             os.chmod(f"/proc/self/fd/{shut}", stat.S_IRWXU)
         finally:
             os.close(shut)
-        fd = os.open(d, flags)
-    try:
-        out = []
-        for n in os.listdir(fd):
-            with contextlib.suppress(FileNotFoundError):
-                out.append((d / n, os.stat(n, dir_fd=fd, follow_symlinks=False)))
-        return out
-    finally:
-        os.close(fd)
+        return os.open(name, flags, dir_fd=parent)
 
 
-def deleted_open_bytes(pids: list[int], devices: set[int]) -> int:
-    """Allocated bytes of regular files on `devices` that the processes `pids` hold open after deleting them:
-    space no folder listing shows. Processes that end meanwhile, or whose descriptors this user cannot read, are
-    skipped (RLIMIT_FSIZE still bounds each such file)."""
-    total, seen = 0, set()
+def held_deleted(pids: list[int], devices: set[int], max_open: int = MAX_OPEN) -> tuple[int, str | None]:
+    """(allocated bytes, refusal) of regular files on `devices` that the processes `pids` deleted but still hold,
+    open or mapped: space no folder listing shows. Past `max_open` descriptors in all, the look stops and says
+    so, since reading each one costs the grader time. Processes that end meanwhile, or whose /proc entries this
+    user cannot read, are skipped (RLIMIT_FSIZE still bounds each such file). Not seen: a descriptor in flight
+    in a socket message, held by no process (the README's threat model says so)."""
+    links, n = [], 0
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                if not os.readlink(f"/proc/{pid}/fd/{fd}").endswith(" (deleted)"):
-                    continue
-                st = os.stat(f"/proc/{pid}/fd/{fd}")
-                if stat.S_ISREG(st.st_mode) and st.st_dev in devices and (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-    return total
+            n += len(fds)
+            if n > max_open:
+                return 0, f"holds more than {max_open:,} open files"
+            links += [f"/proc/{pid}/fd/{fd}" for fd in fds]
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+            links += [f"/proc/{pid}/map_files/{line.split(maxsplit=1)[0]}" for line in maps
+                      if line.rstrip().endswith(" (deleted)")]
+    total, seen = 0, set()
+    for link in links:
+        with contextlib.suppress(OSError):
+            if "/fd/" in link and not os.readlink(link).endswith(" (deleted)"):
+                continue
+            st = os.stat(link)
+            if stat.S_ISREG(st.st_mode) and st.st_dev in devices and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total, None
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a sandbox's folder once nothing of it runs, whatever modes its code left: a folder made read-only
+    keeps its files from an ordinary user's rmtree, and each such student would leave up to a cap behind. Every
+    folder is given back its owner's rights first, through descriptors (paths may pass PATH_MAX)."""
+    with contextlib.suppress(OSError):
+        os.chmod(path, stat.S_IRWXU)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            _open_up(fd, 0)
+        finally:
+            os.close(fd)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _open_up(fd: int, depth: int) -> None:
+    if depth > 4 * MAX_DEPTH:  # deeper than any look allowed: made in the run's last second; rmtree takes what it can
+        return
+    for name in os.listdir(fd):
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.chmod(name, stat.S_IRWXU, dir_fd=fd)  # nothing runs in the sandbox now: no link can swap in
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                try:
+                    _open_up(child, depth + 1)
+                finally:
+                    os.close(child)
 
 
 @dataclass
@@ -136,12 +252,13 @@ class DiskWatch:
             return False
         self._next = t + self.every_s
         use = folder_use(self.folders, self.max_files)
-        if use.unreadable is None:
+        if use.refused is None:
             devices = {os.stat(f).st_dev for f in self.folders if os.path.isdir(f)}
-            use.bytes += deleted_open_bytes(pids, devices)
+            held, use.refused = held_deleted(pids, devices)
+            use.bytes += held
         self.peak_bytes = max(self.peak_bytes, use.bytes)
-        if use.unreadable is not None:
-            self.why = f"made a folder the grader cannot read: {use.unreadable}"
+        if use.refused is not None:
+            self.why = f"left what the grader cannot count ({use.refused})"
         elif self.max_files and use.files > self.max_files:
             self.why = f"left more than {self.max_files:,} files and folders"
         elif self.limit_bytes and use.bytes > self.limit_bytes:

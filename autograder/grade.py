@@ -46,7 +46,7 @@ from autograder import (
 )
 from autograder import course as courses
 from autograder.course import Course
-from autograder.disk_cap import DISK_BYTES
+from autograder.disk_cap import DISK_BYTES, remove_tree
 from autograder.feedback import RENDER_TIMEOUT_S
 from autograder.jail import Jail
 from autograder.late import LatePolicy
@@ -277,7 +277,7 @@ def grade_student(sub: intake.Submission, course: Course, cfg: GradeConfig, slot
         if cfg.keep_work:
             log.info("%s: scratch course kept in %s", sub.student_id, scratch)
         else:
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_tree(scratch)
 
 
 _SOCKET_PREFIX = "lk-sock-"  # + grader pid: folders of a killed grader are swept by the next run
@@ -505,9 +505,7 @@ def _setup_logging(out: Path) -> logging.Handler:
 
 def _remove_sealed(sealed: Path) -> None:
     if sealed.exists():
-        with contextlib.suppress(OSError):
-            os.chmod(sealed, 0o700)
-        shutil.rmtree(sealed, ignore_errors=True)
+        remove_tree(sealed)
 
 
 def _remove_stale_temps() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from autograder.disk_cap import file_size_limit
+from autograder.disk_cap import child_limits
 from autograder.jail import GRADER_ROOT, Jail
 from autograder.sandbox import _Capture, _kill, _rss, too_many
 from autograder.student import channel
@@ -77,7 +77,7 @@ class Remote:
                                      pass_fds=[child.fileno()],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True,
-                                     preexec_fn=lambda: file_size_limit(self.disk.limit_bytes))
+                                     preexec_fn=child_limits(self.disk.limit_bytes))
         child.close()
         self.sock = parent
         self.output = _Capture(self.proc.stdout, 32 * 1024)

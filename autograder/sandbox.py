@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from autograder.disk_cap import file_size_limit
+from autograder.disk_cap import child_limits
 
 TOKEN_VAR = "LABKIT_GRADER_TOKEN"
 
@@ -117,11 +117,13 @@ class _Capture:
         return head + f"\n[... {skipped} bytes of output left out ...]\n" + self.tail.decode("utf-8", "replace")
 
 
-def _preexec(limits: Limits, file_bytes: int | None = None):
-    """Runs in the child before exec: no core dumps, optional RLIMIT_AS and RLIMIT_FSIZE, die with the grader."""
+def _preexec(limits: Limits, jailed=None):
+    """Runs in the child before exec: no core dumps, optional RLIMIT_AS, a jail's `child_limits`, die with the
+    grader."""
     def fn():
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        file_size_limit(file_bytes)
+        if jailed is not None:
+            jailed()
         if limits.address_space and limits.memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         with contextlib.suppress(Exception):  # Linux only; elsewhere the stale-run sweep covers it
@@ -241,7 +243,7 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
     try:
         proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_preexec(limits, disk.limit_bytes if disk else None))
+                                preexec_fn=_preexec(limits, child_limits(disk.limit_bytes) if disk else None))
     except OSError as e:
         return Outcome(None, 0.0, error=f"{type(e).__name__}: {e}")
     cap = _Capture(proc.stdout, limits.keep_output_bytes)

@@ -155,7 +155,7 @@ class SuiteBuilder:
                 self._files(self.notebook(b["timer_patch"])), Expect(True, False))
         if b.get("cache"):
             add("cache", "slow solution that remembers answers between calls", self._files(self.notebook(b["cache"])),
-                Expect(False, False))
+                Expect(True, False))
         add("infinite_loop", "the reference plus a cell that never ends (interrupted by the cell time limit)",
             self._files(self.notebook(before_tests="import time\nwhile True:\n    time.sleep(0.5)\n")),
             Expect(True, True, note="time limit"))
@@ -270,7 +270,7 @@ class SuiteBuilder:
                 add(f"cache_share_{tag}", "slow solution that plants the fast answer in its compile caches and "
                     "runs any answer another student planted there", self._files(self.notebook(
                         slow + "\n" + _CACHE_TAKE.replace("@TAG@", tag), before_tests=_cache_plant(tag, ref))),
-                    Expect(False, False))
+                    Expect(True, False))
         _ = target
 
     def _patch_cell(self) -> str:

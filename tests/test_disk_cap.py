@@ -5,6 +5,7 @@ end; these look at the watch itself, on a CPU, in seconds.
 """
 
 import os
+import stat
 import sys
 import time
 
@@ -30,9 +31,45 @@ def test_a_folder_costs_its_allocated_blocks_once_per_file_and_no_link_is_follow
     (shut / "c.bin").write_bytes(b"y" * MiB)
     shut.chmod(0)  # unlistable, as the hand-in left it: the grader opens it again
     use = disk_cap.folder_use([tmp_path])
-    assert use.unreadable is None and use.files == 6
+    assert use.refused is None and use.files == 6
     assert 2 * MiB <= use.bytes < 2 * MiB + 64 * 1024
     assert disk_cap.folder_use([tmp_path], max_files=2).files == 3  # stops counting once past the cap
+
+
+def _deep(root, levels: int, name: str = "d" * 250) -> int:
+    """Folders `levels` deep under `root`, made relative to each other (their full path passes PATH_MAX); returns a
+    descriptor of the deepest."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(levels):
+        os.mkdir(name, dir_fd=fd)
+        child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def test_files_past_path_max_are_counted_and_nesting_past_the_depth_cap_is_refused(tmp_path):
+    fd = _deep(tmp_path, 20)  # 20 x 251 bytes: a path of over 5,000
+    with open(os.open("big.bin", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "wb") as f:
+        f.write(b"x" * 4 * MiB)
+    os.close(fd)
+    use = disk_cap.folder_use([tmp_path])
+    assert use.refused is None and use.files == 21 and use.bytes >= 4 * MiB
+    os.close(_deep(tmp_path / ("d" * 250), disk_cap.MAX_DEPTH, "e"))
+    assert "nested deeper than 64" in disk_cap.folder_use([tmp_path]).refused
+    disk_cap.remove_tree(tmp_path)  # what the grader does afterwards: nothing of it is left
+    assert not tmp_path.exists()
+
+
+def test_a_link_swapped_in_for_a_folder_is_never_opened_or_changed(tmp_path):
+    outside = tmp_path / "grader"
+    outside.mkdir(mode=0o300)  # a grader's folder, as the sealed one is
+    (tmp_path / "box").mkdir()
+    os.symlink(outside, tmp_path / "box" / "sub")
+    with pytest.raises(OSError):
+        disk_cap._open_dir(None, str(tmp_path / "box" / "sub"))
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o300
+    assert disk_cap.folder_use([tmp_path / "box"]).files == 1  # the link, counted, not followed
 
 
 def test_the_watch_looks_at_most_every_few_seconds_and_remembers_what_broke_a_cap(tmp_path):
@@ -140,3 +177,35 @@ def test_the_watch_does_not_walk_a_frozen_sides_folders(tmp_path):
         assert frozen == [] and looks[-1] > t0 + 0.6
     finally:
         r.close()
+
+
+@needs_bwrap
+def test_fallocate_is_refused_and_posix_fallocate_stops_at_the_cap(tmp_path):
+    code = ("import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "fd = os.open('a.bin', os.O_RDWR | os.O_CREAT)\n"
+            "r = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(1 << 30))\n"  # FALLOC_FL_KEEP_SIZE
+            "print('fallocate', r, ctypes.get_errno() == errno.EOPNOTSUPP)\n"
+            "try:\n    os.posix_fallocate(fd, 0, 1 << 30)\nexcept OSError as e:\n"
+            "    print('posix_fallocate', errno.errorcode[e.errno])\n"
+            "import resource\nprint('nofile', resource.getrlimit(resource.RLIMIT_NOFILE)[1])\n")
+    out = _run(tmp_path, code, disk_bytes=16 * MiB)
+    assert "fallocate -1 True" in out.output and "posix_fallocate EFBIG" in out.output, out.output
+    assert int(out.output.split("nofile")[1].split()[0]) <= disk_cap.OPEN_FILES
+    assert os.stat(tmp_path / "a.bin").st_blocks * 512 <= 16 * MiB + 8192  # nothing past the cap was allocated
+
+
+@needs_bwrap
+def test_a_deleted_file_held_only_by_a_mapping_is_counted(tmp_path):
+    code = ("import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "libc.mmap.restype = ctypes.c_void_p\nfd = os.open('m.bin', os.O_RDWR | os.O_CREAT)\n"
+            "os.write(fd, b'0' * (24 << 20))\nos.unlink('m.bin')\n"
+            "p = libc.mmap(None, ctypes.c_size_t(24 << 20), 1, 1, fd, ctypes.c_long(0))\n"  # PROT_READ, MAP_SHARED
+            "os.close(fd)\nprint('mapped', p != ctypes.c_void_p(-1).value, flush=True)\ntime.sleep(60)\n")
+    t0 = time.monotonic()
+    out = _run(tmp_path, code, disk_bytes=16 * MiB)
+    assert "mapped True" in out.output and out.cause() == "disk" and time.monotonic() - t0 < 30
+
+
+def test_a_look_at_too_many_descriptors_stops_and_says_so():
+    held, why = disk_cap.held_deleted([os.getpid()], set(), max_open=2)
+    assert held == 0 and why == "holds more than 2 open files"
