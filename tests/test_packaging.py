@@ -2,6 +2,7 @@
 number in the README and on the results page (docs/results.md) is the one in its result file."""
 
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -99,7 +100,9 @@ def test_the_demo_is_the_doctor_then_the_default_ladder():
     doctor in tests/test_env.py, the quick CPU ladder's engine in tests/test_train.py and the week 6 notebook)."""
     if not shutil.which("make"):
         pytest.skip("no make here")
-    dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "demo"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env=env)
     lines = [ln.strip() for ln in dry.stdout.splitlines()]
     assert dry.returncode == 0 and lines[-2:] == [".venv/bin/labkit doctor", ".venv/bin/labkit ladder --out runs/ladder"], \
         dry.stdout[-500:]
