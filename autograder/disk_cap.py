@@ -206,29 +206,14 @@ def held_deleted(pids: list[int], devices: set[int], max_open: int = MAX_OPEN) -
 def remove_tree(path: Path) -> None:
     """Remove a sandbox's folder once nothing of it runs, whatever modes its code left: a folder made read-only
     keeps its files from an ordinary user's rmtree, and each such student would leave up to a cap behind. Every
-    folder is given back its owner's rights first, through descriptors (paths may pass PATH_MAX)."""
-    with contextlib.suppress(OSError):
+    folder is given back its owner's rights first; os.fwalk opens each through its parent's descriptor, so paths
+    past PATH_MAX are reached, and no link is followed (nothing runs in the sandbox now to swap one in)."""
+    with contextlib.suppress(OSError, RecursionError):  # a tree too deep to open up: rmtree takes what it can
         os.chmod(path, stat.S_IRWXU)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            _open_up(fd, 0)
-        finally:
-            os.close(fd)
+        for _, dirs, _, fd in os.fwalk(path):
+            for name in dirs:
+                os.chmod(name, stat.S_IRWXU, dir_fd=fd)
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _open_up(fd: int, depth: int) -> None:
-    if depth > 4 * MAX_DEPTH:  # deeper than any look allowed: made in the run's last second; rmtree takes what it can
-        return
-    for name in os.listdir(fd):
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                os.chmod(name, stat.S_IRWXU, dir_fd=fd)  # nothing runs in the sandbox now: no link can swap in
-                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                try:
-                    _open_up(child, depth + 1)
-                finally:
-                    os.close(child)
 
 
 @dataclass
