@@ -8,8 +8,9 @@ records the grade in a done-marker (`students/<id>/result.json`, written atomica
 skipped on the next run unless their hand-in or the assignment changed, so an interrupted run resumes where it
 stopped. At the end the marks are merged into one gradebook, `grades.csv` and a summary.
 
-Isolation: hand-ins and the generated assignment are held in memory, every file the grader writes for a
-student is checked (and restored) after the others ran, and each student's processes are all dead before the
+Isolation: the generated assignment is held in memory and the hand-ins are spooled where no sandbox sees them
+and checked by sha256 when read (autograder.spool), every file the grader writes for a student is checked (and
+restored) after the others ran, and each student's processes are all dead before the
 next student starts. Students graded side by side (--jobs > 1, one per GPU) run as the same user at the same
 time; against a deliberately hostile class, grade one at a time or inside a container. Run the grader as an
 ordinary user, not root: root can list the scratch folder, and with it the files sealed away from the kernel.
@@ -629,6 +630,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
                     os.chmod(work / "sealed", 0o700)
             else:
                 _remove_sealed(work / "sealed")
+                shutil.rmtree(work / "intake", ignore_errors=True)  # the spooled hand-ins
                 if tmp:
                     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -7,14 +7,16 @@ Three layouts are understood, mixed freely in one folder (or inside one .zip of 
   - a single archive of either of the above.
 Anything else is reported as junk and skipped. A student's notebook is `<assignment>.ipynb`, or the only
 notebook they handed in under another name (LMS downloads rename files). Archives are unpacked with caps on
-size and file count and refuse paths that leave their folder or name one file twice. Every hand-in is read into
-memory here, so what gets graded is what was handed in, even if a submission graded earlier rewrites files on
-disk.
+size and file count and refuse paths that leave their folder or name one file twice. Every hand-in is copied here into the grader's
+scratch folder (autograder.spool), its sha256 taken on the way and checked whenever it is read, so what gets graded
+is what was handed in, even if a submission graded earlier rewrites files on disk, and a class of large hand-ins
+is never held in memory at once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import shutil
@@ -27,6 +29,7 @@ import nbformat
 
 from autograder.feedback import MAX_CELLS, MAX_OUTPUTS
 from autograder.sandbox import MAX_JSON_VALUES, json_values
+from autograder.spool import Spool, TooLarge
 from labkit.env import LabkitError
 
 # Canvas, Moodle and Blackboard downloads all start the file name with an id followed by "_".
@@ -44,7 +47,7 @@ class Submission:
 
     student_id: str  # id used in grades.csv and nbgrader's gradebook
     notebook: str | None = None  # key in `files` of the notebook to grade, None when there is none
-    files: dict[str, bytes] = field(default_factory=dict)  # name inside the assignment folder -> content
+    files: Spool | dict[str, bytes] = field(default_factory=dict)  # name inside the assignment folder -> content
     problem: str | None = None  # why it cannot be graded (then it scores 0 with this cause)
     cause: str | None = None  # short category of `problem`, for the summary
     notes: list[str] = field(default_factory=list)  # things worth telling the instructor, not fatal
@@ -52,6 +55,9 @@ class Submission:
     origin: str = ""  # the folder or file names under the submissions folder this hand-in came from
 
     def compute_digest(self) -> str:
+        if isinstance(self.files, Spool):
+            self.digest = self.files.digest()
+            return self.digest
         h = hashlib.sha256()
         for name in sorted(self.files):
             h.update(name.encode() + b"\0")
@@ -160,8 +166,8 @@ def check_notebook(data: bytes, name: str) -> str | None:
     return None
 
 
-def _collect_folder(sid: str, folder: Path, assignment: str) -> Submission:
-    sub = Submission(student_id=sid)
+def _collect_folder(sid: str, folder: Path, assignment: str, spool: Spool) -> Submission:
+    sub = Submission(student_id=sid, files=spool)
     base = folder / assignment if (folder / assignment).is_dir() else folder
     if base != folder:
         stray = [p.name for p in folder.iterdir() if p.name != assignment and p.name not in _SKIP]
@@ -183,14 +189,12 @@ def _read(sub: Submission, paths: dict[str, Path]) -> None:
     total = 0
     for name, p in paths.items():
         try:
-            size = p.stat().st_size
-            total += size
-            if total > MAX_HANDIN_BYTES:
-                sub.problem = f"hand-in is larger than {MAX_HANDIN_BYTES // 2**20} MiB"
-                sub.cause = "hand-in too large"
-                sub.files.clear()
-                return
-            sub.files[name] = p.read_bytes()
+            total += sub.files.store(name, p, MAX_HANDIN_BYTES - total)
+        except TooLarge:
+            sub.problem = f"hand-in is larger than {MAX_HANDIN_BYTES // 2**20} MiB"
+            sub.cause = "hand-in too large"
+            sub.files.clear()
+            return
         except OSError as e:
             sub.notes.append(f"could not read {shown(name)}: {e.strerror}")
 
@@ -204,7 +208,7 @@ def _pick_notebook(sub: Submission, assignment: str) -> None:
         top = [n for n in nbs if "/" not in n]
         if len(top) == 1:
             sub.notes.append(f"graded {top[0]!r} as {want} (the only notebook handed in)")
-            sub.files[want] = sub.files.pop(top[0])
+            sub.files.rename(top[0], want)
             sub.notebook = want
         elif not nbs:
             sub.problem, sub.cause = f"no notebook handed in (expected {want})", "no notebook"
@@ -219,7 +223,8 @@ def _pick_notebook(sub: Submission, assignment: str) -> None:
 
 
 def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_regex: str = LMS_REGEX) -> Intake:
-    """Find every student's hand-in under `submissions` (a folder or a .zip); `scratch` receives unpacked archives.
+    """Find every student's hand-in under `submissions` (a folder or a .zip). `scratch` receives unpacked archives,
+    removed again here, and the hand-ins' files (scratch/spool), which the Submissions read from while they are used.
 
     Raises LabkitError only when `submissions` itself is unusable; anything wrong with one student is recorded
     on that student's Submission.
@@ -235,6 +240,7 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
     if "student_id" not in rx.groupindex:
         raise LabkitError("--lms-regex needs a named group (?P<student_id>...)")
     junk: list[str] = []
+    unpacked = None
     if src.is_file():
         if src.suffix.lower() != ".zip":
             raise LabkitError(f"{src} is a file but not a .zip archive: pass a folder or a .zip of submissions")
@@ -249,6 +255,13 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
     if not src.is_dir():
         raise LabkitError(f"{src} is not a folder")
 
+    spools = scratch / "spool"
+    shutil.rmtree(spools, ignore_errors=True)  # what an earlier run left
+    count = itertools.count(1)
+
+    def spool() -> Spool:
+        return Spool(spools / str(next(count)))
+
     by_id: dict[str, Submission] = {}
     lms_files: dict[str, list[tuple[str, Path]]] = {}
     for entry in sorted(src.iterdir()):
@@ -256,7 +269,7 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
             continue
         if entry.is_dir():
             sid = safe_id(entry.name)
-            sub = _collect_folder(sid, entry, assignment)
+            sub = _collect_folder(sid, entry, assignment, spool())
             sub.origin = entry.name
             if sid != entry.name:
                 sub.notes.append(f"folder {entry.name!r} graded as student id {sid!r}")
@@ -278,17 +291,20 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
                 continue
             inner = [p for p in dest.iterdir() if p.name not in _SKIP]
             folder = inner[0] if len(inner) == 1 and inner[0].is_dir() else dest
-            sub = _collect_folder(sid, folder, assignment)
+            sub = _collect_folder(sid, folder, assignment, spool())
             sub.origin = entry.name
+            shutil.rmtree(dest, ignore_errors=True)  # copied into the spool: the unpacked files are not read again
             _add(by_id, sub, junk)
         else:
             lms_files.setdefault(sid, []).append((name, entry))
     for sid, files in lms_files.items():
-        sub = Submission(sid, origin=" and ".join(sorted(p.name for _, p in files)))
+        sub = Submission(sid, files=spool(), origin=" and ".join(sorted(p.name for _, p in files)))
         _read(sub, dict(files))
         if not sub.problem:
             _pick_notebook(sub, assignment)
         _add(by_id, sub, junk)
+    if unpacked is not None:
+        shutil.rmtree(unpacked, ignore_errors=True)  # every hand-in in it is spooled by now
     subs = sorted(by_id.values(), key=lambda s: s.student_id)
     for s in subs:
         if s.files:
@@ -311,5 +327,7 @@ def _add(by_id: dict[str, Submission], sub: Submission, junk: list[str]) -> None
     msg = (f"{len(names)} hand-ins map to student id {sub.student_id!r}: {', '.join(repr(n) for n in names)}; "
            "keep the student's own one in the submissions folder and grade again")
     junk.append(f"{sub.student_id}: {msg}")
+    for s in (old, sub):  # neither is graded: their spooled copies go now
+        s.files.clear()
     by_id[sub.student_id] = Submission(sub.student_id, problem=msg, cause="ambiguous hand-in",
                                        origin=" + ".join(names))

@@ -345,3 +345,94 @@ def test_tags_that_take_validation_minutes_are_refused_in_milliseconds_and_missi
     assert intake.check_notebook(json.dumps(nb).encode(), "lab.ipynb") is None
     nb["nbformat"] = 3
     assert "only nbformat 4 notebooks are read" in intake.check_notebook(json.dumps(nb).encode(), "lab.ipynb")
+
+
+def test_a_class_of_large_hand_ins_is_spooled_to_disk_not_held_in_memory(tmp_path, monkeypatch):
+    """Intake held every hand-in in memory until the class was graded, up to MAX_HANDIN_BYTES each: a class whose
+    hand-ins carry the dataset beside the notebook would hold the grader at gigabytes. Now each file is copied
+    into the scratch folder with its sha256, and memory holds a chunk at a time. The digest is the value an
+    in-memory hand-in gave, so results recorded before still match their hand-ins."""
+    import hashlib
+    import tracemalloc
+
+    from autograder import spool
+
+    monkeypatch.setattr(intake, "MAX_HANDIN_BYTES", 12 * 2**20)
+    subs = tmp_path / "subs"
+    blobs = {}
+    for i, sid in enumerate(["amy", "bea", "cal", "dan", "eve"]):
+        (subs / sid).mkdir(parents=True)
+        (subs / sid / f"{AID}.ipynb").write_bytes(_nb(f"x = {i}"))
+        blobs[sid] = bytes([i]) * (8 * 2**20)
+        (subs / sid / "data.bin").write_bytes(blobs[sid])
+    (subs / "big").mkdir()
+    (subs / "big" / f"{AID}.ipynb").write_bytes(_nb())
+    (subs / "big" / "data.bin").write_bytes(b"\0" * (12 * 2**20))  # the notebook and this pass the cap together
+    tracemalloc.start()
+    by, _ = _collect(subs, tmp_path)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 8 * 2**20, peak  # 40 MiB handed in, less than one hand-in held at once
+    assert by["big"].cause == "hand-in too large" and not by["big"].files
+    assert sorted(p.name for p in (tmp_path / "scratch" / "spool").iterdir()) == ["1", "2", "3", "4", "5", "6"]
+    assert not any(by["big"].files.folder.iterdir())  # nothing of it kept
+    amy = by["amy"]
+    assert isinstance(amy.files, spool.Spool) and amy.files["data.bin"] == blobs["amy"]
+    old = hashlib.sha256()
+    for name in sorted(amy.files):
+        old.update(name.encode() + b"\0" + amy.files[name] + b"\0")
+    assert amy.digest == old.hexdigest()
+
+
+def test_a_spooled_file_changed_after_intake_is_refused_where_it_is_read(tmp_path):
+    """The sandboxes never see the spool, but if anything rewrites a copy there, grading must not go on with it
+    (nor with a digest computed from it): the change is refused by name, for that student."""
+    from autograder import course as courses
+    from autograder import spool
+
+    subs = tmp_path / "subs"
+    (subs / "amy").mkdir(parents=True)
+    (subs / "amy" / f"{AID}.ipynb").write_bytes(_nb())
+    (subs / "amy" / "helper.py").write_text("ANSWER = 1\n")
+    by, _ = _collect(subs, tmp_path)
+    files = by["amy"].files
+    stored = next(p for p in files.folder.iterdir() if p.read_bytes() == b"ANSWER = 1\n")
+    stored.write_text("ANSWER = 2\n")
+    with pytest.raises(spool.HandinChanged, match="'helper.py' changed after intake read it"):
+        files["helper.py"]
+    with pytest.raises(spool.HandinChanged, match="'helper.py' changed"):
+        by["amy"].compute_digest()
+    with pytest.raises(spool.HandinChanged):  # the scratch course is laid out from these files
+        courses._write_files(tmp_path / "course", files)
+    stored.unlink()
+    with pytest.raises(spool.HandinChanged, match="could not be read"):
+        files["helper.py"]
+
+
+def test_a_full_disk_under_the_spool_stops_the_run_instead_of_dropping_a_file(tmp_path):
+    """A file the grader cannot copy (its own disk is full) must not be noted as the student's unreadable file and
+    then graded without it: the run stops with one line, before any grading."""
+    import subprocess
+    import textwrap
+
+    subs = tmp_path / "subs"
+    (subs / "amy").mkdir(parents=True)
+    (subs / "amy" / f"{AID}.ipynb").write_bytes(_nb())
+    (subs / "amy" / "data.bin").write_bytes(b"\1" * (3 * 2**20))
+    code = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        from autograder import intake
+        from labkit.env import LabkitError
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 * 2**20, 2 * 2**20))
+        try:
+            intake.collect({str(subs)!r}, {AID!r}, scratch=Path({str(tmp_path / "scratch")!r}))
+        except LabkitError as e:
+            print("STOPPED:", e)
+        else:
+            print("GRADED ON")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert "STOPPED: cannot copy the hand-ins into" in out.stdout and "File too large" in out.stdout, out
