@@ -6,8 +6,8 @@ alternating order, `--repeats` times. A student's time is the grader's own `wall
 run plus the trusted checks); the run's total wall time is recorded too. Make the other checkout with
 `git worktree add /tmp/before <commit>`.
 
-    python benchmarks/grade_time.py --against /tmp/before                    # toy, lab1, lab2, lab3
-    python benchmarks/grade_time.py --against /tmp/before --labs lab4_speedrun --repeats 2   # on a GPU
+    LABKIT_OPEN_KIT=1 python benchmarks/grade_time.py --against /tmp/before  # toy, lab1, lab2, lab3
+    LABKIT_OPEN_KIT=1 python benchmarks/grade_time.py --against /tmp/before --labs lab4_speedrun --repeats 2  # GPU
 
 Saves benchmarks/results/grade_time_<device>.json: per lab and checkout every student's seconds, the medians
 and their ratio (this checkout / the other).
@@ -61,7 +61,8 @@ print(course)
 
 def grade_once(tree: Path, lab: str, students: int, base: Path, timeout_s: float, memory_gb: float | None) -> dict:
     """Build a class of `students` reference hand-ins with `tree`'s code, grade it with `tree`'s grader."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "CUDA_VISIBLE_DEVICES", "TMPDIR")}
+    keep = ("PATH", "HOME", "LANG", "CUDA_VISIBLE_DEVICES", "TMPDIR", "LABKIT_COURSE_SECRET", "LABKIT_OPEN_KIT")
+    env = {k: v for k, v in os.environ.items() if k in keep}  # the course secret, or the open kit said on purpose
     env["PYTHONPATH"] = str(tree)  # that checkout's grader and labkit, nothing else
     built = subprocess.run([sys.executable, "-c", _BUILD, lab, str(base), str(students)], cwd=tree, env=env,
                            capture_output=True, text=True, timeout=600)
