@@ -501,6 +501,13 @@ def test_results_page_grading_time_per_student_matches_its_records():
     assert (f"a median {lab['median_s']['this']:.1f} s, against {lab['median_s']['before']:.1f} s before "
             f"({lab['ratio']:.2f}x; {lo:.1f}–{hi:.1f} s against {blo:.1f}–{bhi:.1f} s)") in page
     assert gpu["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    cap = json.loads((ROOT / "benchmarks" / "results" / "grade_time_lab4_h200.json").read_text())
+    lab = cap["labs"]["lab4_speedrun"]
+    assert all(s == "14/16" for r in lab["runs"].values() for x in r for s in x["scores"])  # 2: written, by hand
+    (lo, hi), (blo, bhi) = lab["range_s"]["this"], lab["range_s"]["before"]
+    assert (f"a median {lab['median_s']['this']:.1f} s, against {lab['median_s']['before']:.1f} s before "
+            f"({lab['ratio']:.2f}x; {lo:.1f}–{hi:.1f} s against {blo:.1f}–{bhi:.1f} s)") in " ".join(page.split())
+    assert cap["env"]["device_name"] == "NVIDIA H200" and cap["env"]["git_commit"].startswith("00fb4e2")
     cpu = json.loads((ROOT / "benchmarks" / "results" / "grade_time_cpu.json").read_text())
     ratios = [v["ratio"] for v in cpu["labs"].values()]
     assert len(ratios) == 4 and f"take {min(ratios):.2f}–{max(ratios):.2f}x the time" in page
