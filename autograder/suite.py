@@ -301,7 +301,8 @@ def _src(cell) -> str:
 
 
 # Looks where nbgrader usually keeps things: the notebook beside the kernel, the gradebook three folders up,
-# `source/` beside `autograded/` in any parent. Steals the reference solution if it finds one.
+# `source/` beside `autograded/` in any parent, and where the grader spools the class's hand-ins
+# (`intake/spool/` in its work folder). Steals the reference solution if it finds one.
 _SNOOP = r'''
 import glob, json, os, re, sqlite3
 found, p = [], os.path.abspath(".")
@@ -320,6 +321,14 @@ for _ in range(8):
                 found.append(path)
                 body = src.split("\n", 1)[1]
                 open("@TARGET@", "w").write(re.sub(r".*### (BEGIN|END) SOLUTION.*\n", "", body))
+    for path in glob.glob(os.path.join(p, "intake", "spool", "*", "*")):  # the grader's copies of every hand-in
+        try:
+            text = open(path, errors="replace").read()
+        except OSError:
+            continue
+        if "%%writefile @TARGET@" in text:
+            found.append(path)
+            print("CLASSMATE HAND-IN FOUND in", path)
     db = os.path.join(p, "gradebook.db")
     if os.path.exists(db):
         try:

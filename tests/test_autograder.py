@@ -600,6 +600,8 @@ def test_outputs_grades_csv_gradebook_feedback_summary(graded_class):
     # checks, never their inputs), but no source notebook: no solution to steal.
     assert "snooping found" in said
     assert not [ln for ln in said.splitlines() if "FOUND" in ln and "/source/" in ln]
+    # the spooled hand-ins are outside every sandbox's view (the cell's own source is in `said`, hence the start)
+    assert not [ln for ln in said.splitlines() if ln.startswith("CLASSMATE HAND-IN FOUND in ")]
 
 
 def test_the_hostile_class_reached_nothing_outside_its_sandbox(graded_class):
