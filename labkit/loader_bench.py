@@ -206,19 +206,15 @@ def model_rates(device="cpu", quick: bool = True, dataset: D.ImageData | None = 
     """How fast ResNet-18 consumes training images (img/s) with data resident on the device (no loader cost).
 
     'baseline model': the baseline rung's step (fp32 defaults, batch 128, .item() each step). On a GPU also
-    'tuned model': bf16, channels_last, batch 1024, fused SGD, cudnn.benchmark. A loader slower than these
-    rates is the bottleneck of that training run. Two epochs of `n_train` images (default 256 quick, 16,384
-    full); the rate is the second epoch's.
+    'tuned model': the `cudnn_benchmark` rung (bf16, channels_last, batch 512, fused SGD, cudnn.benchmark). A
+    loader slower than these rates is the bottleneck of that training run. Two epochs of `n_train` images
+    (default 256 quick, 16,384 full); the rate is the second epoch's.
     """
     from labkit import train as T
 
     dev = pick_device(device)
-    base = T.quick_base() if quick else T.TrainConfig()
-    base = T.with_changes(base, epochs=2, evaluate=False, n_train=n_train or (256 if quick else 16384))
-    cfgs = {"baseline model": T.with_changes(T.preset("baseline", base), loader="resident")}
-    if dev.type == "cuda":
-        cfgs["tuned model"] = T.with_changes(T.preset("cudnn_benchmark", base), loader="resident")
-    ds = dataset or D.load("synthetic", base.n_train, 16)
+    cfgs = rate_configs(dev.type, quick, n_train)
+    ds = dataset or D.load("synthetic", next(iter(cfgs.values())).n_train, 16)
     out = {}
     for label, cfg in cfgs.items():
         rec = T.train(cfg, dev, dataset=ds)
@@ -227,6 +223,22 @@ def model_rates(device="cpu", quick: bool = True, dataset: D.ImageData | None = 
         if progress is not None:
             progress.update(1)
     return out
+
+
+def rate_configs(device_type: str, quick: bool, n_train: int | None = None) -> dict:
+    """label -> the TrainConfig `model_rates` trains. A batch never exceeds the images: quick mode has 256,
+    fewer than the tuned rung's batch of 512, and a GPU runs quick mode too (LABKIT_QUICK=1)."""
+    from labkit import train as T
+
+    base = T.quick_base() if quick else T.TrainConfig()
+    n = n_train or (256 if quick else 16384)
+    base = T.with_changes(base, epochs=2, evaluate=False, n_train=n)
+    names = {"baseline model": "baseline"} | ({"tuned model": "cudnn_benchmark"} if device_type == "cuda" else {})
+    cfgs = {}
+    for label, rung in names.items():
+        cfg = T.preset(rung, base)
+        cfgs[label] = T.with_changes(cfg, loader="resident", batch_size=min(cfg.batch_size, n))
+    return cfgs
 
 
 # ------------------------------------------------------------------------------------------------ tables, plots

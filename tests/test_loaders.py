@@ -297,3 +297,15 @@ def test_benchmark_quick_runs_on_cpu(tmp_results):
     assert {r["loader"] for r in res["workers"]} == {"naive", "packed"}
     assert len(res["baseline_rung"]) == 3 and res["model_rates"]["baseline model"]["img_per_s"] > 0
     assert [r["strategy"] for r in res["padding"]] == ["max", "dynamic", "bucket", "pack"]
+
+
+def test_model_rates_never_asks_for_a_batch_larger_than_its_images():
+    """Quick mode on a GPU (LABKIT_QUICK=1 there: week 4's notebook, `labkit data --quick`) trained the tuned rung at
+    its batch of 512 on quick mode's 256 images, and the cell stopped with "batch_size 512 is larger than the 256
+    training images". Found running the notebooks quick on an H200."""
+    for device_type, quick, n in [("cuda", True, None), ("cuda", False, None), ("cuda", True, 100), ("cpu", True, 64)]:
+        cfgs = LB.rate_configs(device_type, quick, n)
+        assert set(cfgs) == ({"baseline model", "tuned model"} if device_type == "cuda" else {"baseline model"})
+        for cfg in cfgs.values():
+            assert cfg.batch_size <= cfg.n_train and cfg.loader == "resident" and cfg.epochs == 2
+    assert LB.rate_configs("cuda", False)["tuned model"].batch_size == 512  # full size keeps the rung's batch
