@@ -69,6 +69,9 @@ def check_config(cfg: TrainConfig, device: torch.device) -> None:
     need(cfg.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {cfg.optimizer!r}")
     need(cfg.compile in COMPILE_MODES, f"compile must be one of {COMPILE_MODES}, not {cfg.compile!r}")
     need(cfg.batch_size >= 1 and cfg.epochs >= 1 and cfg.width >= 1, "batch_size, epochs and width must be >= 1")
+    need(cfg.n_train is None or cfg.batch_size <= cfg.n_train,
+         f"batch_size {cfg.batch_size} is larger than the {cfg.n_train} training images (n_train): lower batch_size "
+         "or raise n_train")
     need(cfg.compile or not (cfg.compile_tuning or cfg.compile_combo or not cfg.compile_autotune or cfg.matmul_edges),
          "compile_tuning, compile_autotune, compile_combo and matmul_edges change torch.compile's kernels: set "
          "compile too")
@@ -624,10 +627,13 @@ def _skip_reason(name: str, device: torch.device, quick: bool) -> str | None:
 
 
 def _fit(cfg: TrainConfig, device: torch.device, quick: bool) -> TrainConfig:
-    """`cfg` as it runs on `device`: a quick CPU run caps the batch at 256, a CPU trains bf16 rungs in its
-    default precision, a GPU without bf16 tensor cores in fp16 with loss scaling."""
+    """`cfg` as it runs on `device`: a quick CPU run caps the batch at 256, a quick GPU run at its images (the
+    top rung's 4096 is more than quick mode trains on), a CPU trains bf16 rungs in its default precision, a GPU
+    without bf16 tensor cores in fp16 with loss scaling."""
     if quick and device.type == "cpu" and cfg.batch_size > 256:
         cfg = with_changes(cfg, batch_size=256)
+    if quick and cfg.n_train is not None and cfg.batch_size > cfg.n_train:
+        cfg = with_changes(cfg, batch_size=cfg.n_train)
     if device.type != "cuda":
         return with_changes(cfg, precision="default" if cfg.precision == "bf16" else cfg.precision)
     if cfg.precision == "bf16" and not native_bf16(device):

@@ -429,3 +429,20 @@ def test_ddp_settings_reach_the_wrapper(monkeypatch, tmp_path):
         assert net.bucket_bytes_cap == 7 * 1024 * 1024
     finally:
         dist.destroy_process_group()
+
+
+def test_a_batch_larger_than_the_images_is_refused_before_work_and_quick_gpu_rungs_fit(monkeypatch):
+    """`labkit ladder --quick` on a GPU trained 10 rungs, then stopped at the top one: its batch of 4096 was more
+    than quick mode's 2048 images (found on an H200). Quick mode now fits each rung's batch to its images, as it
+    caps CPU batches at 256, and a config that asks for more is refused before anything loads."""
+    import torch
+
+    cpu = torch.device("cpu")
+    with pytest.raises(LabkitError, match="batch_size 512 is larger than the 256 training images"):
+        T.check_config(T.with_changes(T.preset("batch_fused"), n_train=256), cpu)
+    T.check_config(T.with_changes(T.preset("batch_fused"), n_train=512), cpu)
+    monkeypatch.setattr(T, "native_bf16", lambda device: True)  # the GPU's side of _fit, without a GPU
+    base = T.ladder_plan(cpu, True).base  # what quick mode trains each run on
+    top = T._fit(T.preset("muon", base), torch.device("cuda"), quick=True)
+    assert top.batch_size == base.n_train < T.preset("muon").batch_size and top.precision == "bf16"
+    assert T._fit(T.preset("muon"), torch.device("cuda"), quick=False).batch_size == 4096  # full size untouched
