@@ -201,6 +201,7 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
         raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; lab4's speed "
                           "tiers need one: grade it with `python -m autograder grade` on a GPU machine)")
     course_secret.for_grading(open_kit)
+    sandbox = gradescope_sandbox(sandbox)
     aid = harness.ASSIGNMENTS[lab]
     source_nb = Path(course or harness.ROOT / "assignments") / "source" / aid / f"{aid}.ipynb"
     calls = trusted.find_calls(source_nb)
@@ -232,11 +233,35 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
                                                                     "max_score": pts}), "visibility": "visible"})
     note = (f"; provisional: {sum(pending.values()):g} points of written answers need manual grading"
             if pending else "")
+    boxed = "in a sandbox (bubblewrap)" if sandbox == "bwrap" else "UNSANDBOXED (--sandbox none: submissions trusted)"
     result = {"score": round(total, 4), "output": f"{aid}: {total:g} / {sum(t['max_score'] for t in tests):g} "
-                                                  "points from the grader's own run of the checks" + note,
+                                                  f"points from the grader's own run of the checks, the student's "
+                                                  f"code {boxed}" + note,
               "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
     write_json(results_path, result)
     return result
+
+
+def gradescope_sandbox(sandbox: str) -> str:
+    """The sandbox a Gradescope run grades in: "bwrap", or "none" only when asked for by name.
+
+    "auto" used to fall back to no sandbox where bubblewrap could not start (a container without user namespaces):
+    a submission then ran as the grader, beside the course secret and the trusted checks, and could outlive the
+    run to rewrite results.json. Now that stops the run before any student code runs, with the fix in the
+    message; Gradescope then reports that its autograder failed, not a grade."""
+    from autograder.jail import probe
+
+    if sandbox not in ("auto", "bwrap", "none"):
+        raise LabkitError(f"--sandbox {sandbox!r}: choose auto, bwrap or none")
+    if sandbox == "none":
+        return sandbox
+    why = probe()
+    if why:
+        raise LabkitError(f"cannot sandbox the submission here: {why}. Install bubblewrap in the autograder image "
+                          "(apt-get install bubblewrap) on a machine that allows user namespaces, or pass "
+                          "--sandbox none if you trust every submission (its code then runs unconfined, as the "
+                          "grader, where it can read the course secret and the checks)")
+    return "bwrap"
 
 
 def _gradescope_student_file(sub: Path, lab: str, aid: str, tmp: Path) -> Path | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from autograder.course_secret import ENV as SECRET_ENV
 from autograder.disk_cap import child_limits
 from autograder.jail import GRADER_ROOT, Jail
 from autograder.sandbox import _Capture, _kill, _rss, too_many
@@ -70,7 +71,9 @@ class Remote:
         cmd = [sys.executable, "-m", "autograder.student.runner", "--fd", str(child.fileno()), "--device", device]
         if student_file is not None:
             cmd += ["--student", str(student_file)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JPY_"))}
+        # unsandboxed (trusted) runners get the grader's environment, but never the course secret: a sandboxed
+        # one gets a short list (Jail.command), so this matters only where the submissions were trusted
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JPY_")) and k != SECRET_ENV}
         env.update(PYTHONPATH=str(GRADER_ROOT) if jail.trusted else jail.python_path(), PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
         self.proc = subprocess.Popen(jail.command(cmd), cwd=str(work_dir), env=jail.host_env(env),

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent / "data"))
 import similarity_class  # noqa: E402
 
 AID = "lab"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 UTC = dt.UTC
 DUE = dt.datetime(2025, 3, 4, 23, 59, tzinfo=UTC)
 
@@ -265,6 +266,42 @@ def test_a_gradescope_upload_cannot_point_the_grader_at_the_course_solution(tmp_
     (sub / want).write_text("MINE = 1\n")  # the student's own file is still graded
     got = lms._gradescope_student_file(sub, "lab1", aid, tmp_path / "t2")
     assert got is not None and got.read_text() == "MINE = 1\n"
+
+
+def test_gradescope_refuses_to_grade_where_bubblewrap_cannot_start(tmp_path):
+    """In a container without user namespaces, `--sandbox auto` fell back to no sandbox: a blank hand-in read the
+    course secret and the trusted checks, double-forked a daemon out of the grader's reach and rewrote results.json
+    to full marks after the grader wrote it. Now the run stops before any student code runs, and writes no
+    results; `--sandbox none`, said by name, still trusts the submission, without the secret in its environment."""
+    import subprocess
+
+    from autograder import harness
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the "
+                                "kernel does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    canary = tmp_path / "student_ran.txt"
+    sub = tmp_path / "submission"
+    sub.mkdir()
+    (sub / harness.STUDENT_FILES["lab1"]).write_text(
+        "import os, pathlib\n"
+        f"pathlib.Path({str(canary)!r}).write_text(os.environ.get('LABKIT_COURSE_SECRET', 'no secret'))\n")
+    results = tmp_path / "results" / "results.json"
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+           "LABKIT_COURSE_SECRET": "a-course-secret-of-some-length", "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, "-m", "autograder", "gradescope", "lab1", "--submission", str(sub), "--results", str(results)]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "cannot sandbox the submission here" in r.stderr + r.stdout, r.stderr[-2000:]
+    assert "--sandbox none" in r.stderr + r.stdout and "No permissions" in r.stderr + r.stdout
+    assert not canary.exists() and not results.exists()
+    r = subprocess.run(cmd + ["--sandbox", "none"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert canary.read_text() == "no secret"  # trusted by name: it ran, but the secret stayed with the grader
+    said = json.loads(results.read_text())
+    assert "UNSANDBOXED (--sandbox none" in said["output"] and said["score"] == 0
 
 
 def _with_idle_statements(src: str, idle: str) -> str:
