@@ -52,20 +52,39 @@ def structure(db: Path, assignment: str) -> dict:
                 for nb in a.notebooks}
 
 
-SCHEMA_STEPS = 10_000_000  # SQLite VM steps reading a schema may take: a crafted file cannot keep the grader busy
+SCHEMA_STEPS = 10_000_000  # SQLite VM steps one read of a crafted file may take: it cannot keep the grader busy
+SPARE_ROWS = 64  # rows a scratch gradebook may hold beyond three times the master's: grading one hand-in adds
+# a student, a submission, a row per notebook and a grade and a comment per cell, well under twice the master's
+
+
+def _read_only(db: Path | bytes):
+    """A SQLite connection to a file (read-only) or to bytes, that aborts any statement past SCHEMA_STEPS."""
+    import sqlite3
+
+    con = sqlite3.connect(":memory:") if isinstance(db, bytes) else sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    if isinstance(db, bytes):
+        con.deserialize(db)
+    con.set_progress_handler(lambda: 1, SCHEMA_STEPS)  # past it: abort, an error
+    return con
 
 
 def schema(db: Path | bytes) -> list[tuple]:
     """The tables, indexes, views and triggers of a SQLite file (or its bytes), read without running any of them."""
-    import sqlite3
-
-    con = sqlite3.connect(":memory:") if isinstance(db, bytes) else sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    con = _read_only(db)
     try:
-        if isinstance(db, bytes):
-            con.deserialize(db)
-        con.set_progress_handler(lambda: 1, SCHEMA_STEPS)  # past it: abort, an error
         return sorted(con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall(),
                       key=lambda r: tuple(str(x) for x in r))
+    finally:
+        con.close()
+
+
+def table_rows(db: Path | bytes) -> int:
+    """Rows in all the tables of a SQLite file (or its bytes), counted within SCHEMA_STEPS."""
+    con = _read_only(db)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return sum(con.execute(f'SELECT count(*) FROM "{t.replace(chr(34), chr(34) * 2)}"').fetchone()[0]
+                   for t in tables)
     finally:
         con.close()
 
@@ -73,9 +92,16 @@ def schema(db: Path | bytes) -> list[tuple]:
 def check_integrity(student_db: Path, expected: dict, assignment: str, master: bytes | None = None) -> None:
     """Raise TamperedError if the student's gradebook changed the assignment's cells, points or checksums, or
     (given the `master` gradebook's bytes) its schema: a view, a trigger or another table, which the grader's own
-    reads and writes would run in its process (a view that never ends, say)."""
-    if master is not None and schema(student_db) != schema(master):
-        raise TamperedError("the scratch gradebook's tables, views or triggers differ from the assignment's")
+    reads and writes would run in its process (a view that never ends, say); or holds far more rows than grading
+    one hand-in writes: nbgrader's reads look some of them up without an index, so 200,000 crafted rows in a
+    23 MiB file held the grader's process for 8 minutes and 950 MB before the cells were compared."""
+    if master is not None:
+        if schema(student_db) != schema(master):
+            raise TamperedError("the scratch gradebook's tables, views or triggers differ from the assignment's")
+        rows, most = table_rows(student_db), 3 * table_rows(master) + SPARE_ROWS
+        if rows > most:
+            raise TamperedError(f"the scratch gradebook holds {rows:,} rows, more than grading one hand-in writes "
+                                f"(at most {most:,})")
     if structure(student_db, assignment) != expected:
         raise TamperedError("grade cells, points or checksums in the scratch gradebook differ from the assignment")
 

@@ -11,6 +11,7 @@ on the real grading path, each beside the honest hand-ins they would have change
 A second pass found what the copied gradebook and notebooks could still say:
 - a task cell named like a graded cell, with points of its own (the grader took its cells from that gradebook);
 - a view in place of a table that the grader's own read of the gradebook never finished;
+- rows in the same schema, tens of thousands, that made the grader's read of the gradebook quadratic;
 - markup in a cell id, written into the graded notebook by a helper after nbgrader wrote it, which nbgrader's
   feedback page prints unescaped.
 And what a graded notebook is made of, no code needed: a markdown cell that takes nbconvert minutes to render (the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -100,6 +102,19 @@ CREATE VIEW source_cell(id, name, cell_type, locked, source, checksum, notebook_
   WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r)
   SELECT 'x' || i, 'x' || i, 'code', 1, '', '', 'nb' || i FROM r WHERE i < 0;
 """)
+db.commit()
+'''
+
+# Rows in the same schema, many: nbgrader's reads look up each notebook's cells without an index, so the grader's
+# integrity check went quadratic (200,000 crafted rows held the class 8 minutes and 950 MB before they were refused).
+BLOAT_ATTACK = r'''
+import sqlite3
+db = sqlite3.connect("../../../gradebook.db")
+aid, = db.execute("select id from assignment").fetchone()
+db.executemany("insert into notebook(id, name, assignment_id) values (?, ?, ?)", ((f"n{k}", f"{k}", aid) for k in range(2000)))
+db.executemany("insert into base_cell(id, name, notebook_id, type) values (?, ?, 'n0', 'GradeCell')",
+               ((f"c{k}", f"c{k}") for k in range(40000)))
+db.executemany("insert into grade_cells(id, max_score, cell_type) values (?, 1.0, 'code')", ((f"c{k}",) for k in range(40000)))
 db.commit()
 '''
 
@@ -181,6 +196,7 @@ def graded(tmp_path_factory):
              "carol": _hand_in(slow),  # correct but slow: what the phantom cell's author earns
              "pat": _hand_in(slow, PHANTOM_ATTACK.format(aid=AID)),
              "vic": _hand_in(wrong, VIEW_ATTACK),
+             "bea": _hand_in(wrong, BLOAT_ATTACK),
              "xena": _hand_in(wrong, XSS_ATTACK.format(nb=f"{AID}.ipynb", markup=MARKUP)),
              "amos": _hand_in(wrong, SHOW_SCRIPT, SLOW_MARKDOWN),  # graded before bob: his page comes after
              "ivy": _hand_in(wrong, IMAGE_OPTIONS),
@@ -235,6 +251,13 @@ def test_a_gradebook_view_that_never_ends_fails_that_hand_in_and_the_class_goes_
     r = graded["results"]
     assert r["vic"].cause == "tampered gradebook" and r["vic"].score == 0
     assert all(s in r for s in ("alice", "bob", "carol", "mallory", "pat", "trudy", "vic", "xena", "amos", "ivy"))
+
+
+def test_a_gradebook_bloated_with_rows_is_refused_by_counting_them_first(graded):
+    r = graded["results"]
+    assert r["bea"].cause == "tampered gradebook" and r["bea"].score == 0
+    assert any(re.search(r"holds 82,\d{3} rows, more than grading one hand-in writes", f) for f in r["bea"].flags), \
+        r["bea"].flags
 
 
 def test_markup_in_a_cell_id_never_reaches_a_feedback_page(graded):
