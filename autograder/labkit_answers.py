@@ -51,7 +51,7 @@ def banned_uses(source: str, lab: str) -> list[str]:
         return []
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # it cannot be imported either
         return []
     found: list[str] = []
     # a bare module name in a string ("amp") counts only in a file that names labkit at all

@@ -124,7 +124,7 @@ def _self_names(source: str) -> set[str]:
     `self.x` into a kept attribute name); empty when the source does not parse."""
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # nested past the parser: 100,000 unary minuses
         return set()
     out = set()
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):

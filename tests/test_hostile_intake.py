@@ -331,6 +331,18 @@ def test_statements_that_do_nothing_do_not_hide_a_copy(idle):
     assert max(p.similarity for p in pairs if not p.flagged) < 0.3
 
 
+def test_a_line_nested_past_the_parser_neither_crashes_the_report_nor_hides_the_copy():
+    """A copy whose %%writefile cell also holds `_ = ------...1` (100,000 minus signs; the next cell rewrites the
+    module clean, so grading never sees it) made ast.parse raise MemoryError in the similarity tool, which stopped
+    with no report for the whole class, and the copy was never flagged."""
+    from autograder import labkit_answers
+
+    poisoned = similarity_class.COPY + "_ = " + "-" * 100_000 + "1\n"
+    pairs, _ = similarity.compare(dict(similarity_class.SOLUTIONS, zed=poisoned), similarity_class.STARTER)
+    assert [(p.a, p.b) for p in pairs if p.flagged] == [("ana", "zed")]
+    assert labkit_answers.banned_uses(poisoned, "lab1") == []  # unparsable: nothing found, and no crash
+
+
 def test_a_notebook_nested_past_the_parsers_depth_is_one_clear_problem(tmp_path):
     subs = tmp_path / "subs"
     subs.mkdir()
