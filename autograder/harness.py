@@ -33,6 +33,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -64,6 +65,11 @@ class Check:
     doc: str  # one line shown by --list
     torch: bool = True  # the check and its probes use torch (the toy's do not: its grading never loads torch)
     baseline: bool = False  # it times a baseline runner too (started early, while the student's code loads)
+
+    @property
+    def hidden(self) -> bool:
+        """Its inputs come from the course secret: a failure's details are withheld (`withheld`)."""
+        return self.name.endswith(("_hidden", ".hidden"))
 
 
 CHECKS: dict[str, Check] = {c.name: c for c in [
@@ -384,7 +390,37 @@ def _verdict(check: Check, *, ok: bool, fraction: float, gradable: bool, message
 _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
 
+_PUBLIC_KIND = re.compile(r"^\[([a-z_]+)\] ")  # "[uniform] ...": the kinds of hidden case are public, not their values
+# lab 2's hidden sampler cases (lab2_checks._hidden_cases): any other bracketed word is not the check's to show
+_PUBLIC_KINDS = ("uniform", "many_equal", "fewer_than_a_batch", "long_tail")
+_ERROR_TYPE = re.compile(r"\b([A-Z][A-Za-z]*(?:Error|Exception))\b")
+
+
+def withheld(message: str) -> str:
+    """What a failed hidden check says: the kind of case and the error's type, never its text. The student's own
+    error messages and the check's are built from the hidden inputs (a sampler that raises with its lengths and
+    batch size in the text handed them back in the feedback), and those inputs are the same for the whole course."""
+    import builtins
+
+    kind = _PUBLIC_KIND.match(message)
+    kind = kind if kind and kind.group(1) in _PUBLIC_KINDS else None
+    # only Python's own exception types: a student's class name could spell the inputs out as well as a message
+    err = next((m for m in _ERROR_TYPE.findall(message) if isinstance(getattr(builtins, m, None), type)
+                and issubclass(getattr(builtins, m), BaseException)), None)
+    where = f"the hidden [{kind.group(1)}] case" if kind else "a hidden case"
+    return (f"failed on {where}" + (f" ({err})" if err else "") + ": the details are withheld, since they would "
+            "show the hidden inputs; test your code on other sizes and seeds than the public checks use")
+
+
 def _run_in_worker(check: Check, ctx: Context) -> dict:
+    verdict = _run_check(check, ctx)
+    if check.hidden and not verdict["ok"] and verdict["gradable"]:
+        kept = {k: v for k, v in verdict["measurements"].items() if k == "cause"}
+        verdict = {**verdict, "message": withheld(verdict["message"]), "measurements": kept}
+    return verdict
+
+
+def _run_check(check: Check, ctx: Context) -> dict:
     if check.torch:
         import torch
 

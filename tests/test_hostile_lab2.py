@@ -5,6 +5,7 @@ Each one is the reference solution plus a few lines; the speed check must give n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -92,5 +93,28 @@ def test_importing_the_trusted_checks_fails_cleanly_with_zero(tmp_path):
     assert [v["check"] for v in verdicts] == names
     for v in verdicts:
         assert not v["ok"] and v["score"] == 0 and v["sandbox"] == "bwrap", v
+        if harness.CHECKS[v["check"]].hidden:  # its failures name no details (below)
+            assert "(ModuleNotFoundError): the details are withheld" in v["message"], v["message"]
+            continue
         assert "importing student_pipeline.py raised ModuleNotFoundError" in v["message"], v["message"]
         assert "lab2_checks" in v["message"]
+
+
+LEAKY_SAMPLER = """
+
+class BucketSampler:  # hands each case it is given back in its error, which the verdict used to carry to the feedback
+    def __init__(self, lengths, batch_size, *, seed=0):
+        raise ValueError(f"HIDDEN n={len(lengths)} bs={batch_size} seed={seed} head={list(lengths[:10])}")
+"""
+
+
+def test_a_hidden_check_fails_without_handing_back_its_inputs(tmp_path):
+    """The hidden sampler cases come from the course secret, the same for the whole course. A sampler that raises
+    with its lengths, batch size and seed in the message got them back in its feedback, to hard-code next time.
+    A hidden check's failure now names the kind of case and Python's error type, and withholds the rest."""
+    f = _submission(tmp_path, LEAKY_SAMPLER)
+    public, hidden = run_checks(["lab2.bucket_sampler", "lab2.bucket_sampler_hidden"], f, device="cpu")
+    assert not public["ok"] and "HIDDEN n=" in public["message"]  # public inputs: the student's error is shown
+    assert not hidden["ok"] and hidden["gradable"] and hidden["score"] == 0
+    assert hidden["message"].startswith("failed on the hidden [uniform] case (ValueError): the details are withheld")
+    assert "n=" not in json.dumps(hidden) and "seed" not in json.dumps(hidden["measurements"])
