@@ -9,6 +9,7 @@ scalers are `labkit.loss_scaling`). A submission of that lab must not use them. 
 - before any check runs, `banned_uses` reads the submission (its syntax tree: imports, attribute access on
   labkit, strings naming the module) so the usual ways fail at once with one clear message.
 
+Lab 1 also bans torch's own GradScaler (`TORCH_BANNED`), through the reader alone: torch stays in the sandbox.
 The lists are stated in each lab's instructions (the notebooks' first cell; a test keeps the two in step).
 Modules the probes need (bench, env, outputs, errors, models) are never on them.
 """
@@ -33,13 +34,22 @@ BANNED: dict[str, tuple[str, ...]] = {
 }
 
 
+# lab -> torch classes that are its answer, named in its instructions ("without `torch.amp.GradScaler`"). torch
+# cannot be left out of the sandbox, so only the reader below stands in the way: a wrapper around GradScaler
+# passed every scaler check of lab 1.
+TORCH_BANNED: dict[str, dict[str, str]] = {  # lab -> {a name in code: the class it reaches}
+    "lab1": {"GradScaler": "torch.amp.GradScaler", "grad_scaler": "torch.amp.GradScaler"},
+}
+
+
 def banned(lab: str) -> tuple[str, ...]:
     """The labkit modules (names inside labkit) a submission of `lab` ('lab1'..'lab4', or a check name) may not use."""
     return BANNED.get(lab.split(".")[0], ())
 
 
 def banned_uses(source: str, lab: str) -> list[str]:
-    """The banned modules of `lab` that `source` names ("labkit.<name>"), in order; [] if none or unparsable.
+    """The banned modules of `lab` that `source` names ("<name>" for labkit.<name>, then torch classes by their full
+    name, "torch.amp.GradScaler"), in order; [] if none or unparsable.
 
     Catches `import labkit.X`, `from labkit import X`, `from labkit.X import ...`, `labkit.X` as an attribute and
     strings that name it ("labkit.X", "labkit/X.py", or just "X" as in getattr(labkit, "X") in a file that names
@@ -54,6 +64,13 @@ def banned_uses(source: str, lab: str) -> list[str]:
     except (SyntaxError, ValueError, MemoryError, RecursionError):  # it cannot be imported either
         return []
     found: list[str] = []
+    torch_names = TORCH_BANNED.get(lab.split(".")[0], {})
+    for node in ast.walk(tree):  # GradScaler named in code (a docstring may mention it: only an exact string counts)
+        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                else node.name.rsplit(".", 1)[-1] if isinstance(node, ast.alias) else None)
+        if name in torch_names and torch_names[name] not in found:
+            found.append(torch_names[name])
     # a bare module name in a string ("amp") counts only in a file that names labkit at all
     mentions = any(isinstance(n, ast.Name) and n.id == "labkit" or isinstance(n, ast.Constant)
                    and isinstance(n.value, str) and "labkit" in n.value or isinstance(n, ast.alias)
@@ -90,6 +107,7 @@ def banned_uses(source: str, lab: str) -> list[str]:
 
 def message(lab: str, uses: list[str]) -> str:
     """One line for the student: what was used, why it scores nothing, what to do."""
-    mods = ", ".join(f"labkit.{n}" for n in uses)
+    mods = ", ".join(n if n.startswith("torch.") else f"labkit.{n}" for n in uses)
+    allowed_not = [f"labkit.{n}" for n in banned(lab)] + sorted(set(TORCH_BANNED.get(lab, {}).values()))
     return (f"the submission uses {mods}, which implements this lab's answer: write it yourself (not allowed in "
-            f"{lab}: {', '.join(f'labkit.{n}' for n in banned(lab))}; see the lab's instructions)")
+            f"{lab}: {', '.join(allowed_not)}; see the lab's instructions)")

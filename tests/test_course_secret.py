@@ -172,6 +172,8 @@ def test_the_lab_instructions_list_the_banned_modules():
         intro = "".join(nb["cells"][0]["source"])
         for name in labkit_answers.banned(lab):
             assert f"`labkit.{name}`" in intro, (lab, name)
+        for full in set(labkit_answers.TORCH_BANNED.get(lab, {}).values()):
+            assert f"`{full}`" in " ".join(intro.split()), (lab, full)
         if not labkit_answers.banned(lab):
             assert "labkit" in intro, lab
 

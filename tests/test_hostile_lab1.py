@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import jail, labkit_answers
-from autograder.harness import run_check
+from autograder import harness, jail, labkit_answers
+from autograder.harness import run_check, run_checks
 
 pytestmark = pytest.mark.skipif(jail.probe() is not None, reason="needs the bubblewrap sandbox")
 
@@ -95,3 +95,37 @@ def test_an_obfuscated_import_of_the_answer_scores_nothing(tmp_path):
     v = run_check("lab1.static_scaler", f, device="cpu")
     assert v["sandbox"] == "bwrap" and not v["ok"] and v["score"] == 0 and v["gradable"], v
     assert "NoneType" in v["message"] or "StaticLossScaler" in v["message"], v["message"]
+
+
+GRADSCALER_WRAPPER = '''
+import torch
+from torch.amp import GradScaler
+
+
+class StaticScaler:  # every operation handed to torch's own scaler, never growing: lab 1 says "without GradScaler"
+    def __init__(self, scale=2.0 ** 16):
+        self._s = GradScaler("cpu", init_scale=scale, growth_interval=2 ** 30)
+        self.skipped = 0
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+class DynamicScaler(StaticScaler):
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self._s = GradScaler("cpu", init_scale=init_scale, growth_factor=growth_factor,
+                             backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self.skipped = 0
+'''
+
+
+def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
+    """A submission delegating every scaler operation to torch.amp.GradScaler passed the static, dynamic, fp16 and
+    hidden checks (10 of 12 points; only the host-sync check failed). The lab asks for the scalers "without
+    torch.amp.GradScaler"; naming it in code now fails every check before any runs, as a banned labkit module does."""
+    f = tmp_path / "student_scaler.py"
+    f.write_text(GRADSCALER_WRAPPER)
+    names = harness.checks_for("lab1")
+    for v in run_checks(names, f, device="cpu"):
+        assert not v["ok"] and v["score"] == 0, v
+        assert "uses torch.amp.GradScaler, which implements this lab's answer" in v["message"], v["message"]
