@@ -41,8 +41,9 @@ SPEED_TIERS = {  # per harness class; gpu_policy.LAB4_SPEED_TIERS splits tensor-
 SPEED_ROUNDS = {"rounds": 9, "warmup": 3, "inner": 5}  # interleaved rounds, each `inner` steps per request
 SPEED_WARMUP_STEPS = 10  # compile, cuDNN autotune, CUDA-graph capture: all before the clock starts
 # Rounds verified in full (see _Verifier): the first warm-up round, then 3 of the timed rounds drawn at random
-# (4 of 14 at the settings above); the rest carry losses and a commitment only.
-SPEED_SPOT = {"warmup": 1, "timed": 3}
+# (4 of 14 at the settings above), and each timed round after those 3 with probability 1 / "after": a round is
+# never known to be safe. The rest carry losses and a commitment only.
+SPEED_SPOT = {"warmup": 1, "timed": 3, "after": 4}
 TENSOR_CORE_KERNEL = re.compile(r"xmma|hmma|wgmma|gmma|tensorop|16816|1688|884|bf16|f16|tf32|nvjet|cutlass", re.I)
 
 
@@ -191,7 +192,10 @@ class _Verifier:
     each reply, and only then (the student's process cannot know it in advance), `secrets` decides whether to
     verify that round in full: the first warm-up round always (its start is checked against the end of the
     correctness trajectory, which also gives it its previous update), then SPEED_SPOT["timed"] of the R timed
-    rounds, a uniformly random subset drawn round by round (verify with probability need / rounds left). A
+    rounds, a uniformly random subset drawn round by round (verify with probability need / rounds left), and
+    once those are done each later timed round with probability 1 / SPEED_SPOT["after"]: every verified round
+    fetches the parameters, which the student's process sees, so without it a cheat could count three fetches and
+    skip its work in the rounds left. A
     verified round fetches its n + 2 parameter rows (untimed; see autograder.student.lab4._Rows) and checks:
     - the commitment against the last row (nothing may move the weights after the clock stopped);
     - the chain: the row it started from against the previous round's commitment, with that round's vector (the
@@ -206,7 +210,8 @@ class _Verifier:
     1 - C(R - k, v) / C(R, v) (work deferred past the clock of round t is also caught when round t + 1 is verified,
     by the chain). The speed-up is the median of the R per-round ratios, so moving it needs a faster step in
     more than half the rounds: with R = 9 and v = 3 that is k >= 5, caught with probability at least 1 - 4/84
-    (95%), and k >= 7 always; a cheat in fewer rounds leaves the median to the honest rounds.
+    (95%) by the quota alone, and k >= 7 always; a cheat in fewer rounds leaves the median to the honest rounds.
+    A cheat that waits for the quota's three fetches and then skips k rounds is caught with 1 - (3/4)^k.
     A re-measurement near a tier boundary (autograder.remeasure) is a `phase` of its own on the same chain: its
     warm-up and timed rounds get the same quotas, drawn the same way, so rounds timed a second time are spot-checked
     like the first ones and the pooled median still needs a faster step in more than half of all timed rounds.
@@ -242,7 +247,10 @@ class _Verifier:
         if self.seen == 0:
             return True
         left = self.warmup - k if group == "warmup" else self.warmup + self.rounds - k
-        return secrets.randbelow(max(left, 1)) < self.quota[group] - self.done[group]
+        need = self.quota[group] - self.done[group]
+        if need <= 0:  # quota met: a cheat that counted the fetches would skip the rest, so they stay at risk
+            return group == "timed" and secrets.randbelow(SPEED_SPOT["after"]) == 0
+        return secrets.randbelow(max(left, 1)) < need
 
     def _loss_and_grad(self, w, x, y, amp):
         """The naive loss at weights `w` on (x, y), and its gradient (flat), fp32 or under `amp` autocast."""

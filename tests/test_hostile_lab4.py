@@ -234,10 +234,10 @@ def speed(tmp_path: Path, monkeypatch, text: str, rounds: int = 2) -> dict:
 
 def test_the_reference_passes_every_verified_timed_round(tmp_path, monkeypatch):
     ref = reference(tmp_path).read_text()
-    out = speed(tmp_path, monkeypatch, ref, rounds=4)  # 3 of the 4 timed rounds drawn
+    out = speed(tmp_path, monkeypatch, ref, rounds=4)  # 3 of the 4 timed rounds drawn, the 4th 1 time in 4
     m = out["measurements"]
-    assert out["fraction"] == 1.0 and m["timed_rounds_verified"] == 3 and m["warmup_rounds_verified"] == 1, m
-    assert m["timed_steps_verified"] == 3 * (1 + 3), m
+    assert out["fraction"] == 1.0 and 3 <= m["timed_rounds_verified"] <= 4 and m["warmup_rounds_verified"] == 1, m
+    assert m["timed_steps_verified"] == m["timed_rounds_verified"] * (1 + 3), m
     assert m["worst_timed_loss_gap_share"] < 1 and m["worst_timed_update_cosine_margin"] > 0, m
 
 
@@ -263,20 +263,27 @@ def test_work_slipped_between_rounds_breaks_the_chain(tmp_path, monkeypatch):
 
 
 def test_spot_checks_draw_a_uniform_subset_round_by_round():
-    """The first warm-up round always, then exactly 3 of the 9 timed rounds, each about as often (3/9)."""
+    """The first warm-up round always, then 3 of the 9 timed rounds, each about as often (3/9); and after those 3,
+    each later round with probability 1/4. A hand-in sees every verified round's parameter fetch: it used to know
+    that no round after the third fetch would be checked, and skipped its work there (57 rounds in 16 runs, none
+    caught)."""
     v = object.__new__(L._Verifier)
-    counts = [0] * 14
+    counts, after, later = [0] * 14, 0, 0
     for _ in range(900):
         v.seen, v.total = 0, {"warmup": 0, "timed": 0}
         v.phase(5, 9)
         for i in range(14):
+            met = v.done["timed"] >= 3
             if v._pick():
                 counts[i] += 1
                 v.done["warmup" if i < 5 else "timed"] += 1
+                after += met
+            later += met and i >= 5
             v.seen += 1
-        assert v.done == {"warmup": 1, "timed": 3}
-    assert counts[:5] == [900, 0, 0, 0, 0] and sum(counts[5:]) == 2700
-    assert all(200 <= c <= 400 for c in counts[5:]), counts
+        assert v.done["warmup"] == 1 and v.done["timed"] >= 3
+    assert counts[:5] == [900, 0, 0, 0, 0] and sum(counts[5:]) == 2700 + after
+    assert all(200 <= c <= 500 for c in counts[5:]), counts
+    assert later > 1000 and 0.19 < after / later < 0.31, (after, later)  # a round is never known to be safe
 
 
 @pytest.mark.skipif(SANDBOX != "bwrap", reason="needs the bubblewrap sandbox (the trusted module is visible without)")
@@ -350,7 +357,8 @@ def test_a_jittery_submission_near_a_boundary_is_remeasured_once_and_gets_its_po
     # scored on the pooled ratio (recorded to 3 decimals, the speed-up to 2: compare within their rounding)
     assert abs(m["speedup"] - m["pooled"]["ratio"]) <= 0.0051 and out["fraction"] == tiers.fraction(m["speedup"]) == 0.5
     assert m["first_measurement"]["rounds"] == 2 and "Re-measured" in out["message"], out["message"]
-    assert m["timed_rounds_verified"] == 2 + min(3, counted[1]), m  # each measurement spot-checks its own rounds
+    # each measurement spot-checks its own rounds: 3 (or all, if fewer), then a quarter of the rest
+    assert 2 + min(3, counted[1]) <= m["timed_rounds_verified"] <= 2 + counted[1], m
 
 
 def test_cheating_only_in_the_remeasurement_gets_no_speed_points(tmp_path, monkeypatch):
