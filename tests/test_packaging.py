@@ -508,6 +508,12 @@ def test_results_page_grading_time_per_student_matches_its_records():
     assert (f"a median {lab['median_s']['this']:.1f} s, against {lab['median_s']['before']:.1f} s before "
             f"({lab['ratio']:.2f}x; {lo:.1f}–{hi:.1f} s against {blo:.1f}–{bhi:.1f} s)") in " ".join(page.split())
     assert cap["env"]["device_name"] == "NVIDIA H200" and cap["env"]["git_commit"].startswith("00fb4e2")
+    ref = json.loads((ROOT / "benchmarks" / "results" / "grade_reference_gpu_lab4_h200.json").read_text())
+    speed = next(v for v in ref["labs"]["lab4"]["verdicts"] if v["check"] == "lab4.speed")
+    assert ref["all_gradable_full_marks"] and all(v["sandbox"] == "bwrap" for v in ref["labs"]["lab4"]["verdicts"])
+    assert speed["message"].startswith("3.80x the naive step (77229 vs 20329 img/s") and ref["speedups"]["lab4.speed"] == 3.8
+    assert "3.80x the naive step (77,229 vs 20,329 img/s at batch 512)" in " ".join(page.split())
+    assert ref["env"]["device_name"] == "NVIDIA H200" and ref["env"]["git_commit"].startswith("fe0c4d1")
     cpu = json.loads((ROOT / "benchmarks" / "results" / "grade_time_cpu.json").read_text())
     ratios = [v["ratio"] for v in cpu["labs"].values()]
     assert len(ratios) == 4 and f"take {min(ratios):.2f}–{max(ratios):.2f}x the time" in page
