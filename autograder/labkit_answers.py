@@ -17,6 +17,7 @@ Modules the probes need (bench, env, outputs, errors, models) are never on them.
 from __future__ import annotations
 
 import ast
+import re
 
 # lab -> labkit modules that implement (part of) its answer
 BANNED: dict[str, tuple[str, ...]] = {
@@ -42,6 +43,9 @@ TORCH_BANNED: dict[str, dict[str, str]] = {  # lab -> {a name in code: the class
 }
 
 
+_DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")  # a name or dotted path, nothing else
+
+
 def banned(lab: str) -> tuple[str, ...]:
     """The labkit modules (names inside labkit) a submission of `lab` ('lab1'..'lab4', or a check name) may not use."""
     return BANNED.get(lab.split(".")[0], ())
@@ -65,12 +69,16 @@ def banned_uses(source: str, lab: str) -> list[str]:
         return []
     found: list[str] = []
     torch_names = TORCH_BANNED.get(lab.split(".")[0], {})
-    for node in ast.walk(tree):  # GradScaler named in code (a docstring may mention it: only an exact string counts)
-        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
-                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                else node.name.rsplit(".", 1)[-1] if isinstance(node, ast.alias) else None)
-        if name in torch_names and torch_names[name] not in found:
-            found.append(torch_names[name])
+    for node in ast.walk(tree):
+        # a name, an attribute, an import path, or a string that is a dotted path ("torch.amp.GradScaler" handed to
+        # pydoc.locate); prose in a docstring or a message ("GradScaler's schedule") is no path and does not count
+        path = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.name if isinstance(node, ast.alias) else node.module if isinstance(node, ast.ImportFrom)
+                else node.value.strip() if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and _DOTTED.fullmatch(node.value.strip()) else None)
+        for part in (path or "").split("."):
+            if part in torch_names and torch_names[part] not in found:
+                found.append(torch_names[part])
     # a bare module name in a string ("amp") counts only in a file that names labkit at all
     mentions = any(isinstance(n, ast.Name) and n.id == "labkit" or isinstance(n, ast.Constant)
                    and isinstance(n.value, str) and "labkit" in n.value or isinstance(n, ast.alias)

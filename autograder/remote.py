@@ -71,8 +71,9 @@ class Remote:
         cmd = [sys.executable, "-m", "autograder.student.runner", "--fd", str(child.fileno()), "--device", device]
         if student_file is not None:
             cmd += ["--student", str(student_file)]
-        # unsandboxed (trusted) runners get the grader's environment, but never the course secret: a sandboxed
-        # one gets a short list (Jail.command), so this matters only where the submissions were trusted
+        # a sandboxed runner gets a short list (Jail.command); an unsandboxed (trusted) one the grader's, less the
+        # course secret. That keeps the secret out of what it prints by accident, not from it: running as the
+        # grader, it can read its parent's environment. Trusting submissions trusts them with the secret.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JPY_")) and k != SECRET_ENV}
         env.update(PYTHONPATH=str(GRADER_ROOT) if jail.trusted else jail.python_path(), PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")

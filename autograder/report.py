@@ -78,13 +78,30 @@ def schema(db: Path | bytes) -> list[tuple]:
         con.close()
 
 
-def table_rows(db: Path | bytes) -> int:
-    """Rows in all the tables of a SQLite file (or its bytes), counted within SCHEMA_STEPS."""
+def well_formed(db: Path | bytes) -> str | None:
+    """None if the SQLite file's pages form proper trees (`PRAGMA quick_check`), else its first complaint.
+
+    A table can be rewritten so that every entry of each level points at the same page below: a few pages that
+    SQLite walks as 584**6 rows, inside single instructions (a count, nbgrader's scans) where no step budget
+    reaches, so the grader's process never came back. quick_check visits each page once and names the page
+    referenced twice."""
     con = _read_only(db)
     try:
+        rows = con.execute("PRAGMA quick_check(1)").fetchall()
+    finally:
+        con.close()
+    return None if rows == [("ok",)] else str(rows[0][0] if rows else "no answer").splitlines()[-1][:200]
+
+
+def table_rows(db: Path | bytes, most: int | None = None) -> int:
+    """Rows in all the tables of a SQLite file (or its bytes), within SCHEMA_STEPS; each table counted up to
+    `most` + 1 rows at most, row by row, so that the step budget applies."""
+    con = _read_only(db)
+    limit = -1 if most is None else most + 1
+    try:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return sum(con.execute(f'SELECT count(*) FROM "{t.replace(chr(34), chr(34) * 2)}"').fetchone()[0]
-                   for t in tables)
+        return sum(con.execute(f'SELECT count(*) FROM (SELECT 1 FROM "{t.replace(chr(34), chr(34) * 2)}" LIMIT ?)',
+                               (limit,)).fetchone()[0] for t in tables)
     finally:
         con.close()
 
@@ -94,14 +111,19 @@ def check_integrity(student_db: Path, expected: dict, assignment: str, master: b
     (given the `master` gradebook's bytes) its schema: a view, a trigger or another table, which the grader's own
     reads and writes would run in its process (a view that never ends, say); or holds far more rows than grading
     one hand-in writes: nbgrader's reads look some of them up without an index, so 200,000 crafted rows in a
-    23 MiB file held the grader's process for 8 minutes and 950 MB before the cells were compared."""
+    23 MiB file held the grader's process for 8 minutes and 950 MB before the cells were compared; or its pages no
+    longer form trees (`well_formed`). Nothing reads it through nbgrader before these pass."""
+    bad = well_formed(student_db)
+    if bad:
+        raise TamperedError(f"the scratch gradebook's file is malformed ({bad})")
     if master is not None:
         if schema(student_db) != schema(master):
             raise TamperedError("the scratch gradebook's tables, views or triggers differ from the assignment's")
-        rows, most = table_rows(student_db), 3 * table_rows(master) + SPARE_ROWS
+        most = 3 * table_rows(master) + SPARE_ROWS
+        rows = table_rows(student_db, most)
         if rows > most:
-            raise TamperedError(f"the scratch gradebook holds {rows:,} rows, more than grading one hand-in writes "
-                                f"(at most {most:,})")
+            raise TamperedError(f"the scratch gradebook holds more than {most:,} rows, more than grading one "
+                                "hand-in writes")
     if structure(student_db, assignment) != expected:
         raise TamperedError("grade cells, points or checksums in the scratch gradebook differ from the assignment")
 

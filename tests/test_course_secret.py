@@ -222,3 +222,24 @@ def test_every_course_gets_hidden_sampler_cases_the_reference_passes(monkeypatch
     for i in range(40):
         monkeypatch.setenv(course_secret.ENV, f"a course secret for the tests {i:04d}")
         lab2_checks.check_bucket_sampler_hidden(Ctx())
+
+
+def test_every_check_that_runs_on_the_course_secrets_inputs_is_hidden():
+    """lab1.scaler_edge_cases draws its cases from the secret but was not named like a hidden check, so its failures
+    handed the hidden scaler settings back. A check calling a helper of its module that draws from the secret
+    must say pass or fail only (harness.Check.hidden)."""
+    import importlib
+    import inspect
+
+    from autograder import harness
+
+    flagged = set()
+    for check in harness.CHECKS.values():
+        mod = importlib.import_module(check.module)
+        drawing = {n for n, f in vars(mod).items() if inspect.isfunction(f) and f.__module__ == mod.__name__
+                   and "course_secret.rng(" in inspect.getsource(f)}
+        src = inspect.getsource(getattr(mod, check.func))
+        if any(f"{n}(" in src for n in drawing) or "course_secret.rng(" in src:
+            flagged.add(check.name)
+            assert check.hidden, check.name
+    assert {"lab1.scaler_edge_cases", "lab2.bucket_sampler_hidden", "lab4.correctness_hidden", "toy.hidden"} <= flagged

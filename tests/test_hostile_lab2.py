@@ -94,7 +94,7 @@ def test_importing_the_trusted_checks_fails_cleanly_with_zero(tmp_path):
     for v in verdicts:
         assert not v["ok"] and v["score"] == 0 and v["sandbox"] == "bwrap", v
         if harness.CHECKS[v["check"]].hidden:  # its failures name no details (below)
-            assert "(ModuleNotFoundError): the details are withheld" in v["message"], v["message"]
+            assert v["message"] == harness.WITHHELD, v["message"]
             continue
         assert "importing student_pipeline.py raised ModuleNotFoundError" in v["message"], v["message"]
         assert "lab2_checks" in v["message"]
@@ -111,10 +111,16 @@ class BucketSampler:  # hands each case it is given back in its error, which the
 def test_a_hidden_check_fails_without_handing_back_its_inputs(tmp_path):
     """The hidden sampler cases come from the course secret, the same for the whole course. A sampler that raises
     with its lengths, batch size and seed in the message got them back in its feedback, to hard-code next time.
-    A hidden check's failure now names the kind of case and Python's error type, and withholds the rest."""
+    Naming the failed case, the error type or the check's seconds also let a hand-in send bits home (it chose its
+    error, or slept, by the inputs): a hidden check now says pass or fail, and nothing else."""
     f = _submission(tmp_path, LEAKY_SAMPLER)
     public, hidden = run_checks(["lab2.bucket_sampler", "lab2.bucket_sampler_hidden"], f, device="cpu")
     assert not public["ok"] and "HIDDEN n=" in public["message"]  # public inputs: the student's error is shown
     assert not hidden["ok"] and hidden["gradable"] and hidden["score"] == 0
-    assert hidden["message"].startswith("failed on the hidden [uniform] case (ValueError): the details are withheld")
-    assert "n=" not in json.dumps(hidden) and "seed" not in json.dumps(hidden["measurements"])
+    assert hidden["message"] == harness.WITHHELD and hidden["measurements"] == {} and "seconds" not in hidden
+    assert "n=" not in json.dumps(hidden)
+    # passed, it says so and nothing more: its measurements were computed from the hidden lengths
+    (tmp_path / "ref").mkdir()
+    ok, = run_checks(["lab2.bucket_sampler_hidden"], student_file_from_notebook(NOTEBOOK, tmp_path / "ref"),
+                     device="cpu")
+    assert ok["ok"] and ok["score"] == ok["max_score"] and ok["measurements"] == {} and "seconds" not in ok, ok

