@@ -129,3 +129,9 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
     for v in run_checks(names, f, device="cpu"):
         assert not v["ok"] and v["score"] == 0, v
         assert "uses torch.amp.GradScaler, which implements this lab's answer" in v["message"], v["message"]
+    # a second pass reached it by dotted paths in strings (pydoc.locate) and scored 12/12; prose is no path
+    for src in ("import pydoc\nG = pydoc.locate('torch.amp.GradScaler')\n",
+                "from torch.amp.grad_scaler import OptState\n", "import torch.cuda.amp as a\nG = a.GradScaler\n"):
+        assert labkit_answers.banned_uses(src, "lab1") == ["torch.amp.GradScaler"], src
+    prose = 'def f():\n    """Like GradScaler\'s schedule."""\n    return "unlike GradScaler"\n'
+    assert labkit_answers.banned_uses(prose, "lab1") == []
