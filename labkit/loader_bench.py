@@ -213,7 +213,7 @@ def model_rates(device="cpu", quick: bool = True, dataset: D.ImageData | None = 
     from labkit import train as T
 
     dev = pick_device(device)
-    cfgs = rate_configs(dev.type, quick, n_train)
+    cfgs = rate_configs(dev, quick, n_train)
     ds = dataset or D.load("synthetic", next(iter(cfgs.values())).n_train, 16)
     out = {}
     for label, cfg in cfgs.items():
@@ -225,20 +225,17 @@ def model_rates(device="cpu", quick: bool = True, dataset: D.ImageData | None = 
     return out
 
 
-def rate_configs(device_type: str, quick: bool, n_train: int | None = None) -> dict:
-    """label -> the TrainConfig `model_rates` trains. A batch never exceeds the images: quick mode has 256,
-    fewer than the tuned rung's batch of 512, and a GPU runs quick mode too (LABKIT_QUICK=1)."""
+def rate_configs(device: torch.device, quick: bool, n_train: int | None = None) -> dict:
+    """label -> the TrainConfig `model_rates` trains, each rung fitted to `device` as the ladder fits it
+    (`train.fit_rung`): quick mode's batch never exceeds its 256 images (the tuned rung's is 512, and a GPU runs
+    quick mode too), and a GPU without bf16 tensor cores trains it in fp16."""
     from labkit import train as T
 
     base = T.quick_base() if quick else T.TrainConfig()
-    n = n_train or (256 if quick else 16384)
-    base = T.with_changes(base, epochs=2, evaluate=False, n_train=n)
-    names = {"baseline model": "baseline"} | ({"tuned model": "cudnn_benchmark"} if device_type == "cuda" else {})
-    cfgs = {}
-    for label, rung in names.items():
-        cfg = T.preset(rung, base)
-        cfgs[label] = T.with_changes(cfg, loader="resident", batch_size=min(cfg.batch_size, n))
-    return cfgs
+    base = T.with_changes(base, epochs=2, evaluate=False, n_train=n_train or (256 if quick else 16384))
+    names = {"baseline model": "baseline"} | ({"tuned model": "cudnn_benchmark"} if device.type == "cuda" else {})
+    return {label: T.fit_rung(T.with_changes(T.preset(rung, base), loader="resident"), device, quick)
+            for label, rung in names.items()}
 
 
 # ------------------------------------------------------------------------------------------------ tables, plots

@@ -626,8 +626,8 @@ def _skip_reason(name: str, device: torch.device, quick: bool) -> str | None:
             "cudnn_benchmark": "cuDNN exists only on CUDA GPUs"}.get(name)
 
 
-def _fit(cfg: TrainConfig, device: torch.device, quick: bool) -> TrainConfig:
-    """`cfg` as it runs on `device`: a quick CPU run caps the batch at 256, a quick GPU run at its images (the
+def fit_rung(cfg: TrainConfig, device: torch.device, quick: bool) -> TrainConfig:
+    """A ladder rung's `cfg` as it runs on `device` (the ladder, `labkit train`, loader_bench's model rates): a quick CPU run caps the batch at 256, a quick GPU run at its images (the
     top rung's 4096 is more than quick mode trains on), a CPU trains bf16 rungs in its default precision, a GPU
     without bf16 tensor cores in fp16 with loss scaling."""
     if quick and device.type == "cpu" and cfg.batch_size > 256:
@@ -656,7 +656,7 @@ def plan_ladder(device: torch.device, quick: bool, names: list[str] | None = Non
         if why:
             plan.skipped.append((name, why))
             continue
-        plan.rungs.append(_fit(preset(name, base), device, quick))
+        plan.rungs.append(fit_rung(preset(name, base), device, quick))
     fp16 = [c.name for c in plan.rungs if c.precision == "fp16" and preset(c.name).precision == "bf16"]
     if fp16:
         major, minor = torch.cuda.get_device_capability(device)
@@ -688,7 +688,7 @@ def plan_ablation(device: torch.device, quick: bool, top: str | None = None, dro
     plan = LadderPlan(ladder.base, rungs=[fitted["baseline"], fitted[top]], skipped=skipped, notes=ladder.notes)
     for cfg in variants[1:]:
         why = _skip_reason(cfg.name.removeprefix("without_"), device, quick)
-        cfg = _fit(cfg, device, quick)
+        cfg = fit_rung(cfg, device, quick)
         if with_changes(cfg, name=top) == fitted[top]:  # e.g. bf16 on a CPU, which trains it in fp32 anyway
             plan.skipped.append((cfg.name, f"no effect on {device.type}: {why or 'the same config as ' + top}"))
             continue
@@ -1054,7 +1054,7 @@ def _cli_train(args) -> int:
     t0 = time.perf_counter()
     dev = pick_device(args.device)
     rung = preset(args.preset, quick_base() if args.quick else TrainConfig())
-    fitted = _fit(rung, dev, args.quick)  # the rung as the ladder runs it here; --set still overrides
+    fitted = fit_rung(rung, dev, args.quick)  # the rung as the ladder runs it here; --set still overrides
     if fitted.precision != rung.precision:
         print(f"{rung.name}: {rung.precision} -> {fitted.precision}, as the ladder runs it here: "
               + ("this GPU has no bf16 tensor cores (fp16 autocast with GradScaler loss scaling instead)"

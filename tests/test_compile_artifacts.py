@@ -232,7 +232,7 @@ def test_the_cli_shows_the_artifact_and_the_training_commands_load_it(tmp_path, 
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     assert main(["compile-cache", "--device", "cpu"]) == 1
     assert capsys.readouterr().out.strip() == f"{CA.artifact_path('cpu')}: absent"
-    path = CA.save("cpu", note={"graphs": [T.graph_key(T._fit(T.preset("compile"), torch.device("cpu"), False))]})
+    path = CA.save("cpu", note={"graphs": [T.graph_key(T.fit_rung(T.preset("compile"), torch.device("cpu"), False))]})
     assert main(["compile-cache", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith(f"{path}: ok\n  0.0 MB, built ")
 

@@ -299,13 +299,23 @@ def test_benchmark_quick_runs_on_cpu(tmp_results):
     assert [r["strategy"] for r in res["padding"]] == ["max", "dynamic", "bucket", "pack"]
 
 
-def test_model_rates_never_asks_for_a_batch_larger_than_its_images():
+def test_model_rates_never_asks_for_a_batch_larger_than_its_images(monkeypatch):
     """Quick mode on a GPU (LABKIT_QUICK=1 there: week 4's notebook, `labkit data --quick`) trained the tuned rung at
     its batch of 512 on quick mode's 256 images, and the cell stopped with "batch_size 512 is larger than the 256
-    training images". Found running the notebooks quick on an H200."""
-    for device_type, quick, n in [("cuda", True, None), ("cuda", False, None), ("cuda", True, 100), ("cpu", True, 64)]:
-        cfgs = LB.rate_configs(device_type, quick, n)
-        assert set(cfgs) == ({"baseline model", "tuned model"} if device_type == "cuda" else {"baseline model"})
+    training images". Found running the notebooks quick on an H200. Each rung is now fitted as the ladder fits it:
+    on a card without bf16 tensor cores (a T4) the tuned rung trains in fp16 instead of being refused."""
+    import torch
+
+    from labkit import train as T
+
+    bf16 = {"yes": True}
+    monkeypatch.setattr(T, "native_bf16", lambda device: bf16["yes"])  # the GPU's side, without a GPU
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for device, quick, n in [(cuda, True, None), (cuda, False, None), (cuda, True, 100), (cpu, True, 64)]:
+        cfgs = LB.rate_configs(device, quick, n)
+        assert set(cfgs) == ({"baseline model", "tuned model"} if device.type == "cuda" else {"baseline model"})
         for cfg in cfgs.values():
             assert cfg.batch_size <= cfg.n_train and cfg.loader == "resident" and cfg.epochs == 2
-    assert LB.rate_configs("cuda", False)["tuned model"].batch_size == 512  # full size keeps the rung's batch
+    assert LB.rate_configs(cuda, False)["tuned model"].batch_size == 512  # full size keeps the rung's batch
+    bf16["yes"] = False
+    assert LB.rate_configs(cuda, True)["tuned model"].precision == "fp16"

@@ -143,7 +143,7 @@ def test_labkit_train_loads_the_saved_forward_instead_of_the_artifact(tmp_path, 
     monkeypatch.setattr(T, "train", lambda cfg, dev, **kw: trained.append(kw["precompiled"]) or
                         {"img_per_s": 1.0, "final_loss": 2.0, "accuracy": None})
     assert main(["train", "--preset", "compile", "--device", "cpu"]) == 0
-    cfg = T._fit(T.preset("compile"), CPU, False)
+    cfg = T.fit_rung(T.preset("compile"), CPU, False)
     assert asked == [T.graph_key(cfg)] and trained == [sentinel] and not artifact
     assert main(["train", "--preset", "compile", "--device", "cpu", "--no-compile-cache"]) == 0
     assert len(asked) == 1 and trained[-1] is None  # nothing loaded at all

@@ -441,8 +441,8 @@ def test_a_batch_larger_than_the_images_is_refused_before_work_and_quick_gpu_run
     with pytest.raises(LabkitError, match="batch_size 512 is larger than the 256 training images"):
         T.check_config(T.with_changes(T.preset("batch_fused"), n_train=256), cpu)
     T.check_config(T.with_changes(T.preset("batch_fused"), n_train=512), cpu)
-    monkeypatch.setattr(T, "native_bf16", lambda device: True)  # the GPU's side of _fit, without a GPU
+    monkeypatch.setattr(T, "native_bf16", lambda device: True)  # the GPU's side of fit_rung, without a GPU
     base = T.ladder_plan(cpu, True).base  # what quick mode trains each run on
-    top = T._fit(T.preset("muon", base), torch.device("cuda"), quick=True)
+    top = T.fit_rung(T.preset("muon", base), torch.device("cuda"), quick=True)
     assert top.batch_size == base.n_train < T.preset("muon").batch_size and top.precision == "bf16"
-    assert T._fit(T.preset("muon"), torch.device("cuda"), quick=False).batch_size == 4096  # full size untouched
+    assert T.fit_rung(T.preset("muon"), torch.device("cuda"), quick=False).batch_size == 4096  # full size untouched
