@@ -398,7 +398,8 @@ WITHHELD = ("failed on the hidden inputs: what went wrong is withheld, since it 
 def _run_in_worker(check: Check, ctx: Context) -> dict:
     verdict = _run_check(check, ctx)
     if check.hidden and verdict["gradable"]:  # pass or fail, and nothing the inputs shaped
-        kept = {k: v for k, v in verdict["measurements"].items() if k == "cause"}
+        # only the grader's own failure is named: a cause the hand-in can provoke (timeout, memory, disk) is a choice
+        kept = {"cause": "grader error"} if verdict["measurements"].get("cause") == "grader error" else {}
         message = verdict["message"] if verdict["ok"] else WITHHELD
         verdict = {**verdict, "message": message, "measurements": kept}
     return verdict
