@@ -15,7 +15,6 @@ is never held in memory at once.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import re
@@ -47,7 +46,7 @@ class Submission:
 
     student_id: str  # id used in grades.csv and nbgrader's gradebook
     notebook: str | None = None  # key in `files` of the notebook to grade, None when there is none
-    files: Spool | dict[str, bytes] = field(default_factory=dict)  # name inside the assignment folder -> content
+    files: Spool | dict[str, bytes] = field(default_factory=dict)  # name in the assignment folder -> content ({}: none)
     problem: str | None = None  # why it cannot be graded (then it scores 0 with this cause)
     cause: str | None = None  # short category of `problem`, for the summary
     notes: list[str] = field(default_factory=list)  # things worth telling the instructor, not fatal
@@ -55,15 +54,8 @@ class Submission:
     origin: str = ""  # the folder or file names under the submissions folder this hand-in came from
 
     def compute_digest(self) -> str:
-        if isinstance(self.files, Spool):
-            self.digest = self.files.digest()
-            return self.digest
-        h = hashlib.sha256()
-        for name in sorted(self.files):
-            h.update(name.encode() + b"\0")
-            h.update(self.files[name])
-            h.update(b"\0")
-        self.digest = h.hexdigest()
+        """sha256 of every file's name and bytes (Spool.digest): a changed hand-in is graded again."""
+        self.digest = self.files.digest()
         return self.digest
 
 
