@@ -190,7 +190,8 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
             if sched.wait + sched.warmup == 0:
                 read_from_here()
             if step is None:
-                train(_train_config_for_profile(target, sched.total), dev, dataset=dataset, on_step=on_step)
+                train(_train_config_for_profile(target, sched.total), dev, dataset=dataset, on_step=on_step,
+                      read_power=False)  # this meter reads them, from the first active step
             else:
                 for _ in range(sched.total):
                     step()

@@ -291,7 +291,7 @@ def peak_lr(cfg: TrainConfig) -> float:
 
 def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D.ImageData | None = None,
           peak_tflops: float | None = None, progress=None, on_step=None, warmup: CW.Warmup | None = None,
-          precompiled=None, tier=None) -> dict:
+          precompiled=None, tier=None, read_power: bool = True) -> dict:
     """Train ResNet-18 as `cfg` says and return a result record.
 
     Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
@@ -307,6 +307,8 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     `precompiled`: the compiled forward loaded from its file (`labkit.precompiled.load`), run instead of
     torch.compile; the record's `precompiled` says whether it was. `tier`: a compiled forward on its way
     (`labkit.tiered.start`), the steps eager until it is ready; the caller closes it and records its report.
+    `read_power=False` leaves the GPU's clock and power unread (gpu_power None): for a caller reading them itself,
+    such as `labkit.profiling.profile_steps`, since a second NVML thread would only add to the step it measures.
     """
     t_start = time.perf_counter()
     dev = pick_device(device)
@@ -328,7 +330,7 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     on_epoch = (lambda: evaluate(model, ds, cfg, dev)) if cfg.eval_every_epoch else None
-    meter = GP.Meter.open(dev)
+    meter = GP.Meter.open(dev) if read_power else None
     t_loop = time.perf_counter()
     with _switches(cfg):
         model.train()

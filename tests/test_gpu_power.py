@@ -191,3 +191,26 @@ def test_profile_steps_reads_the_card_over_the_active_steps_only(monkeypatch):
         warnings.simplefilter("ignore", UserWarning)
         PR.profile_steps(step, "cpu", schedule=PR.ProfileSchedule(wait=0, warmup=0, active=2))
     assert started == [0]
+
+
+def test_profiling_a_training_config_reads_the_card_with_one_meter(monkeypatch):
+    """profile_steps on a TrainConfig: train leaves the readings to the profiler's meter (read_power=False), so one
+    NVML thread runs beside the profiled steps, not two."""
+    import sys
+
+    from labkit import data as D
+    from labkit import profiling as PR
+    from labkit import train as T
+
+    nv = fake_nvml([(1470, 693_000, 0x4)])
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    opened = []
+
+    def open_meter(dev, every_s=0.02):
+        opened.append(dev)
+        return GP.Meter(nv, ("index", 0), 0.001)
+    monkeypatch.setattr(GP.Meter, "open", staticmethod(open_meter))
+    ds = D.synthetic_cifar(512, 64, seed=0, cache=False)
+    cfg = T.TrainConfig(width=4, n_train=256, n_test=64, epochs=1, batch_size=32, augment=False, workers=0)
+    prof = PR.profile_steps(cfg, "cpu", schedule=PR.ProfileSchedule(wait=1, warmup=1, active=2), dataset=ds)
+    assert len(opened) == 1 and prof.trace["labkit"]["gpu_power"]["samples"] > 0
