@@ -1326,3 +1326,29 @@ def test_results_page_regions_from_a_shared_cache_match_their_h200_records():
     assert f"Within it, 4 regions took {f(sb['4']['cached_first_step_s'])}" in page
     # the second call's whole model is apart from the first's: the calls are not compared run for run
     assert sb["1"]["cached_first_step_s"][0] > sa["1"]["cached_first_step_s"][1]
+
+
+def test_results_page_quick_mode_on_a_gpu_matches_its_records():
+    """gpu_quick.py's two records cover every labkit command and every notebook; the page's counts are theirs."""
+    import json
+
+    from labkit import cli
+    from labkit.notebooks import notebook_paths
+
+    page = " ".join(RESULTS_PAGE.read_text().split())
+    res = ROOT / "benchmarks" / "results"
+    cmds = json.loads((res / "gpu_quick_commands_h200.json").read_text())
+    nbs = json.loads((res / "gpu_quick_notebooks_h200.json").read_text())
+    for r in (cmds, nbs):
+        assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
+        assert r["env"]["git_commit"].startswith("7569b20")
+    ran = {u["command"].split()[1] for u in cmds["units"]}  # "labkit COMMAND ..."
+    assert ran == set(cli.COMMANDS), ran ^ set(cli.COMMANDS)
+    assert {u["name"] for u in nbs["units"]} == {p.name for p in notebook_paths()}
+    failed = [u for u in cmds["units"] if not u["ok"]]
+    assert [u["name"] for u in failed] == ["doctor"] and failed[0]["rc"] == 1
+    assert "required package(s) missing or broken: jupyterlab, nbgrader" in failed[0]["tail"][-1]
+    assert all(u["ok"] for u in nbs["units"])
+    n_ok = len(cmds["units"]) - len(failed)
+    assert (f"{n_ok} of the {len(cmds['units'])} commands and all {len(nbs['units'])} notebooks ran cleanly"
+            in page)
