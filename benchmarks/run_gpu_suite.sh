@@ -2,9 +2,9 @@
 # Run the recorded GPU benchmarks into one folder, a log per step, and pack them after every step:
 #   bash benchmarks/run_gpu_suite.sh OUT_DIR [step ...]
 # Steps: doctor ladder ablation compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp
-# coldstart samples (default: all but ddp, which needs a machine with several GPUs, coldstart, which takes most of 10
-# minutes, and samples, which builds this machine's compile-cache artifact). corpus's folder is what
-# benchmarks/results/trace_corpus/ holds.
+# coldstart samples quick (default: all but ddp, which needs a machine with several GPUs, coldstart, which takes most
+# of 10 minutes, samples, which builds this machine's compile-cache artifact, and quick, every command and notebook
+# in quick mode). corpus's folder is what benchmarks/results/trace_corpus/ holds.
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}
@@ -49,6 +49,7 @@ for s in $steps; do
                run "samples_$c" 180 "${pyc[@]}" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" \
                  python benchmarks/stack_samples.py --name "stack_samples_$c" --out "$out" -- train --preset "$c"
              done ;;
+    quick) run quick 590 python benchmarks/gpu_quick.py --out "$out/quick" ;;
     notebooks) run notebooks 590 python benchmarks/run_notebooks.py --bundle "$out/notebook_runs.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
