@@ -605,7 +605,7 @@ def _banned_uses(names: list[str], path: Path) -> dict[str, dict]:
     """Failed verdicts for the checks whose lab's answer the submission imports from labkit (read, not run)."""
     from autograder import labkit_answers
 
-    text = path.read_text(errors="replace")
+    text = path.read_bytes()  # decoded as Python would import it, by its own coding declaration
     out = {}
     for n in names:
         uses = labkit_answers.banned_uses(text, n)

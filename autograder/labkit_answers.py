@@ -44,6 +44,7 @@ TORCH_BANNED: dict[str, dict[str, str]] = {  # lab -> {a name in code: the class
 
 
 _DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")  # a name or dotted path, nothing else
+_WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 def banned(lab: str) -> tuple[str, ...]:
@@ -51,9 +52,12 @@ def banned(lab: str) -> tuple[str, ...]:
     return BANNED.get(lab.split(".")[0], ())
 
 
-def banned_uses(source: str, lab: str) -> list[str]:
+def banned_uses(source: str | bytes, lab: str) -> list[str]:
     """The banned modules of `lab` that `source` names ("<name>" for labkit.<name>, then torch classes by their full
     name, "torch.amp.GradScaler"), in order; [] if none or unparsable.
+
+    Give the file's bytes: Python decodes them by the file's own coding declaration, and so does this reader, where
+    text decoded as UTF-8 missed a name spelt in UTF-7.
 
     Catches `import labkit.X`, `from labkit import X`, `from labkit.X import ...`, `labkit.X` as an attribute and
     strings that name it ("labkit.X", "labkit/X.py", or just "X" as in getattr(labkit, "X") in a file that names
@@ -76,7 +80,10 @@ def banned_uses(source: str, lab: str) -> list[str]:
                 else node.name if isinstance(node, ast.alias) else node.module if isinstance(node, ast.ImportFrom)
                 else node.value.strip() if isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and _DOTTED.fullmatch(node.value.strip()) else None)
-        for part in (path or "").split("."):
+        parts = (path or "").split(".")
+        if isinstance(node, ast.Constant) and isinstance(node.value, bytes):  # data, never prose: a pickle's
+            parts = _WORD.findall(node.value.decode("latin-1"))  # b"ctorch.amp\nGradScaler\n." names the class
+        for part in parts:
             if part in torch_names and torch_names[part] not in found:
                 found.append(torch_names[part])
     # a bare module name in a string ("amp") counts only in a file that names labkit at all

@@ -104,7 +104,7 @@ def _banned(names: list[str], path: Path) -> dict[str, dict]:
     grader's own test and message (autograder.labkit_answers)."""
     from autograder import labkit_answers
 
-    text = path.read_text(errors="replace")
+    text = path.read_bytes()  # decoded by its own coding declaration, as Python imports it
     out = {}
     for n in names:
         uses = labkit_answers.banned_uses(text, n)

@@ -135,3 +135,15 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
         assert labkit_answers.banned_uses(src, "lab1") == ["torch.amp.GradScaler"], src
     prose = 'def f():\n    """Like GradScaler\'s schedule."""\n    return "unlike GradScaler"\n'
     assert labkit_answers.banned_uses(prose, "lab1") == []
+    # a third pass spelt the name in UTF-7 under a coding declaration (Python decodes it; a UTF-8 reader saw a
+    # syntax error and let the file through, 10 of 12 points), or kept it in bytes, a pickle's or decoded
+    utf7 = b"# -*- coding: utf-7 -*-\nfrom torch.amp import +AEcAcgBhAGQAUwBjAGEAbABlAHI- as _S\n"
+    for src in (utf7, b'import pickle\nS = pickle.loads(b"ctorch.amp\\nGradScaler\\n.")\n',
+                b'import torch\nS = getattr(torch.amp, b"GradScaler".decode())\n'):
+        assert labkit_answers.banned_uses(src, "lab1") == ["torch.amp.GradScaler"], src
+    body = GRADSCALER_WRAPPER.replace("+", "+-").replace("GradScaler", "+AEcAcgBhAGQAUwBjAGEAbABlAHI-")
+    f.write_bytes(b"# -*- coding: utf-7 -*-\n" + body.encode("ascii"))
+    compile(f.read_bytes(), str(f), "exec")  # a program Python runs, with the wrapper in it
+    assert b"GradScaler" not in f.read_bytes()
+    for v in run_checks(names, f, device="cpu"):
+        assert not v["ok"] and "uses torch.amp.GradScaler" in v["message"], v
