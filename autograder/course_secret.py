@@ -91,10 +91,11 @@ def for_grading(open_kit: bool = False) -> Secret:
     return load(graded=not open_kit)
 
 
-def derive(label: str, student: str | None = None, secret: Secret | None = None) -> bytes:
-    """32 bytes only the secret's holder can compute: HMAC-SHA256(key, label [NUL student])."""
+def derive(label: str, student: str | None = None, secret: Secret | None = None, handin: str | None = None) -> bytes:
+    """32 bytes only the secret's holder can compute: HMAC-SHA256(key, label [NUL student] [NUL handin])."""
     key = (secret or load()).key
     msg = label.encode() + (b"\0" + student.encode() if student is not None else b"")
+    msg += b"\0handin:" + handin.encode() if handin is not None else b""
     return hmac.new(key, msg, hashlib.sha256).digest()
 
 
@@ -103,11 +104,17 @@ def seed(label: str, student: str | None = None, secret: Secret | None = None, b
     return int.from_bytes(derive(label, student, secret), "big") >> (256 - bits)
 
 
-def rng(label: str, student: str | None = None, secret: Secret | None = None):
-    """A numpy Generator seeded from the secret: draw a hidden case's values (shapes, lengths, rates) from it."""
+def rng(label: str, student: str | None = None, secret: Secret | None = None, handin: str | None = None):
+    """A numpy Generator seeded from the secret: draw a hidden case's values (shapes, lengths, rates) from it.
+
+    `handin`, the digest of what the student handed in, draws a hidden check's cases for that hand-in alone: the
+    same bytes regraded draw the same cases, and any change draws new ones. Whatever a hand-in manages to learn of
+    its cases (by timing, memory or a crash it picks by them) is then no use to the next hand-in, nor to a
+    classmate's: to answer them it would have to change, and changing draws others (autograder.harness.Check).
+    """
     import numpy as np
 
-    return np.random.default_rng(int.from_bytes(derive(label, student, secret), "big"))
+    return np.random.default_rng(int.from_bytes(derive(label, student, secret, handin), "big"))
 
 
 def new_secret() -> str:

@@ -69,6 +69,10 @@ from labkit.env import LabkitError
 log = logging.getLogger("autograder")
 _TMP_PREFIX = "labkit-grade-"
 MAX_KEPT_BYTES = 16 * 2**20  # one file kept under autograded/ (the output folder holds them in memory), bytes
+# The trusted checks' run holds the grader's worker and the baseline's runner beside the student's runner, which the
+# harness caps at memory_gb itself. Under one cap of memory_gb for all three, a runner near its own cap took the
+# whole run down, and every check of the file failed alike, the verdicts already reached lost with them.
+HARNESS_EXTRA_BYTES = 4 * 2**30
 
 
 @dataclass
@@ -384,11 +388,12 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     if course.calls:
         verdicts, outs = trusted.run_trusted(course.calls, graded_dir, scratch / "trusted",
                                              harness_module=cfg.harness_module, env=env,
-                                             limits=replace(limits, wall_s=cfg.harness_timeout_s),
+                                             limits=replace(limits, wall_s=cfg.harness_timeout_s,
+                                                            memory_bytes=limits.memory_bytes + HARNESS_EXTRA_BYTES),
                                              data_files=course.source_files,
                                              sandbox="none" if cfg.trusted_submissions else "bwrap",
                                              memory_gb=cfg.memory_gb, cache=cache, student=sid,
-                                             disk_gb=cfg.disk_gb)
+                                             disk_gb=cfg.disk_gb, handin=sub.digest or None)
         for o in outs:
             res.peak_rss_bytes = max(res.peak_rss_bytes, o.peak_rss_bytes)
             res.wall_s += o.wall_s

@@ -231,6 +231,7 @@ class Context:
     cache: Path | None = None  # the student's own compile-cache folder (autograder.jail.cache_env), if any
     student_id: str | None = None  # whose submission this is (lab 3 grades that student's variant); None: unknown
     hide: tuple[str, ...] = ()  # labkit modules the student's sandbox does not show (autograder.labkit_answers)
+    handin: str | None = None  # the hand-in's digest: hidden checks draw their cases for it (course_secret.rng)
     _student: object = None
     _baseline: object = None
 
@@ -483,7 +484,8 @@ def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | Non
 
 
 def _worker(student_file: str, names: list[str], device: str, sandbox: str, memory_gb: float | None,
-            cache: str | None = None, student: str | None = None, disk_gb: float | None = None) -> int:
+            cache: str | None = None, student: str | None = None, disk_gb: float | None = None,
+            handin: str | None = None) -> int:
     nonce = sys.stdin.readline().strip()  # the parent's marker for verdict lines; no student code runs here
     sys.dont_write_bytecode = True
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -508,14 +510,14 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
         dev = pick_device(device)
         ctx = Context(device=dev, hardware=hardware_class(dev), small=dev.type != "cuda", work_dir=Path.cwd(),
                       student_file=path, sandbox=sandbox, memory_bytes=memory, cache=cache_dir, student_id=student,
-                      hide=hide, disk_bytes=disk)
+                      hide=hide, disk_bytes=disk, handin=handin)
         torch.backends.cudnn.benchmark = False
         if dev.type == "cpu":
             torch.set_num_threads(1)  # as the runners do: CPU timings measure the code, not the machine's load
     else:
         ctx = Context(device="cpu", hardware="cpu", small=True, work_dir=Path.cwd(), student_file=path,
                       sandbox=sandbox, memory_bytes=memory, cache=cache_dir, student_id=student, hide=hide,
-                      disk_bytes=disk)
+                      disk_bytes=disk, handin=handin)
     ctx._student, ctx._baseline = early
     secret = _secret_label()
     try:
@@ -556,7 +558,7 @@ def _failed(name: str, message: str, **measurements) -> dict:
 def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: float | None = None,
                device: str = "auto", sandbox: str = "auto", memory_gb: float | None = None,
                cache: str | os.PathLike | None = None, student: str | None = None,
-               disk_gb: float | None = None) -> list[dict]:
+               disk_gb: float | None = None, handin: str | None = None) -> list[dict]:
     """Run several checks on one student file from one fresh trusted process; one verdict per name, in order.
 
     The student's code runs in a sandboxed process of its own (`sandbox`: "bwrap" requires bubblewrap, "none"
@@ -569,6 +571,9 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     so every check runs at most once. `student` is the submission's student id (lab 3 grades that student's
     variant of slow_train.py). A submission that uses a labkit module implementing its lab's answer fails every
     check of that lab before any runs (autograder.labkit_answers).
+    `handin` is the digest of everything the student handed in (the grader's intake digest); the hidden checks
+    draw their cases for it (default: the student file's sha256). The hidden checks run after the others, so no
+    check that reports what went wrong runs in a student process that has seen hidden inputs.
     """
     for n in names:
         if n not in CHECKS:
@@ -578,10 +583,12 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
         return [_failed(n, f"{path.name} not found in {path.parent}: run the %%writefile cell that creates it")
                 for n in names]
     results = _banned_uses(names, path)
-    remaining = [n for n in names if n not in results]
+    handin = handin or hashlib.sha256(path.read_bytes()).hexdigest()
+    remaining = sorted((n for n in names if n not in results), key=lambda n: CHECKS[n].hidden)
     while remaining:
         budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
-        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, cache, student, disk_gb)
+        started, got, err = _spawn(remaining, path, budget, device, sandbox, memory_gb, cache, student, disk_gb,
+                                   handin)
         results.update(got)
         if err is None:
             for n in remaining:
@@ -590,7 +597,8 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
         culprit = next((n for n in reversed(started) if n not in got), None)
         for n in remaining:
             if n not in got and (n == culprit or culprit is None or timeout_s is not None):
-                results[n] = _failed(n, err)
+                # a hidden check that took its process down says no more than one that failed (see WITHHELD)
+                results[n] = _failed(n, WITHHELD) if CHECKS[n].hidden else _failed(n, err)
         remaining = [n for n in remaining if n not in results]
     return [results[n] for n in names]
 
@@ -616,7 +624,8 @@ def _banned_uses(names: list[str], path: Path) -> dict[str, dict]:
 
 
 def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto", memory_gb: float | None = None,
-           cache: str | os.PathLike | None = None, student: str | None = None, disk_gb: float | None = None):
+           cache: str | os.PathLike | None = None, student: str | None = None, disk_gb: float | None = None,
+           handin: str | None = None):
     """Run the worker; returns (names started, verdicts by name, error text or None if it finished)."""
     nonce = secrets.token_hex(16)
     env = dict(os.environ)
@@ -626,7 +635,8 @@ def _spawn(names, path: Path, budget: float, device: str, sandbox: str = "auto",
            *(["--memory-gb", str(memory_gb)] if memory_gb else []),
            *(["--disk-gb", str(disk_gb)] if disk_gb else []),
            *(["--cache", str(Path(cache).resolve())] if cache else []),
-           *(["--student", student] if student is not None else []), str(path), *names]
+           *(["--student", student] if student is not None else []),
+           *(["--handin", handin] if handin is not None else []), str(path), *names]
     err = None
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         # A session of its own: on a timeout the whole group goes, DataLoader workers and other children included
@@ -751,10 +761,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--disk-gb", type=float, default=None)
         ap.add_argument("--cache", default=None)
         ap.add_argument("--student", default=None)
+        ap.add_argument("--handin", default=None)
         ap.add_argument("student_file")
         ap.add_argument("names", nargs="+")
         a = ap.parse_args(argv[1:])
-        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.cache, a.student, a.disk_gb)
+        return _worker(a.student_file, a.names, a.device, a.sandbox, a.memory_gb, a.cache, a.student, a.disk_gb,
+                       a.handin)
     ap = argparse.ArgumentParser(prog="python -m autograder.harness",
                                  description="Run a trusted check on a student's file in a fresh process.")
     ap.add_argument("check", nargs="?", help="check name (e.g. lab2.loader_speed) or a lab id prefix (e.g. lab2)")
@@ -764,6 +776,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds for the whole run")
     ap.add_argument("--student", default=None, help="the submission's student id (lab 3 grades that student's "
                     "variant of slow_train.py; default: the course's common one)")
+    ap.add_argument("--handin", default=None, help="the hand-in's digest from the grader's results (its "
+                    "hidden cases are drawn for it; default: the student file's sha256)")
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     a = ap.parse_args(argv)
     if a.list or not a.check:
@@ -778,7 +792,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         names = checks_for(a.check)
-        verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device, student=a.student)
+        verdicts = run_checks(names, a.student_file, timeout_s=a.timeout, device=a.device, student=a.student,
+                              handin=a.handin)
     except Exception as e:
         if type(e).__name__ == "LabkitError":
             print(f"autograder.harness: {e}", file=sys.stderr)

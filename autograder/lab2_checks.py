@@ -315,12 +315,13 @@ def check_bucket_sampler(ctx) -> dict:
                        f"{m['random_batching_waste']:.1%})", "measurements": m}
 
 
-def _hidden_cases() -> tuple[dict[str, tuple[list[int], int]], int]:
-    """The hidden sampler cases (lengths, batch size) and the sampler's seed, from the course secret: the kinds of
-    case are public (uniform, tied, fewer than a batch, long-tailed), their sizes and values are not."""
+def _hidden_cases(handin: str | None = None) -> tuple[dict[str, tuple[list[int], int]], int]:
+    """The hidden sampler cases (lengths, batch size) and the sampler's seed, from the course secret and the
+    hand-in's digest: the kinds of case are public (uniform, tied, fewer than a batch, long-tailed), their sizes
+    and values are not."""
     from autograder import course_secret
 
-    r = course_secret.rng("lab2.hidden/sampler_cases")
+    r = course_secret.rng("lab2.hidden/sampler_cases", handin=handin)
     # Each kind of case varies around a size the reference solution was measured on, well inside the checks'
     # margins (an honest sampler must pass every course's cases, not most).
     bs_few = int(r.integers(6, 12))
@@ -335,7 +336,7 @@ def _hidden_cases() -> tuple[dict[str, tuple[list[int], int]], int]:
 
 def check_bucket_sampler_hidden(ctx) -> dict:
     ms = {}
-    cases, seed = _hidden_cases()
+    cases, seed = _hidden_cases(ctx.handin)
     for name, (lengths, bs) in cases.items():
         try:
             ms[name] = _sampler_checks(ctx, lengths, bs, seed)

@@ -101,12 +101,12 @@ def build_toy_course(root: str | Path, written: bool = False) -> Path:
 # the sandbox (autograder.student.toy), the answers and the clock stay here.
 
 
-def hidden_params() -> dict:
-    """The hidden test's inputs, from the course secret (autograder.course_secret): reading this code reveals
-    none of them; they reach the student's process only when graded."""
+def hidden_params(handin: str | None = None) -> dict:
+    """The hidden test's inputs, from the course secret and the hand-in's digest (autograder.course_secret):
+    reading this code reveals none of them; they reach the student's process only when graded."""
     from autograder import course_secret
 
-    r = course_secret.rng("toy.hidden/inputs")
+    r = course_secret.rng("toy.hidden/inputs", handin=handin)
     return {"seed": int(r.integers(2**31)), "count": 3, "n": int(r.integers(800, 1200))}
 
 
@@ -133,7 +133,7 @@ def check_correct(ctx) -> dict:
 def check_hidden(ctx) -> dict:
     from autograder.student.toy import arrays
 
-    params = hidden_params()
+    params = hidden_params(ctx.handin)
     _expect_totals(ctx.call("toy.totals", params), arrays(**params))
     return {"message": "right answers on the hidden inputs"}
 

@@ -131,12 +131,13 @@ def interpret(call: HarnessCall, answer: dict) -> Verdict:
 def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *, harness_module: str,
                 limits: Limits, env: dict[str, str], data_files: dict[str, bytes] | None = None,
                 sandbox: str = "bwrap", memory_gb: float | None = None, cache: Path | None = None,
-                student: str | None = None, disk_gb: float | None = None,
+                student: str | None = None, disk_gb: float | None = None, handin: str | None = None,
                 ) -> tuple[dict[str, Verdict], list[Outcome]]:
     """Run `calls` from fresh trusted interpreters (one per student file); never raises.
 
-    `student`, the student id, `cache` and `disk_gb` (what the student's processes may write, GiB) go to a
-    harness whose run_checks takes them (lab 3 grades that student's variant).
+    `student`, the student id, `cache`, `disk_gb` (what the student's processes may write, GiB) and `handin` (the
+    hand-in's digest, for which the hidden checks draw their cases) go to a harness whose run_checks takes them
+    (lab 3 grades that student's variant).
 
     Each gets a folder holding the assignment's own files (`data_files`, as nbgrader puts them beside the
     notebook) and a copy of the student's file, nothing else the student wrote. The harness runs the
@@ -172,7 +173,8 @@ def run_trusted(calls: list[HarnessCall], assignment_dir: Path, scratch: Path, *
             f"import {harness_module} as h\n"
             f"names, path = {names!r}, {sfile!r}\n"
             "import inspect\n"
-            f"given = {{'student': {student!r}, 'cache': {str(cache) if cache else None!r}, 'disk_gb': {disk_gb!r}}}\n"
+            f"given = {{'student': {student!r}, 'cache': {str(cache) if cache else None!r}, 'disk_gb': {disk_gb!r}, "
+            f"'handin': {handin!r}}}\n"
             "params = inspect.signature(h.run_checks).parameters.values() if hasattr(h, 'run_checks') else []\n"
             "takes = lambda k: any(p.name == k or p.kind == p.VAR_KEYWORD for p in params)\n"
             "kw = {k: v for k, v in given.items() if v is not None and takes(k)}\n"

@@ -204,8 +204,8 @@ def test_the_sandbox_view_of_labkit_leaves_the_answer_out():
 
 
 def test_every_course_gets_hidden_sampler_cases_the_reference_passes(monkeypatch):
-    """Hidden cases drawn from a secret must be fair for every secret: the lab 2 reference sampler passes the
-    hidden sampler check for 40 courses (600 were measured when the case ranges were chosen)."""
+    """Hidden cases drawn from a secret must be fair for every secret and hand-in: the lab 2 reference sampler
+    passes the hidden sampler check for 40 courses (600 were measured when the case ranges were chosen)."""
     import tempfile
 
     from autograder import harness, lab2_checks
@@ -216,6 +216,8 @@ def test_every_course_gets_hidden_sampler_cases_the_reference_passes(monkeypatch
     p = Probe(str(harness.student_file_from_notebook(nb, tempfile.mkdtemp())), lambda: "cpu", {})
 
     class Ctx:
+        handin = "a hand-in"  # each hand-in draws its own cases, as each course does
+
         def call(self, name, params):
             return pub.probe_sampler(p, params)
 
