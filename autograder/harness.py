@@ -495,7 +495,7 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
         sandbox = "bwrap" if probe() is None else "none"
     from autograder import labkit_answers
 
-    hide = tuple(sorted({m for n in names for m in labkit_answers.banned(n)}))
+    hide = tuple(sorted({m for n in names for m in labkit_answers.sandbox_hides(n)}))
     path = _student_box(Path(student_file), Path.cwd())
     cache_dir = Path(cache) if cache else None
     disk = int(disk_gb * 2**30) if disk_gb else DISK_BYTES

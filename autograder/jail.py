@@ -22,6 +22,7 @@ submissions are trusted (`--trusted-submissions`), and then `command()` is the p
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -64,7 +65,8 @@ class Jail:
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
     trusted: bool = False  # no sandbox at all (the instructor vouched for the submissions)
     cache: Path | None = None  # this student's compile caches, shared by their notebook and runner only (below)
-    hide: tuple[str, ...] = ()  # labkit modules left out of the view: a lab's answer (autograder.labkit_answers)
+    hide: tuple[str, ...] = ()  # labkit modules left out of the view, and torch files ("torch/...") a stub stands in
+                                # for: a lab's answer (autograder.labkit_answers.sandbox_hides)
     disk_bytes: int | None = DISK_BYTES  # space the files in `writable` and `cache` may take together, bytes
     max_files: int | None = MAX_FILES  # files and folders there together
 
@@ -174,18 +176,41 @@ def _inside(p: Path, root: Path) -> bool:
 
 def _grader_view(hide: tuple[str, ...] = ()) -> list[str]:
     """labkit (less the modules in `hide`) and the public half of the grader under VIEW; a kernel-side stub stands
-    in for the harness."""
+    in for the harness, and autograder.student.no_grad_scaler for the torch files `hide` names."""
     import labkit
 
     src = Path(labkit.__file__).resolve().parent
-    out = ["--dir", f"{VIEW}/autograder", *(_labkit_without(src, hide) if hide else
+    mods = tuple(h for h in hide if not h.startswith("torch/"))
+    out = ["--dir", f"{VIEW}/autograder", *(_labkit_without(src, mods) if mods else
                                             ["--ro-bind", str(src), f"{VIEW}/labkit"]),
+           *_torch_stubs(tuple(h for h in hide if h.startswith("torch/"))),
            "--ro-bind", str(PUBLIC), f"{VIEW}/autograder/student",
            "--ro-bind", str(PUBLIC / "view_init.py"), f"{VIEW}/autograder/__init__.py",
            "--ro-bind", str(PUBLIC / "kernel_harness.py"), f"{VIEW}/autograder/harness.py",
            "--ro-bind", str(PUBLIC / "kernel_harness.py"), f"{VIEW}/autograder/rehearsal.py",
            # nbgrader runs inside the sandbox with the notebook, and loads the grader's preprocessors from here
            "--ro-bind", str(GRADER_ROOT / "autograder" / "nbhooks.py"), f"{VIEW}/autograder/nbhooks.py"]
+    return out
+
+
+def _torch_stubs(files: tuple[str, ...]) -> list[str]:
+    """The stub bound over each torch file in `files` ("torch/amp/grad_scaler.py"), and an empty file over its
+    bytecode, which Python then finds invalid and ignores: the real module cannot be loaded from either."""
+    if not files:
+        return []
+    spec = importlib.util.find_spec("torch")  # where it is installed, without importing it here
+    if spec is None or not spec.origin:
+        return []  # no torch, nothing of it to hide
+    root = Path(spec.origin).resolve().parent.parent
+    out = []
+    for rel in files:
+        target = root / rel
+        if not target.is_file():
+            raise SandboxUnavailable(f"{target}: this torch has no such file to stand in for; the grader's list "
+                                     "(autograder.labkit_answers.TORCH_HIDDEN) needs updating for it")
+        out += ["--ro-bind", str(PUBLIC / "no_grad_scaler.py"), str(target)]
+        for pyc in sorted((target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")):
+            out += ["--ro-bind", "/dev/null", str(pyc)]
     return out
 
 

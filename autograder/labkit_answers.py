@@ -9,7 +9,9 @@ scalers are `labkit.loss_scaling`). A submission of that lab must not use them. 
 - before any check runs, `banned_uses` reads the submission (its syntax tree: imports, attribute access on
   labkit, strings naming the module) so the usual ways fail at once with one clear message.
 
-Lab 1 also bans torch's own GradScaler (`TORCH_BANNED`), through the reader alone: torch stays in the sandbox.
+Lab 1 also bans torch's own GradScaler, in the same two layers: the reader (`TORCH_BANNED`), and in the sandbox
+a stub that stands in for torch's grad-scaler modules (`TORCH_HIDDEN`, autograder.student.no_grad_scaler), since
+torch itself has to stay.
 The lists are stated in each lab's instructions (the notebooks' first cell; a test keeps the two in step).
 Modules the probes need (bench, env, outputs, errors, models) are never on them.
 """
@@ -35,11 +37,15 @@ BANNED: dict[str, tuple[str, ...]] = {
 }
 
 
-# lab -> torch classes that are its answer, named in its instructions ("without `torch.amp.GradScaler`"). torch
-# cannot be left out of the sandbox, so only the reader below stands in the way: a wrapper around GradScaler
-# passed every scaler check of lab 1.
+# lab -> torch classes that are its answer, named in its instructions ("without `torch.amp.GradScaler`"): a
+# wrapper around GradScaler passed every scaler check of lab 1. The reader below names them in its message.
 TORCH_BANNED: dict[str, dict[str, str]] = {  # lab -> {a name in code: the class it reaches}
     "lab1": {"GradScaler": "torch.amp.GradScaler", "grad_scaler": "torch.amp.GradScaler"},
+}
+# lab -> torch files (from the site-packages folder) its sandbox shows as autograder.student.no_grad_scaler, so that
+# the class is not there to reach however the name is built (the reader above gives the clear message first)
+TORCH_HIDDEN: dict[str, tuple[str, ...]] = {
+    "lab1": ("torch/amp/grad_scaler.py", "torch/distributed/fsdp/sharded_grad_scaler.py"),
 }
 
 
@@ -50,6 +56,12 @@ _WORD = re.compile(r"[A-Za-z_]\w*")
 def banned(lab: str) -> tuple[str, ...]:
     """The labkit modules (names inside labkit) a submission of `lab` ('lab1'..'lab4', or a check name) may not use."""
     return BANNED.get(lab.split(".")[0], ())
+
+
+def sandbox_hides(lab: str) -> tuple[str, ...]:
+    """What the sandbox of `lab` ('lab1'..'lab4', or a check name) leaves out: its banned labkit modules by name,
+    and the torch files a stub stands in for ("torch/..."), as autograder.jail.Jail.hide takes them."""
+    return banned(lab) + TORCH_HIDDEN.get(lab.split(".")[0], ())
 
 
 def banned_uses(source: str | bytes, lab: str) -> list[str]:

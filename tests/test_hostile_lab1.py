@@ -147,3 +147,76 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
     assert b"GradScaler" not in f.read_bytes()
     for v in run_checks(names, f, device="cpu"):
         assert not v["ok"] and "uses torch.amp.GradScaler" in v["message"], v
+
+
+# A third pass's wrapper, scoring 10 of 12 points with the class from a pickle's bytes; here the name is built at run
+# time, which no reader sees.
+RUNTIME_WRAPPER = '''
+import torch
+import torch.nn as nn
+_S = getattr(torch.amp, "Grad" + "Scaler")
+
+
+class _Base:
+    def scale(self, loss):
+        return self._s.scale(loss)
+
+    def unscale_(self, opt):
+        return self._s.unscale_(opt)
+
+    def step(self, opt):
+        self._s.step(opt)
+        st = self._s._per_optimizer_states[id(opt)]
+        ok = sum(float(v.item()) for v in st["found_inf_per_device"].values()) == 0
+        self.skipped += not ok
+        return ok
+
+    def get_scale(self):
+        return self._s.get_scale()
+
+
+class StaticScaler(_Base):
+    def __init__(self, scale=2.0 ** 16):
+        self._s = _S("cpu", init_scale=scale, growth_interval=2 ** 30)
+        self._v = float(scale)
+        self.skipped = 0
+
+    def update(self):
+        self._s.update(new_scale=self._v)
+
+
+class DynamicScaler(_Base):
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self._s = _S("cpu", init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                     growth_interval=growth_interval)
+        self.skipped = 0
+
+    def update(self):
+        self._s.update()
+
+
+def fp16_train_step(model, optimizer, scaler, x, y):
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        out = model(x)
+    loss = nn.functional.mse_loss(out.float(), y)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+'''
+
+
+def test_a_gradscaler_reached_by_a_name_built_at_run_time_is_not_in_the_sandbox(tmp_path):
+    """No reader sees a name built at run time (getattr(torch.amp, "Grad" + "Scaler")), a pickle held in a str or a
+    search of torch.amp's attributes. In lab 1's sandbox a stub stands in for torch's grad-scaler modules (their
+    bytecode hidden too), so every route reaches a class that refuses to be built, and the wrapper scores nothing."""
+    from autograder.student.no_grad_scaler import MESSAGE
+
+    f = tmp_path / "student_scaler.py"
+    f.write_text(RUNTIME_WRAPPER)
+    assert labkit_answers.banned_uses(f.read_bytes(), "lab1") == []  # past the reader
+    verdicts = run_checks(harness.checks_for("lab1"), f, device="cpu")
+    assert sum(v["score"] for v in verdicts) == 0, verdicts
+    shown = [v for v in verdicts if not harness.CHECKS[v["check"]].hidden and v["check"] != "lab1.host_syncs"]
+    assert len(shown) == 3 and all(MESSAGE in v["message"] for v in shown), shown
