@@ -514,6 +514,14 @@ def test_results_page_grading_time_per_student_matches_its_records():
     assert speed["message"].startswith("3.80x the naive step (77229 vs 20329 img/s") and ref["speedups"]["lab4.speed"] == 3.8
     assert "3.80x the naive step (77,229 vs 20,329 img/s at batch 512)" in " ".join(page.split())
     assert ref["env"]["device_name"] == "NVIDIA H200" and ref["env"]["git_commit"].startswith("fe0c4d1")
+    again = json.loads((ROOT / "benchmarks" / "results" / "grade_reference_gpu_handin_h200.json").read_text())
+    assert again["all_gradable_full_marks"] and set(again["labs"]) == {"lab1", "lab4"}
+    assert all(v["sandbox"] == "bwrap" and v["device"] == "cuda:0" for lab in again["labs"].values()
+               for v in lab["verdicts"])
+    speed = next(v for v in again["labs"]["lab4"]["verdicts"] if v["check"] == "lab4.speed")
+    assert speed["message"].startswith("3.65x the naive step (76175 vs 20775 img/s")
+    assert "lab 4's speed 3.65x the naive step (76,175 vs 20,775 img/s)" in " ".join(page.split())
+    assert again["env"]["device_name"] == "NVIDIA H200" and again["env"]["git_commit"].startswith("753e908")
     cpu = json.loads((ROOT / "benchmarks" / "results" / "grade_time_cpu.json").read_text())
     ratios = [v["ratio"] for v in cpu["labs"].values()]
     assert len(ratios) == 4 and f"take {min(ratios):.2f}–{max(ratios):.2f}x the time" in page
