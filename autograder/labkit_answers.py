@@ -37,10 +37,14 @@ BANNED: dict[str, tuple[str, ...]] = {
 }
 
 
-# lab -> torch classes that are its answer, named in its instructions ("without `torch.amp.GradScaler`"): a
-# wrapper around GradScaler passed every scaler check of lab 1. The reader below names them in its message.
-TORCH_BANNED: dict[str, dict[str, str]] = {  # lab -> {a name in code: the class it reaches}
-    "lab1": {"GradScaler": "torch.amp.GradScaler", "grad_scaler": "torch.amp.GradScaler"},
+# lab -> torch names that are its answer, named in its instructions ("without `torch.amp.GradScaler`"): a wrapper
+# around GradScaler passed every scaler check of lab 1, and so did a scaler made of the two kernels GradScaler calls.
+# {a name in code: what it reaches}. The class and its module count on a path from torch (an honest scaler may well
+# keep a `grad_scaler` of its own); the kernels' names are torch's alone and count wherever they appear.
+TORCH_BANNED: dict[str, dict[str, str]] = {
+    "lab1": {"GradScaler": "torch.amp.GradScaler", "grad_scaler": "torch.amp.GradScaler",
+             "_amp_foreach_non_finite_check_and_unscale_": "torch._amp_foreach_non_finite_check_and_unscale_",
+             "_amp_update_scale_": "torch._amp_update_scale_"},
 }
 # lab -> torch files (from the site-packages folder) its sandbox shows as autograder.student.no_grad_scaler, so that
 # the class is not there to reach however the name is built (the reader above gives the clear message first)
@@ -64,6 +68,65 @@ def sandbox_hides(lab: str) -> tuple[str, ...]:
     return banned(lab) + TORCH_HIDDEN.get(lab.split(".")[0], ())
 
 
+def torch_uses(tree: ast.AST, lab: str) -> list[str]:
+    """The torch names of TORCH_BANNED[lab] that the parsed file reaches, by their full name, in order.
+
+    A torch path counts: an import (`from torch.amp import GradScaler`, `import torch.amp.grad_scaler`), an
+    attribute chain from torch or from a name imported from it (`a.GradScaler` after `import torch.cuda.amp as a`),
+    a string that is such a dotted path (pydoc.locate), or bytes holding "torch" and the name (a pickle). A name
+    built at run time gets past this reader, not past lab 1's sandbox, whose torch shows a stub in their place
+    (TORCH_HIDDEN); the reader is there for the clear message, so it stays away from an honest file's own names.
+    """
+    names = TORCH_BANNED.get(lab.split(".")[0], {})
+    if not names:
+        return []
+    alias: dict[str, str] = {}  # a local name -> the torch path it was imported as
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                alias[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                alias[a.asname or a.name] = f"{node.module}.{a.name}"
+    found: list[str] = []
+
+    def hit(parts: list[str], rooted: bool) -> None:
+        for part in parts:
+            full = names.get(part)
+            if full and (rooted or part.startswith("_amp_")) and full not in found:
+                found.append(full)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            hit(node.module.split(".") + [a.name for a in node.names], node.module.split(".")[0] == "torch")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                hit(a.name.split("."), a.name.split(".")[0] == "torch")
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            chain = _chain(node)
+            if chain:
+                root = alias.get(chain[0], chain[0]).split(".")
+                hit(root + chain[1:], root[0] == "torch")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value.strip()
+            hit(text.split("."), bool(_DOTTED.fullmatch(text)) and text.split(".")[0] == "torch")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):  # data, never prose: a pickle's
+            words = _WORD.findall(node.value.decode("latin-1"))  # b"ctorch.amp\nGradScaler\n." names the class
+            hit(words, "torch" in words or "ctorch" in words)
+    return found
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """["torch", "amp", "GradScaler"] for the expression torch.amp.GradScaler; None unless names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
 def banned_uses(source: str | bytes, lab: str) -> list[str]:
     """The banned modules of `lab` that `source` names ("<name>" for labkit.<name>, then torch classes by their full
     name, "torch.amp.GradScaler"), in order; [] if none or unparsable.
@@ -83,21 +146,7 @@ def banned_uses(source: str | bytes, lab: str) -> list[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):  # it cannot be imported either
         return []
-    found: list[str] = []
-    torch_names = TORCH_BANNED.get(lab.split(".")[0], {})
-    for node in ast.walk(tree):
-        # a name, an attribute, an import path, or a string that is a dotted path ("torch.amp.GradScaler" handed to
-        # pydoc.locate); prose in a docstring or a message ("GradScaler's schedule") is no path and does not count
-        path = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
-                else node.name if isinstance(node, ast.alias) else node.module if isinstance(node, ast.ImportFrom)
-                else node.value.strip() if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and _DOTTED.fullmatch(node.value.strip()) else None)
-        parts = (path or "").split(".")
-        if isinstance(node, ast.Constant) and isinstance(node.value, bytes):  # data, never prose: a pickle's
-            parts = _WORD.findall(node.value.decode("latin-1"))  # b"ctorch.amp\nGradScaler\n." names the class
-        for part in parts:
-            if part in torch_names and torch_names[part] not in found:
-                found.append(torch_names[part])
+    found = torch_uses(tree, lab)
     # a bare module name in a string ("amp") counts only in a file that names labkit at all
     mentions = any(isinstance(n, ast.Name) and n.id == "labkit" or isinstance(n, ast.Constant)
                    and isinstance(n.value, str) and "labkit" in n.value or isinstance(n, ast.alias)
