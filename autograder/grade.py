@@ -40,6 +40,7 @@ from autograder import (
     gpu_policy,
     intake,
     jail,
+    labkit_answers,
     manual,
     report,
     shard,
@@ -306,6 +307,15 @@ def _kernel_socket_dir() -> Path | None:
     return d
 
 
+def notebook_jail(course: Course, root: Path, cache: Path, gpu_index, gpu_env: dict, cfg: GradeConfig) -> Jail:
+    """The sandbox the student's notebook runs in: its scratch course writable, its compile cache, and nothing
+    the checks' sandboxes leave out. The cache it writes is the checks' runner's, and a copy of torch's
+    grad_scaler.py that a notebook left there was loaded by that runner and scored lab 1 at full marks."""
+    hide = tuple(sorted({m for c in course.calls for m in labkit_answers.sandbox_hides(c.check)}))
+    return Jail(writable=[root], gpu=gpu_index, env=gpu_env, trusted=cfg.trusted_submissions, cache=cache,
+                disk_bytes=int(cfg.disk_gb * 2**30), hide=hide)
+
+
 def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeConfig, slot: dict, out: Outputs,
               sealed: Path, *, kernel_ipc: str | None = None) -> StudentResult:
     sid, aid = sub.student_id, course.assignment
@@ -324,8 +334,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     write_json(sdir / "running.json", {"token": token, "started_at": _now()})
     cache = scratch / "compile-cache"  # this student's alone: their notebook fills it, their runner reuses it
     cache.mkdir(parents=True)
-    box = Jail(writable=[root], gpu=slot["index"], env=gpu, trusted=not jailed, cache=cache,
-               disk_bytes=int(cfg.disk_gb * 2**30))
+    box = notebook_jail(course, root, cache, slot["index"], gpu, cfg)
     outcome = run_limited(nbgrader_command("autograde", aid, "--student", sid, "--force"),
                           cwd=root, env=env, limits=limits, token=token, jail=box)
     write_log(sdir / "autograde.log", f"nbgrader autograde {aid} --student {sid}", outcome)
