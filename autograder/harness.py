@@ -399,10 +399,10 @@ WITHHELD = ("failed on the hidden inputs: what went wrong is withheld, since it 
 def _run_in_worker(check: Check, ctx: Context) -> dict:
     verdict = _run_check(check, ctx)
     if check.hidden and verdict["gradable"]:  # pass or fail, and nothing the inputs shaped
-        # only the grader's own failure is named: a cause the hand-in can provoke (timeout, memory, disk) is a choice
-        kept = {"cause": "grader error"} if verdict["measurements"].get("cause") == "grader error" else {}
+        # No cause either: timeout, memory and disk are choices a hand-in can make, and so is a "grader error" (a
+        # tensor of the wrong shape made the trusted comparison raise, on the inputs the hand-in picked).
         message = verdict["message"] if verdict["ok"] else WITHHELD
-        verdict = {**verdict, "message": message, "measurements": kept}
+        verdict = {**verdict, "message": message, "measurements": {}}
     return verdict
 
 
@@ -438,17 +438,31 @@ def _run_check(check: Check, ctx: Context) -> dict:
 _MAX_COPIED = 64 << 20  # bytes of one file beside the submission copied into its sandbox folder
 
 
+def _box_files(student_file: Path) -> list[Path]:
+    """What the student's sandbox gets a copy of: the plain files beside the submission (100 at most), then it."""
+    near = [p for p in sorted(student_file.parent.iterdir()) if p.is_file() and not p.is_symlink()
+            and p.stat().st_size <= _MAX_COPIED and p != student_file][:100]
+    return [*near, student_file]
+
+
 def _student_box(student_file: Path, work: Path) -> Path:
     """A folder for the student's sandbox: a copy of the submission and the plain files beside it."""
     box = work / "student"
     box.mkdir()
-    n = 0
-    for p in sorted(student_file.parent.iterdir()):
-        if n < 100 and p.is_file() and not p.is_symlink() and p.stat().st_size <= _MAX_COPIED and p != student_file:
-            shutil.copyfile(p, box / p.name)
-            n += 1
-    shutil.copyfile(student_file, box / student_file.name)
+    for p in _box_files(student_file):
+        shutil.copyfile(p, box / p.name)
     return box / student_file.name
+
+
+def _box_digest(student_file: Path) -> str:
+    """sha256 over every file the student's sandbox gets, names and lengths included: a file beside the
+    submission is the hand-in too (one read at run time set a hidden check's answer while the submission's own
+    digest, and so its hidden cases, stayed the same)."""
+    h = hashlib.sha256()
+    for p in _box_files(student_file):
+        data, name = p.read_bytes(), p.name.encode()
+        h.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big") + data)
+    return h.hexdigest()
 
 
 def _jail_for(folder: Path, device_type: str, sandbox: str, *, cache: Path | None, baseline: bool,
@@ -572,8 +586,9 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
     variant of slow_train.py). A submission that uses a labkit module implementing its lab's answer fails every
     check of that lab before any runs (autograder.labkit_answers).
     `handin` is the digest of everything the student handed in (the grader's intake digest); the hidden checks
-    draw their cases for it (default: the student file's sha256). The hidden checks run after the others, so no
-    check that reports what went wrong runs in a student process that has seen hidden inputs.
+    draw their cases for it (default: the digest of the student file and every file copied beside it into the
+    sandbox). The hidden checks run after the others, so no check that reports what went wrong runs in a student
+    process that has seen hidden inputs.
     """
     for n in names:
         if n not in CHECKS:
@@ -583,7 +598,7 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
         return [_failed(n, f"{path.name} not found in {path.parent}: run the %%writefile cell that creates it")
                 for n in names]
     results = _banned_uses(names, path)
-    handin = handin or hashlib.sha256(path.read_bytes()).hexdigest()
+    handin = handin or _box_digest(path)
     remaining = sorted((n for n in names if n not in results), key=lambda n: CHECKS[n].hidden)
     while remaining:
         budget = timeout_s if timeout_s is not None else _STARTUP_S + sum(CHECKS[n].timeout_s for n in remaining)
