@@ -117,13 +117,16 @@ class Spool(MutableMapping):
         self._entries[new] = self._entries.pop(old)
 
     def digest(self) -> str:
-        """sha256 over every name and its bytes, in name order: the same value an in-memory dict of the same files
-        gave before (intake.Submission.compute_digest), so results recorded then still match. Each file is
-        checked against its own sha256 on the way."""
+        """sha256 over every name and its bytes, in name order, each preceded by its length. Each file is checked
+        against its own sha256 on the way.
+
+        The lengths make it one hand-in's alone: names and bytes joined by NUL bytes gave the same digest to a file
+        holding "\\0k1\\0" and to two files split there, so a changed hand-in kept its earlier grade, and its hidden
+        cases (drawn for the digest, autograder.course_secret.rng)."""
         h = hashlib.sha256()
         for name in sorted(self._entries):
             path, digest, size = self._entries[name]
-            h.update(name.encode() + b"\0")
+            h.update(len(name.encode()).to_bytes(8, "big") + name.encode() + size.to_bytes(8, "big"))
             own, seen = hashlib.sha256(), 0
             with open(path, "rb") as f:
                 while chunk := f.read(CHUNK):
@@ -132,6 +135,5 @@ class Spool(MutableMapping):
                     seen += len(chunk)
             if seen != size or own.hexdigest() != digest:
                 raise HandinChanged(f"the grader's copy of {name!r} changed after intake read it; grade again")
-            h.update(b"\0")
         return h.hexdigest()
 

@@ -399,8 +399,8 @@ def test_tags_that_take_validation_minutes_are_refused_in_milliseconds_and_missi
 def test_a_class_of_large_hand_ins_is_spooled_to_disk_not_held_in_memory(tmp_path, monkeypatch):
     """Intake held every hand-in in memory until the class was graded, up to MAX_HANDIN_BYTES each: a class whose
     hand-ins carry the dataset beside the notebook would hold the grader at gigabytes. Now each file is copied
-    into the scratch folder with its sha256, and memory holds a chunk at a time. The digest is the value an
-    in-memory hand-in gave, so results recorded before still match their hand-ins."""
+    into the scratch folder with its sha256, and memory holds a chunk at a time. The digest covers every name and
+    byte, each preceded by its length."""
     import hashlib
     import tracemalloc
 
@@ -427,10 +427,24 @@ def test_a_class_of_large_hand_ins_is_spooled_to_disk_not_held_in_memory(tmp_pat
     assert not any(by["big"].files.folder.iterdir())  # nothing of it kept
     amy = by["amy"]
     assert isinstance(amy.files, spool.Spool) and amy.files["data.bin"] == blobs["amy"]
-    old = hashlib.sha256()
+    want = hashlib.sha256()
     for name in sorted(amy.files):
-        old.update(name.encode() + b"\0" + amy.files[name] + b"\0")
-    assert amy.digest == old.hexdigest()
+        data = amy.files[name]
+        want.update(len(name).to_bytes(8, "big") + name.encode() + len(data).to_bytes(8, "big") + data)
+    assert amy.digest == want.hexdigest()
+
+
+def test_two_different_hand_ins_never_share_a_digest(tmp_path):
+    """Names and bytes joined by NUL bytes gave one digest to a file holding "x\\0k1\\0y" and to that file split
+    in two: a changed hand-in kept its earlier grade ("already graded") and the hidden cases drawn for it."""
+    subs = tmp_path / "subs"
+    for sid, files in {"one": {"k": b"x\0k1\0y"}, "two": {"k": b"x", "k1": b"y"}}.items():
+        (subs / sid).mkdir(parents=True)
+        (subs / sid / f"{AID}.ipynb").write_bytes(_nb())
+        for name, data in files.items():
+            (subs / sid / name).write_bytes(data)
+    by, _ = _collect(subs, tmp_path)
+    assert by["one"].digest and by["one"].digest != by["two"].digest
 
 
 def test_a_spooled_file_changed_after_intake_is_refused_where_it_is_read(tmp_path):
