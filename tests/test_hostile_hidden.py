@@ -48,7 +48,8 @@ def test_hidden_checks_run_last_so_no_later_check_reports_what_the_process_kept(
 
 def test_hidden_inputs_are_drawn_for_the_hand_in(monkeypatch, tmp_path):
     """The same hand-in draws the same cases (a regrade agrees); another draws others, so inputs a hand-in
-    spelled out by timing or memory are no use to the next one. Unset, the hand-in is the student file's bytes."""
+    spelled out by timing or memory are no use to the next one. Unset, the hand-in is every file the student's
+    sandbox gets: the student file and the files beside it."""
     def values(handin):
         return (rehearsal.hidden_params(handin), lab1_checks.hidden_edge_cases(handin),
                 lab2_checks._hidden_cases(handin), lab4_checks.hidden_case(handin))
@@ -67,7 +68,12 @@ def test_hidden_inputs_are_drawn_for_the_hand_in(monkeypatch, tmp_path):
     f.write_text("def total(xs):\n    return 0\n")
     run_checks(["toy.hidden"], f, device="cpu")
     run_checks(["toy.hidden"], f, device="cpu", handin="intake-digest")
-    assert seen == [hashlib.sha256(f.read_bytes()).hexdigest(), "intake-digest"]
+    # a file beside it goes into the sandbox too, and counts: one read at run time set a hidden check's answer
+    # while the student file, and so its cases, stayed the same
+    (tmp_path / "gf.txt").write_text("3.0")
+    run_checks(["toy.hidden"], f, device="cpu")
+    assert seen[1] == "intake-digest" and len({seen[0], seen[2]}) == 2
+    assert seen[2] == harness._box_digest(f) and seen[0] != hashlib.sha256(f.read_bytes()).hexdigest()
 
 
 def test_a_hidden_check_that_takes_its_process_down_says_no_more_than_a_failure(monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -138,9 +139,13 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
     # a third pass spelt the name in UTF-7 under a coding declaration (Python decodes it; a UTF-8 reader saw a
     # syntax error and let the file through, 10 of 12 points), or kept it in bytes, a pickle's or decoded
     utf7 = b"# -*- coding: utf-7 -*-\nfrom torch.amp import +AEcAcgBhAGQAUwBjAGEAbABlAHI- as _S\n"
-    for src in (utf7, b'import pickle\nS = pickle.loads(b"ctorch.amp\\nGradScaler\\n.")\n',
-                b'import torch\nS = getattr(torch.amp, b"GradScaler".decode())\n'):
+    for src in (utf7, b'import pickle\nS = pickle.loads(b"ctorch.amp\\nGradScaler\\n.")\n'):
         assert labkit_answers.banned_uses(src, "lab1") == ["torch.amp.GradScaler"], src
+    # and GradScaler's two kernels make a scaler of their own (12 of 12): named anywhere, they count
+    for src, op in (("import torch\ntorch._amp_update_scale_(s, g, f, 2.0, 0.5, 2000)\n", "_amp_update_scale_"),
+                    ("import torch as t\nk = getattr(t, '_amp_foreach_non_finite_check_and_unscale_')\n",
+                     "_amp_foreach_non_finite_check_and_unscale_")):
+        assert labkit_answers.banned_uses(src, "lab1") == [f"torch.{op}"], src
     body = GRADSCALER_WRAPPER.replace("+", "+-").replace("GradScaler", "+AEcAcgBhAGQAUwBjAGEAbABlAHI-")
     f.write_bytes(b"# -*- coding: utf-7 -*-\n" + body.encode("ascii"))
     compile(f.read_bytes(), str(f), "exec")  # a program Python runs, with the wrapper in it
@@ -220,3 +225,56 @@ def test_a_gradscaler_reached_by_a_name_built_at_run_time_is_not_in_the_sandbox(
     assert sum(v["score"] for v in verdicts) == 0, verdicts
     shown = [v for v in verdicts if not harness.CHECKS[v["check"]].hidden and v["check"] != "lab1.host_syncs"]
     assert len(shown) == 3 and all(MESSAGE in v["message"] for v in shown), shown
+
+
+def test_an_honest_scaler_with_names_like_torchs_is_not_flagged():
+    """The reader is there for the clear message; the sandbox's stub enforces. A third pass found it flagging honest
+    files, each a 10-point loss: a variable or key named grad_scaler, an alias GradScaler = DynamicScaler, the word in
+    an error message or in bytes."""
+    for src in ("grad_scaler = scaler\n", "state = {'grad_scaler': 1}\n", "class S:\n    def f(self):\n"
+                "        return self.grad_scaler\n", "GradScaler = DynamicScaler\n", "raise TypeError('GradScaler')\n",
+                "log = b'step 3: grad_scaler skipped'\n", "import torch\nx = torch.amp.autocast\n"):
+        assert labkit_answers.banned_uses(src, "lab1") == [], src
+
+
+TORCH_ATTACK = r'''
+import glob, importlib.util, json, os, sys
+import torch
+tries = {}
+src = torch.amp.grad_scaler.__file__
+tries["source is the stub"] = "no_grad_scaler" in open(src).read() or "refuses" in open(src).read()
+for pyc in glob.glob(os.path.join(os.path.dirname(src), "__pycache__", "grad_scaler.*.pyc")):
+    try:
+        tries["bytecode bytes"] = len(open(pyc, "rb").read())
+    except OSError as e:
+        tries["bytecode bytes"] = type(e).__name__
+try:
+    torch.amp.GradScaler("cpu")
+    tries["built"] = True
+except RuntimeError as e:
+    tries["built"] = str(e)[:40]
+import labkit
+tries["labkit.amp"] = os.path.exists(os.path.join(os.path.dirname(labkit.__file__), "amp.py"))
+print("TRIES " + json.dumps(tries))
+'''
+
+
+def test_the_notebooks_sandbox_leaves_out_what_the_checks_sandbox_does(tmp_path):
+    """The notebook's run and the checks' runner share the student's compile cache. A notebook copied torch's
+    grad_scaler.py there and the runner loaded it: 12 of 12. The notebook's sandbox now leaves out the same
+    labkit modules and shows the same stub (grade.notebook_jail), its bytecode empty."""
+    from autograder import grade
+
+    course = types.SimpleNamespace(calls=[types.SimpleNamespace(check=c) for c in harness.checks_for("lab1")])
+    box = grade.notebook_jail(course, tmp_path, tmp_path / "cache", None, {}, grade.GradeConfig(course=str(tmp_path)))
+    assert set(labkit_answers.sandbox_hides("lab1")) == set(box.hide) and "torch/amp/grad_scaler.py" in box.hide
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "attack.py").write_text(TORCH_ATTACK)
+    out = subprocess.run(box.command([sys.executable, "attack.py"]), capture_output=True, text=True, timeout=300,
+                         env=box.host_env({}))
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("TRIES ")), None)
+    assert line, out.stderr[-2000:]
+    tries = json.loads(line[6:])
+    assert tries["source is the stub"] and tries["built"].startswith("torch's GradScaler is not available"), tries
+    assert tries.get("bytecode bytes", 0) in (0, "PermissionError") and tries["labkit.amp"] is False, tries
+
