@@ -386,6 +386,19 @@ def _verdict(check: Check, *, ok: bool, fraction: float, gradable: bool, message
 _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
 
+def hidden_draws(ctx: Context) -> list[dict]:
+    """The keys a hidden check draws its cases for, each case set to be passed: the student's own (the same for
+    every hand-in of theirs; the course's where the student is not known) and this hand-in's (new with any change).
+
+    Cases drawn for the hand-in alone let a student re-roll them: a scaler that never reset its growth counter
+    passed 118 draws in 2,000, and a blank line changed the draw. Cases for the student alone stay put across
+    their hand-ins, so what one hand-in spells out of them (by its run time, say) a later one could hard-code.
+    Both together: a re-roll cannot pass the student's set, and a hard-coded answer cannot pass the hand-in's.
+    """
+    draws = [{"student": ctx.student_id}]
+    return draws + ([{"handin": ctx.handin}] if ctx.handin else [])
+
+
 # What a failed hidden check says: that it failed, and nothing of why. The student's error messages and the check's
 # own are built from the hidden inputs (a sampler that raised with its lengths and batch size in the text got them
 # back in its feedback), and so is any choice among answers: which case failed, which error type, how long it took

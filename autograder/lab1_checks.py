@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from autograder.harness import CheckFailed, require
+from autograder.harness import CheckFailed, hidden_draws, require
 from autograder.student import lab1 as scen
 from autograder.student.lab1 import LOSS_UNIT, Net, problem  # noqa: F401  (the notebook's plots import them)
 
@@ -129,13 +129,14 @@ def check_dynamic_scaler(ctx) -> dict:
         "scale_trajectory": [s for _, s in g]}}
 
 
-def hidden_edge_cases(handin: str | None = None) -> tuple[dict, list[tuple[str, set, bool, bool]]]:
-    """The hidden test's scaler settings and overflow steps, from the course secret and the hand-in's digest:
-    (kwargs, cases), each case (label, overflow steps of 8, NaN instead of inf, unscale_ before step). Never the
-    defaults, so a scaler that ignores its arguments fails."""
+def hidden_edge_cases(student: str | None = None,
+                      handin: str | None = None) -> tuple[dict, list[tuple[str, set, bool, bool]]]:
+    """The hidden test's scaler settings and overflow steps, from the course secret and the student or the hand-in
+    (autograder.harness.hidden_draws): (kwargs, cases), each case (label, overflow steps of 8, NaN instead of inf,
+    unscale_ before step). Never the defaults, so a scaler that ignores its arguments fails."""
     from autograder import course_secret
 
-    r = course_secret.rng("lab1.hidden/edge_cases", handin=handin)
+    r = course_secret.rng("lab1.hidden/edge_cases", student, handin=handin)
     kw = dict(init_scale=2.0 ** int(r.integers(6, 11)), growth_factor=float(r.choice([3.0, 4.0, 8.0])),
               backoff_factor=float(r.choice([0.125, 0.25])), growth_interval=int(r.integers(2, 4)))
     a = int(r.integers(0, 3))  # two overflows in a row, then one more after a clean streak has begun
@@ -145,9 +146,10 @@ def hidden_edge_cases(handin: str | None = None) -> tuple[dict, list[tuple[str, 
 
 
 def check_scaler_edge_cases(ctx) -> dict:
-    kw, cases = hidden_edge_cases(ctx.handin)
-    for label, bad, nan, explicit in cases:
-        _compare_trajectories(ctx, kw, 8, bad, label, nan=nan, explicit_unscale=explicit)
+    for draw in hidden_draws(ctx):
+        kw, cases = hidden_edge_cases(**draw)
+        for label, bad, nan, explicit in cases:
+            _compare_trajectories(ctx, kw, 8, bad, label, nan=nan, explicit_unscale=explicit)
     return {"message": "edge cases: NaN, explicit unscale_, custom factors and counter reset all correct"}
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder import remeasure
-from autograder.harness import CheckFailed, Tiers, require
+from autograder.harness import CheckFailed, Tiers, hidden_draws, require
 from autograder.student import lab2 as pub
 
 # Samples/s of the packed loader over the PIL image-file loader, both on the CPU with one thread each.
@@ -315,13 +315,14 @@ def check_bucket_sampler(ctx) -> dict:
                        f"{m['random_batching_waste']:.1%})", "measurements": m}
 
 
-def _hidden_cases(handin: str | None = None) -> tuple[dict[str, tuple[list[int], int]], int]:
+def _hidden_cases(student: str | None = None,
+                  handin: str | None = None) -> tuple[dict[str, tuple[list[int], int]], int]:
     """The hidden sampler cases (lengths, batch size) and the sampler's seed, from the course secret and the
-    hand-in's digest: the kinds of case are public (uniform, tied, fewer than a batch, long-tailed), their sizes
-    and values are not."""
+    student or the hand-in (autograder.harness.hidden_draws): the kinds of case are public (uniform, tied, fewer
+    than a batch, long-tailed), their sizes and values are not."""
     from autograder import course_secret
 
-    r = course_secret.rng("lab2.hidden/sampler_cases", handin=handin)
+    r = course_secret.rng("lab2.hidden/sampler_cases", student, handin=handin)
     # Each kind of case varies around a size the reference solution was measured on, well inside the checks'
     # margins (an honest sampler must pass every course's cases, not most).
     bs_few = int(r.integers(6, 12))
@@ -336,12 +337,13 @@ def _hidden_cases(handin: str | None = None) -> tuple[dict[str, tuple[list[int],
 
 def check_bucket_sampler_hidden(ctx) -> dict:
     ms = {}
-    cases, seed = _hidden_cases(ctx.handin)
-    for name, (lengths, bs) in cases.items():
-        try:
-            ms[name] = _sampler_checks(ctx, lengths, bs, seed)
-        except CheckFailed as e:
-            raise CheckFailed(f"[{name}] {e}", **e.measurements) from None
+    for i, draw in enumerate(hidden_draws(ctx)):
+        cases, seed = _hidden_cases(**draw)
+        for name, (lengths, bs) in cases.items():
+            try:
+                ms[f"{name}/{i}"] = _sampler_checks(ctx, lengths, bs, seed)
+            except CheckFailed as e:
+                raise CheckFailed(f"[{name}] {e}", **e.measurements) from None
     return {"message": "sampler correct on uniform, tied, tiny and long-tailed lengths", "measurements": ms}
 
 

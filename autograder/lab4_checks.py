@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder import gpu_policy, remeasure
-from autograder.harness import CheckFailed, NotGradable, Tiers, require
+from autograder.harness import CheckFailed, NotGradable, Tiers, hidden_draws, require
 from autograder.student import lab4 as scen
 from autograder.student.lab4 import HYPER, MEAN, STD, NaiveStep, make_batches  # noqa: F401  (public names)
 from labkit.env import native_bf16
@@ -151,20 +151,22 @@ def check_correctness(ctx) -> dict:
             "measurements": m}
 
 
-def hidden_case(handin: str | None = None) -> tuple[dict, int]:
-    """The hidden test's hyper-parameters and seed, from the course secret and the hand-in's digest: near the
-    public ones (the step must use what it is given), never equal to them."""
+def hidden_case(student: str | None = None, handin: str | None = None) -> tuple[dict, int]:
+    """The hidden test's hyper-parameters and seed, from the course secret and the student or the hand-in
+    (autograder.harness.hidden_draws): near the public ones (the step must use what it is given), never equal to
+    them."""
     from autograder import course_secret
 
-    r = course_secret.rng("lab4.hidden/hyper", handin=handin)
+    r = course_secret.rng("lab4.hidden/hyper", student, handin=handin)
     hyper = {"lr": round(float(r.uniform(0.01, 0.04)), 4), "momentum": round(float(r.uniform(0.7, 0.88)), 3),
              "weight_decay": round(float(10 ** r.uniform(-2, -1)), 4)}
     return hyper, int(r.integers(2**31))
 
 
 def check_correctness_hidden(ctx) -> dict:
-    hyper, seed = hidden_case(ctx.handin)
-    m, _ = _correctness(ctx, hyper, seed=seed)
+    for draw in hidden_draws(ctx):
+        hyper, seed = hidden_case(**draw)
+        m, _ = _correctness(ctx, hyper, seed=seed)
     return {"message": "other hyper-parameters and seed: losses match the naive step's", "measurements": m}
 
 

@@ -40,7 +40,8 @@ BANNED: dict[str, tuple[str, ...]] = {
 # lab -> torch names that are its answer, named in its instructions ("without `torch.amp.GradScaler`"): a wrapper
 # around GradScaler passed every scaler check of lab 1, and so did a scaler made of the two kernels GradScaler calls.
 # {a name in code: what it reaches}. The class and its module count on a path from torch (an honest scaler may well
-# keep a `grad_scaler` of its own); the kernels' names are torch's alone and count wherever they appear.
+# keep a `grad_scaler` of its own); the kernels' names are torch's alone and count wherever they appear in code,
+# their out-of-place forms (torch.ops.aten._amp_update_scale) included.
 TORCH_BANNED: dict[str, dict[str, str]] = {
     "lab1": {"GradScaler": "torch.amp.GradScaler", "grad_scaler": "torch.amp.GradScaler",
              "_amp_foreach_non_finite_check_and_unscale_": "torch._amp_foreach_non_finite_check_and_unscale_",
@@ -71,11 +72,13 @@ def sandbox_hides(lab: str) -> tuple[str, ...]:
 def torch_uses(tree: ast.AST, lab: str) -> list[str]:
     """The torch names of TORCH_BANNED[lab] that the parsed file reaches, by their full name, in order.
 
-    A torch path counts: an import (`from torch.amp import GradScaler`, `import torch.amp.grad_scaler`), an
-    attribute chain from torch or from a name imported from it (`a.GradScaler` after `import torch.cuda.amp as a`),
-    a string that is such a dotted path (pydoc.locate), or bytes holding "torch" and the name (a pickle). A name
-    built at run time gets past this reader, not past lab 1's sandbox, whose torch shows a stub in their place
-    (TORCH_HIDDEN); the reader is there for the clear message, so it stays away from an honest file's own names.
+    The class counts on a torch path: an import (`from torch.amp import GradScaler`, `import torch.amp.grad_scaler`),
+    an attribute chain from torch or from a name imported from it (`a.GradScaler` after `import torch.cuda.amp as
+    a`), or bytes holding "torch" and the name (a pickle). A name built at run time, or a string handed to
+    pydoc.locate, gets past this reader, not past lab 1's sandbox, whose torch shows a stub in their place
+    (TORCH_HIDDEN): the reader is there for the clear message, so it stays away from an honest file's own names and
+    its prose. The kernels, which no sandbox can take out of torch, count as a name or attribute anywhere, as a
+    string that is nothing but a dotted path (getattr(torch, "..."); a sentence naming them is prose), or in bytes.
     """
     names = TORCH_BANNED.get(lab.split(".")[0], {})
     if not names:
@@ -92,8 +95,9 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
 
     def hit(parts: list[str], rooted: bool) -> None:
         for part in parts:
-            full = names.get(part)
-            if full and (rooted or part.startswith("_amp_")) and full not in found:
+            kernel = next((k for k in names if k.startswith("_amp_") and part.startswith(k.rstrip("_"))), None)
+            full = names.get(kernel or part)
+            if full and (rooted or kernel) and full not in found:
                 found.append(full)
 
     for node in ast.walk(tree):
@@ -107,9 +111,8 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
             if chain:
                 root = alias.get(chain[0], chain[0]).split(".")
                 hit(root + chain[1:], root[0] == "torch")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            text = node.value.strip()
-            hit(text.split("."), bool(_DOTTED.fullmatch(text)) and text.split(".")[0] == "torch")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED.fullmatch(node.value.strip()):
+            hit(node.value.strip().split("."), False)  # the kernels alone: a class named in a string is the stub's
         elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):  # data, never prose: a pickle's
             words = _WORD.findall(node.value.decode("latin-1"))  # b"ctorch.amp\nGradScaler\n." names the class
             hit(words, "torch" in words or "ctorch" in words)

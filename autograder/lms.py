@@ -9,8 +9,9 @@ column per assignment, named "<title>" or "<title> (<Canvas assignment id>)"; an
 number after the name in Canvas download names `name_12345_678_file`), SIS User ID or SIS Login ID: pass the
 course's own gradebook export as --roster to fill them in.
 
-Gradescope: `results.json` of its autograder specification: top-level score, execution_time (s), output,
-tests[] with name, score, max_score, output (and visibility, extra_data). `run_gradescope` is what the
+Gradescope: `results.json` of its autograder specification: top-level score, output, tests[] with name, score,
+max_score, output (and visibility, extra_data); no execution_time, which a hand-in could stretch by its hidden
+inputs. `run_gradescope` is what the
 `run_autograder` entry point (autograder/deploy/gradescope/) calls for labs 1-3, which need no GPU.
 """
 
@@ -160,7 +161,8 @@ def gradescope_results(res, row: dict | None = None, calls: list[dict] | None = 
     output += [n for n in res.notes] + ([row["late_note"]] if row.get("late_note") else [])
     if row.get("provisional"):
         output.append(_provisional(row))
-    return {"score": float(row.get("total", res.score)), "execution_time": round(res.wall_s),
+    # No execution_time: the run's wall time includes the hidden checks', which a hand-in can stretch by its inputs
+    return {"score": float(row.get("total", res.score)),
             "output": "\n".join(output), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests, "extra_data": {"checks": res.checks, "hardware": res.hardware,
                                            "provisional": bool(row.get("provisional")),

@@ -101,12 +101,12 @@ def build_toy_course(root: str | Path, written: bool = False) -> Path:
 # the sandbox (autograder.student.toy), the answers and the clock stay here.
 
 
-def hidden_params(handin: str | None = None) -> dict:
-    """The hidden test's inputs, from the course secret and the hand-in's digest (autograder.course_secret):
+def hidden_params(student: str | None = None, handin: str | None = None) -> dict:
+    """The hidden test's inputs, from the course secret and the student or the hand-in (harness.hidden_draws):
     reading this code reveals none of them; they reach the student's process only when graded."""
     from autograder import course_secret
 
-    r = course_secret.rng("toy.hidden/inputs", handin=handin)
+    r = course_secret.rng("toy.hidden/inputs", student, handin=handin)
     return {"seed": int(r.integers(2**31)), "count": 3, "n": int(r.integers(800, 1200))}
 
 
@@ -131,10 +131,12 @@ def check_correct(ctx) -> dict:
 
 
 def check_hidden(ctx) -> dict:
+    from autograder.harness import hidden_draws
     from autograder.student.toy import arrays
 
-    params = hidden_params(ctx.handin)
-    _expect_totals(ctx.call("toy.totals", params), arrays(**params))
+    for draw in hidden_draws(ctx):
+        params = hidden_params(**draw)
+        _expect_totals(ctx.call("toy.totals", params), arrays(**params))
     return {"message": "right answers on the hidden inputs"}
 
 

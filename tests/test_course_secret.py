@@ -216,7 +216,7 @@ def test_every_course_gets_hidden_sampler_cases_the_reference_passes(monkeypatch
     p = Probe(str(harness.student_file_from_notebook(nb, tempfile.mkdtemp())), lambda: "cpu", {})
 
     class Ctx:
-        handin = "a hand-in"  # each hand-in draws its own cases, as each course does
+        student_id, handin = "a student", "a hand-in"  # each draws its own cases, as each course does
 
         def call(self, name, params):
             return pub.probe_sampler(p, params)

@@ -2,8 +2,9 @@
 
 A hidden check says pass or fail (harness.Check.hidden), but its inputs reach the student's process, which can
 keep them, send them out through a later check, or sleep or swell by them. Two defences, each tried here:
-the hidden checks run after the others, and their inputs are drawn for the hand-in (course_secret.rng's
-`handin`), so what one hand-in learns of its own is no use to the next.
+the hidden checks run after the others, and each must pass two sets of cases (harness.hidden_draws), one drawn
+for the student and one for the hand-in, so what one hand-in learns of its cases is no use to the next, and a
+re-roll cannot pass the student's.
 """
 
 from __future__ import annotations
@@ -38,26 +39,26 @@ def test_hidden_checks_run_last_so_no_later_check_reports_what_the_process_kept(
     assert "KEPT" in verdicts[2]["message"]  # the leak ran, and held only what the public checks gave
     from autograder.student.toy import arrays
 
-    handin = hashlib.sha256(f.read_bytes()).hexdigest()
-    for xs in arrays(**rehearsal.hidden_params(handin)):
-        assert f"({len(xs)}, {[int(v) for v in xs[:3]]})" not in json.dumps(verdicts)
+    for draw in ({"student": None}, {"handin": harness._box_digest(f)}):  # the course's cases and the hand-in's
+        for xs in arrays(**rehearsal.hidden_params(**draw)):
+            assert f"({len(xs)}, {[int(v) for v in xs[:3]]})" not in json.dumps(verdicts)
     hidden = verdicts[1]
     assert not hidden["ok"] and hidden["message"] == harness.WITHHELD and hidden["measurements"] == {}
     assert verdicts[0]["ok"]
 
 
-def test_hidden_inputs_are_drawn_for_the_hand_in(monkeypatch, tmp_path):
+def test_hidden_inputs_are_drawn_for_the_hand_in_too(monkeypatch, tmp_path):
     """The same hand-in draws the same cases (a regrade agrees); another draws others, so inputs a hand-in
     spelled out by timing or memory are no use to the next one. Unset, the hand-in is every file the student's
     sandbox gets: the student file and the files beside it."""
     def values(handin):
-        return (rehearsal.hidden_params(handin), lab1_checks.hidden_edge_cases(handin),
-                lab2_checks._hidden_cases(handin), lab4_checks.hidden_case(handin))
+        return (rehearsal.hidden_params(handin=handin), lab1_checks.hidden_edge_cases(handin=handin),
+                lab2_checks._hidden_cases(handin=handin), lab4_checks.hidden_case(handin=handin))
 
     monkeypatch.setenv(course_secret.ENV, "a course secret of some length")
     a, b = values("sha-a"), values("sha-b")
     assert values("sha-a") == a and all(x != y for x, y in zip(a, b, strict=True))
-    assert rehearsal.hidden_params(None) != rehearsal.hidden_params("sha-a")
+    assert rehearsal.hidden_params() != rehearsal.hidden_params(handin="sha-a")
     seen = []
 
     def spawn(names, path, budget, device, sandbox, memory_gb, cache, student, disk_gb, handin):
@@ -88,3 +89,26 @@ def test_a_hidden_check_that_takes_its_process_down_says_no_more_than_a_failure(
     assert v["message"] == harness.WITHHELD and v["measurements"] == {}
     v, = run_checks(["toy.correct"], f, device="cpu")
     assert "timed out" in v["message"]
+
+
+def test_a_hidden_check_passes_only_on_the_students_cases_and_the_hand_ins():
+    """Cases drawn for the hand-in alone could be re-rolled: a scaler that never reset its growth counter passed 118
+    draws in 2,000, and a blank line changed the draw. Each hidden check also runs the student's own cases, the
+    same for every hand-in of theirs, so a re-roll cannot pass those."""
+    import types
+
+    from autograder.student.toy import arrays, baseline
+
+    asked = []
+
+    def call(name, params):
+        asked.append(params)
+        return {"totals": [baseline(xs) for xs in arrays(**params)]}
+
+    for handin in ("first", "second"):
+        rehearsal.check_hidden(types.SimpleNamespace(student_id="amy", handin=handin, call=call))
+    mine, first, again, second = asked
+    assert mine == again == rehearsal.hidden_params(student="amy")  # the student's cases stay put
+    assert first == rehearsal.hidden_params(handin="first") and second == rehearsal.hidden_params(handin="second")
+    assert len({json.dumps(p, sort_keys=True) for p in (mine, first, second)}) == 3
+    assert harness.hidden_draws(types.SimpleNamespace(student_id=None, handin=None)) == [{"student": None}]

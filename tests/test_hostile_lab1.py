@@ -130,9 +130,9 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
     for v in run_checks(names, f, device="cpu"):
         assert not v["ok"] and v["score"] == 0, v
         assert "uses torch.amp.GradScaler, which implements this lab's answer" in v["message"], v["message"]
-    # a second pass reached it by dotted paths in strings (pydoc.locate) and scored 12/12; prose is no path
-    for src in ("import pydoc\nG = pydoc.locate('torch.amp.GradScaler')\n",
-                "from torch.amp.grad_scaler import OptState\n", "import torch.cuda.amp as a\nG = a.GradScaler\n"):
+    # a second pass reached it by a dotted path in a string (pydoc.locate: now the sandbox's stub answers that one,
+    # test_a_gradscaler_reached_by_a_name_built_at_run_time_is_not_in_the_sandbox), or through torch's modules
+    for src in ("from torch.amp.grad_scaler import OptState\n", "import torch.cuda.amp as a\nG = a.GradScaler\n"):
         assert labkit_answers.banned_uses(src, "lab1") == ["torch.amp.GradScaler"], src
     prose = 'def f():\n    """Like GradScaler\'s schedule."""\n    return "unlike GradScaler"\n'
     assert labkit_answers.banned_uses(prose, "lab1") == []
@@ -144,7 +144,9 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
     # and GradScaler's two kernels make a scaler of their own (12 of 12): named anywhere, they count
     for src, op in (("import torch\ntorch._amp_update_scale_(s, g, f, 2.0, 0.5, 2000)\n", "_amp_update_scale_"),
                     ("import torch as t\nk = getattr(t, '_amp_foreach_non_finite_check_and_unscale_')\n",
-                     "_amp_foreach_non_finite_check_and_unscale_")):
+                     "_amp_foreach_non_finite_check_and_unscale_"),
+                    # their out-of-place forms, without the underscore, scored 12 of 12 too
+                    ("import torch\nk = torch.ops.aten._amp_update_scale\n", "_amp_update_scale_")):
         assert labkit_answers.banned_uses(src, "lab1") == [f"torch.{op}"], src
     body = GRADSCALER_WRAPPER.replace("+", "+-").replace("GradScaler", "+AEcAcgBhAGQAUwBjAGEAbABlAHI-")
     f.write_bytes(b"# -*- coding: utf-7 -*-\n" + body.encode("ascii"))
@@ -230,10 +232,12 @@ def test_a_gradscaler_reached_by_a_name_built_at_run_time_is_not_in_the_sandbox(
 def test_an_honest_scaler_with_names_like_torchs_is_not_flagged():
     """The reader is there for the clear message; the sandbox's stub enforces. A third pass found it flagging honest
     files, each a 10-point loss: a variable or key named grad_scaler, an alias GradScaler = DynamicScaler, the word in
-    an error message or in bytes."""
+    an error message or in bytes; a fourth, a docstring saying which kernel the scaler does not call."""
     for src in ("grad_scaler = scaler\n", "state = {'grad_scaler': 1}\n", "class S:\n    def f(self):\n"
                 "        return self.grad_scaler\n", "GradScaler = DynamicScaler\n", "raise TypeError('GradScaler')\n",
-                "log = b'step 3: grad_scaler skipped'\n", "import torch\nx = torch.amp.autocast\n"):
+                "log = b'step 3: grad_scaler skipped'\n", "import torch\nx = torch.amp.autocast\n",
+                'def f():\n    """By hand: it does not call torch._amp_update_scale_."""\n',
+                "labels = {'torch.amp.GradScaler': 'torch'}\n"):
         assert labkit_answers.banned_uses(src, "lab1") == [], src
 
 
