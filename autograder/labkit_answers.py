@@ -77,8 +77,10 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
     a`), or bytes holding "torch" and the name (a pickle). A name built at run time, or a string handed to
     pydoc.locate, gets past this reader, not past lab 1's sandbox, whose torch shows a stub in their place
     (TORCH_HIDDEN): the reader is there for the clear message, so it stays away from an honest file's own names and
-    its prose. The kernels, which no sandbox can take out of torch, count as a name or attribute anywhere, as a
-    string that is nothing but a dotted path (getattr(torch, "..."); a sentence naming them is prose), or in bytes.
+    its prose. The kernels, which no sandbox can take out of torch, count by their exact names (the trailing
+    underscore optional: the out-of-place forms) on a torch path, in a string without spaces (getattr(torch, "..."),
+    "aten::...", "torch:..." for pkgutil.resolve_name; a sentence naming them is prose), or in bytes. A method of
+    the student's own named after one (self._amp_update_scale) is no torch path.
     """
     names = TORCH_BANNED.get(lab.split(".")[0], {})
     if not names:
@@ -93,11 +95,11 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
                 alias[a.asname or a.name] = f"{node.module}.{a.name}"
     found: list[str] = []
 
-    def hit(parts: list[str], rooted: bool) -> None:
+    def hit(parts: list[str], rooted: bool, kernels_anywhere: bool = False) -> None:
         for part in parts:
-            kernel = next((k for k in names if k.startswith("_amp_") and part.startswith(k.rstrip("_"))), None)
-            full = names.get(kernel or part)
-            if full and (rooted or kernel) and full not in found:
+            kernel = part.startswith("_amp_")
+            full = names.get(part) or (names.get(part + "_") if kernel else None)  # in place, or out of place
+            if full and (rooted or kernels_anywhere and kernel) and full not in found:
                 found.append(full)
 
     for node in ast.walk(tree):
@@ -111,11 +113,11 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
             if chain:
                 root = alias.get(chain[0], chain[0]).split(".")
                 hit(root + chain[1:], root[0] == "torch")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED.fullmatch(node.value.strip()):
-            hit(node.value.strip().split("."), False)  # the kernels alone: a class named in a string is the stub's
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not any(c.isspace() for c in node.value):
+            hit(_WORD.findall(node.value), False, True)  # the kernels alone: a class named in a string is the stub's
         elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):  # data, never prose: a pickle's
             words = _WORD.findall(node.value.decode("latin-1"))  # b"ctorch.amp\nGradScaler\n." names the class
-            hit(words, "torch" in words or "ctorch" in words)
+            hit(words, "torch" in words or "ctorch" in words, True)
     return found
 
 

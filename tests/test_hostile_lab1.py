@@ -145,8 +145,13 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
     for src, op in (("import torch\ntorch._amp_update_scale_(s, g, f, 2.0, 0.5, 2000)\n", "_amp_update_scale_"),
                     ("import torch as t\nk = getattr(t, '_amp_foreach_non_finite_check_and_unscale_')\n",
                      "_amp_foreach_non_finite_check_and_unscale_"),
-                    # their out-of-place forms, without the underscore, scored 12 of 12 too
-                    ("import torch\nk = torch.ops.aten._amp_update_scale\n", "_amp_update_scale_")):
+                    # their out-of-place forms, without the underscore, scored 12 of 12 too, and so did names in
+                    # strings that are no dotted path (pkgutil.resolve_name, torch._C._jit_get_operation)
+                    ("import torch\nk = torch.ops.aten._amp_update_scale\n", "_amp_update_scale_"),
+                    ("import pkgutil\nk = pkgutil.resolve_name('torch:_amp_foreach_non_finite_check_and_unscale_')\n",
+                     "_amp_foreach_non_finite_check_and_unscale_"),
+                    ("import torch\nk = torch._C._jit_get_operation('aten::_amp_update_scale_')[0]\n",
+                     "_amp_update_scale_")):
         assert labkit_answers.banned_uses(src, "lab1") == [f"torch.{op}"], src
     body = GRADSCALER_WRAPPER.replace("+", "+-").replace("GradScaler", "+AEcAcgBhAGQAUwBjAGEAbABlAHI-")
     f.write_bytes(b"# -*- coding: utf-7 -*-\n" + body.encode("ascii"))
@@ -232,12 +237,16 @@ def test_a_gradscaler_reached_by_a_name_built_at_run_time_is_not_in_the_sandbox(
 def test_an_honest_scaler_with_names_like_torchs_is_not_flagged():
     """The reader is there for the clear message; the sandbox's stub enforces. A third pass found it flagging honest
     files, each a 10-point loss: a variable or key named grad_scaler, an alias GradScaler = DynamicScaler, the word in
-    an error message or in bytes; a fourth, a docstring saying which kernel the scaler does not call."""
+    an error message or in bytes; a fourth, a docstring saying which kernel the scaler does not call; a fifth, a
+    method of the scaler's own named after a kernel."""
     for src in ("grad_scaler = scaler\n", "state = {'grad_scaler': 1}\n", "class S:\n    def f(self):\n"
                 "        return self.grad_scaler\n", "GradScaler = DynamicScaler\n", "raise TypeError('GradScaler')\n",
                 "log = b'step 3: grad_scaler skipped'\n", "import torch\nx = torch.amp.autocast\n",
                 'def f():\n    """By hand: it does not call torch._amp_update_scale_."""\n',
-                "labels = {'torch.amp.GradScaler': 'torch'}\n"):
+                "labels = {'torch.amp.GradScaler': 'torch'}\n", "counts = {'_amp_update_scale_calls': 0}\n",
+                # a method of its own named after the kernel it mirrors: 0 of 14 for an honest scaler
+                "class S:\n    def _amp_update_scale(self):\n        pass\n\n    def update(self):\n"
+                "        self._amp_update_scale()\n"):
         assert labkit_answers.banned_uses(src, "lab1") == [], src
 
 
