@@ -46,6 +46,7 @@ import warnings
 from pathlib import Path
 
 from autograder.disk_cap import DISK_BYTES
+from autograder.spool import entry_header
 
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE_CLASSES = ("tensor_core_gpu", "gpu", "cpu")
@@ -231,7 +232,7 @@ class Context:
     cache: Path | None = None  # the student's own compile-cache folder (autograder.jail.cache_env), if any
     student_id: str | None = None  # whose submission this is (lab 3 grades that student's variant); None: unknown
     hide: tuple[str, ...] = ()  # labkit modules the student's sandbox does not show (autograder.labkit_answers)
-    handin: str | None = None  # the hand-in's digest: hidden checks draw their cases for it (course_secret.rng)
+    handin: str | None = None  # the hand-in's digest: hidden checks draw a case set for it (hidden_draws)
     _student: object = None
     _baseline: object = None
 
@@ -473,8 +474,8 @@ def _box_digest(student_file: Path) -> str:
     digest, and so its hidden cases, stayed the same)."""
     h = hashlib.sha256()
     for p in _box_files(student_file):
-        data, name = p.read_bytes(), p.name.encode()
-        h.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big") + data)
+        data = p.read_bytes()
+        h.update(entry_header(p.name, len(data)) + data)
     return h.hexdigest()
 
 
@@ -804,8 +805,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds for the whole run")
     ap.add_argument("--student", default=None, help="the submission's student id (lab 3 grades that student's "
                     "variant of slow_train.py; default: the course's common one)")
-    ap.add_argument("--handin", default=None, help="the hand-in's digest from the grader's results (its "
-                    "hidden cases are drawn for it; default: the student file's sha256)")
+    ap.add_argument("--handin", default=None, help="the hand-in's digest from the grader's results (half of its "
+                    "hidden cases are drawn for it; default: the digest of the student file and the files beside it)")
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     a = ap.parse_args(argv)
     if a.list or not a.check:

@@ -11,8 +11,8 @@ course's own gradebook export as --roster to fill them in.
 
 Gradescope: `results.json` of its autograder specification: top-level score, output, tests[] with name, score,
 max_score, output (and visibility, extra_data); no execution_time, which a hand-in could stretch by its hidden
-inputs. `run_gradescope` is what the
-`run_autograder` entry point (autograder/deploy/gradescope/) calls for labs 1-3, which need no GPU.
+inputs. `run_gradescope` is what the `run_autograder` entry point (autograder/deploy/gradescope/) calls for labs
+1-3, which need no GPU.
 """
 
 from __future__ import annotations

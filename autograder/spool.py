@@ -37,6 +37,13 @@ def _grader_side(op, folder: Path):
         raise LabkitError(f"cannot copy the hand-ins into {folder}: {e.strerror}; free some space there") from e
 
 
+def entry_header(name: str, size: int) -> bytes:
+    """What goes before a file's bytes in a hand-in digest: its name and its size, each behind its length, so that
+    no two different sets of files give the same stream (also autograder.harness._box_digest)."""
+    raw = name.encode()
+    return len(raw).to_bytes(8, "big") + raw + size.to_bytes(8, "big")
+
+
 class Spool(MutableMapping):
     """name inside the assignment folder -> bytes, stored in `folder` (created here, private to the grader).
 
@@ -126,7 +133,7 @@ class Spool(MutableMapping):
         h = hashlib.sha256()
         for name in sorted(self._entries):
             path, digest, size = self._entries[name]
-            h.update(len(name.encode()).to_bytes(8, "big") + name.encode() + size.to_bytes(8, "big"))
+            h.update(entry_header(name, size))
             own, seen = hashlib.sha256(), 0
             with open(path, "rb") as f:
                 while chunk := f.read(CHUNK):
