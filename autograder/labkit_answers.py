@@ -56,6 +56,7 @@ TORCH_HIDDEN: dict[str, tuple[str, ...]] = {
 
 _DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")  # a name or dotted path, nothing else
 _WORD = re.compile(r"[A-Za-z_]\w*")
+_SPACED = re.compile(r"\s")  # prose has spaces inside; a name handed to torch has none
 
 
 def banned(lab: str) -> tuple[str, ...]:
@@ -113,7 +114,7 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
             if chain:
                 root = alias.get(chain[0], chain[0]).split(".")
                 hit(root + chain[1:], root[0] == "torch")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not any(c.isspace() for c in node.value):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _SPACED.search(node.value.strip()):
             hit(_WORD.findall(node.value), False, True)  # the kernels alone: a class named in a string is the stub's
         elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):  # data, never prose: a pickle's
             words = _WORD.findall(node.value.decode("latin-1"))  # b"ctorch.amp\nGradScaler\n." names the class

@@ -151,6 +151,8 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
                     ("import pkgutil\nk = pkgutil.resolve_name('torch:_amp_foreach_non_finite_check_and_unscale_')\n",
                      "_amp_foreach_non_finite_check_and_unscale_"),
                     ("import torch\nk = torch._C._jit_get_operation('aten::_amp_update_scale_')[0]\n",
+                     "_amp_update_scale_"),
+                    ("import torch\nk = torch._C._jit_get_operation(' aten::_amp_update_scale_ '.strip())[0]\n",
                      "_amp_update_scale_")):
         assert labkit_answers.banned_uses(src, "lab1") == [f"torch.{op}"], src
     body = GRADSCALER_WRAPPER.replace("+", "+-").replace("GradScaler", "+AEcAcgBhAGQAUwBjAGEAbABlAHI-")
