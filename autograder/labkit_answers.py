@@ -111,7 +111,9 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
                 hit(a.name.split("."), a.name.split(".")[0] == "torch")
         elif isinstance(node, (ast.Attribute, ast.Name)):
             chain = _chain(node)
-            if chain:
+            if chain and chain[0] is None:  # off a call or a subscript (import_module("torch"), sys.modules[...]):
+                hit(chain[1:], False, True)  # no name of the student's own to mistake, so a kernel counts
+            elif chain:
                 root = alias.get(chain[0], chain[0]).split(".")
                 hit(root + chain[1:], root[0] == "torch")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _SPACED.search(node.value.strip()):
@@ -122,15 +124,16 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
     return found
 
 
-def _chain(node: ast.AST) -> list[str] | None:
-    """["torch", "amp", "GradScaler"] for the expression torch.amp.GradScaler; None unless names and attributes."""
+def _chain(node: ast.AST) -> list:
+    """["torch", "amp", "GradScaler"] for the expression torch.amp.GradScaler; the root None where the attributes
+    hang off something else than a name (a call, a subscript); [] for neither."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return [node.id, *reversed(parts)]
+    if isinstance(node, ast.Name):
+        return [node.id, *reversed(parts)]
+    return [None, *reversed(parts)] if parts else []
 
 
 def banned_uses(source: str | bytes, lab: str) -> list[str]:

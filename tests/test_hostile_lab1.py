@@ -153,7 +153,12 @@ def test_scalers_that_wrap_torchs_gradscaler_score_nothing(tmp_path):
                     ("import torch\nk = torch._C._jit_get_operation('aten::_amp_update_scale_')[0]\n",
                      "_amp_update_scale_"),
                     ("import torch\nk = torch._C._jit_get_operation(' aten::_amp_update_scale_ '.strip())[0]\n",
-                     "_amp_update_scale_")):
+                     "_amp_update_scale_"),
+                    # and off a call or a subscript, where no name of the scaler's own can be meant
+                    ("import importlib\nk = importlib.import_module('torch')._amp_update_scale_\n",
+                     "_amp_update_scale_"),
+                    ("import sys\nk = sys.modules['torch'].ops.aten._amp_foreach_non_finite_check_and_unscale\n",
+                     "_amp_foreach_non_finite_check_and_unscale_")):
         assert labkit_answers.banned_uses(src, "lab1") == [f"torch.{op}"], src
     body = GRADSCALER_WRAPPER.replace("+", "+-").replace("GradScaler", "+AEcAcgBhAGQAUwBjAGEAbABlAHI-")
     f.write_bytes(b"# -*- coding: utf-7 -*-\n" + body.encode("ascii"))
