@@ -168,6 +168,14 @@ def _copy(src: Path, dest: Path) -> None:
     shutil.copyfile(src, dest)
 
 
+def _student_notebook(src: Path, dest: Path) -> None:
+    """A weekly notebook as students get it: every exercise's worked answer replaced by the blank."""
+    from labkit.exercises import blank_notebook
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(blank_notebook(json.loads(src.read_text())), indent=1, ensure_ascii=False) + "\n")
+
+
 def common_slow_train() -> str:
     """Lab 3's slow_train.py for the release: the course's common variant under the course secret (the open kit's
     own slow_train.py without one). Per-student variants are handed out beside the release (`handouts`)."""
@@ -198,7 +206,7 @@ def assemble(stage: Path, *, root: Path = ROOT, course: Path | None = None) -> N
     """Lay out the release's files under `stage` (an empty folder)."""
     course = Path(course or root / "assignments")
     for p in sorted((root / "notebooks").glob("*.ipynb")):
-        _copy(p, stage / "notebooks" / p.name)
+        _student_notebook(p, stage / "notebooks" / p.name)
     for p in sorted((root / "labkit").glob("*.py")):
         _copy(p, stage / "labkit" / p.name)
     for p in _results(root):
@@ -348,10 +356,12 @@ def _secret_needles(root: Path) -> dict[str, str]:
 
 
 def solution_lines(root: Path = ROOT) -> set[str]:
-    """The reference solutions' code lines (40+ characters) from the source notebooks' solution regions."""
+    """The reference solutions' code lines (40+ characters) from the solution regions of the labs' source
+    notebooks and of the weekly notebooks."""
     out = set()
-    for lab in LABS:
-        for c in json.loads((root / "assignments" / "source" / lab / f"{lab}.ipynb").read_text())["cells"]:
+    sources = [root / "assignments" / "source" / lab / f"{lab}.ipynb" for lab in LABS]
+    for nb in [*sources, *sorted((root / "notebooks").glob("*.ipynb"))]:  # the labs' and the weeks' answers
+        for c in json.loads(nb.read_text())["cells"]:
             for region in re.findall(r"BEGIN SOLUTION(.*?)END SOLUTION", "".join(c["source"]), flags=re.S):
                 out |= {ln.strip() for ln in region.splitlines() if len(ln.strip()) >= 40
                         and not ln.strip().startswith("#")}
