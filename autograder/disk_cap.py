@@ -207,13 +207,39 @@ def remove_tree(path: Path) -> None:
     """Remove a sandbox's folder once nothing of it runs, whatever modes its code left: a folder made read-only
     keeps its files from an ordinary user's rmtree, and each such student would leave up to a cap behind. Every
     folder is given back its owner's rights first; os.fwalk opens each through its parent's descriptor, so paths
-    past PATH_MAX are reached, and no link is followed (nothing runs in the sandbox now to swap one in)."""
+    past PATH_MAX are reached. No link is ever followed: fwalk lists a link to a folder among the folders, and a
+    chmod by name would change the folder it names, outside the sandbox (`_own_folder`)."""
+    path = Path(path)
+    if path.is_symlink():
+        path.unlink()
+        return
     with contextlib.suppress(OSError, RecursionError):  # a tree too deep to open up: rmtree takes what it can
-        os.chmod(path, stat.S_IRWXU)
+        _own_folder(str(path), None)
         for _, dirs, _, fd in os.fwalk(path):
             for name in dirs:
-                os.chmod(name, stat.S_IRWXU, dir_fd=fd)
-    shutil.rmtree(path, ignore_errors=True)
+                _own_folder(name, fd)
+    shutil.rmtree(path, ignore_errors=True)  # rmtree's descriptor-based walk unlinks links, never follows them
+
+
+def _own_folder(name: str, dir_fd: int | None) -> None:
+    """Give the folder `name` (under `dir_fd`) its owner's rights, if it is a real folder and not a link.
+
+    Opened with O_NOFOLLOW and changed through its own descriptor, so a link (or one swapped in after the look)
+    is never followed. A folder its owner cannot open (mode 000) is looked at without following and changed by
+    name: nothing of the sandbox runs now to swap a link in between the two."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno != errno.EACCES:
+            return  # ELOOP or ENOTDIR: a link or no folder; leave it to rmtree, which unlinks it
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode):
+                os.chmod(name, stat.S_IRWXU, dir_fd=dir_fd)
+        return
+    try:
+        os.fchmod(fd, stat.S_IRWXU)
+    finally:
+        os.close(fd)
 
 
 @dataclass

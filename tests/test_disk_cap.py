@@ -209,3 +209,36 @@ def test_a_deleted_file_held_only_by_a_mapping_is_counted(tmp_path):
 def test_a_look_at_too_many_descriptors_stops_and_says_so():
     held, why = disk_cap.held_deleted([os.getpid()], set(), max_open=2)
     assert held == 0 and why == "holds more than 2 open files"
+
+
+def test_the_clean_up_never_changes_a_folder_a_link_names(tmp_path):
+    """A student's links to folders outside the scratch: the clean-up unlinks them and leaves the folders as
+    they were (the attack made an outside 755 folder and a 555 one 700, and root could so reach any folder)."""
+    outside = tmp_path / "outside"
+    open_dir, read_only = outside / "open", outside / "read_only"
+    for d, mode in ((open_dir, 0o755), (read_only, 0o555)):
+        d.mkdir(parents=True)
+        (d / "keep.txt").write_text("mine") if mode == 0o755 else None
+        d.chmod(mode)
+    scratch = tmp_path / "scratch"
+    (scratch / "deep" / "locked").mkdir(parents=True)
+    os.symlink(open_dir, scratch / "to_open")
+    os.symlink(read_only, scratch / "deep" / "to_read_only")
+    os.symlink(outside, scratch / "deep" / "locked" / "to_outside")
+    (scratch / "deep" / "locked").chmod(0o000)
+    (scratch / "deep").chmod(0o500)
+    disk_cap.remove_tree(scratch)
+    assert not scratch.exists()
+    assert stat.S_IMODE(open_dir.stat().st_mode) == 0o755 and (open_dir / "keep.txt").read_text() == "mine"
+    assert stat.S_IMODE(read_only.stat().st_mode) == 0o555
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o755 & ~os.umask(os.umask(0))
+
+
+def test_the_clean_up_of_a_link_removes_the_link_only(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir(mode=0o755)
+    (target / "f").write_text("x")
+    os.symlink(target, tmp_path / "scratch")
+    disk_cap.remove_tree(tmp_path / "scratch")
+    assert not (tmp_path / "scratch").exists() and (target / "f").read_text() == "x"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
