@@ -166,7 +166,7 @@ def check_properties(format_properties) -> str:
     return "max, min normal, min subnormal and eps equal torch.finfo for " + ", ".join(names)
 
 
-# --------------------------------------------------------------------------------- 1.3 rounding
+# --------------------------------------------------------------------------------- 1.4 rounding
 
 
 def _ref_round():
@@ -217,7 +217,7 @@ def _compare_rounding(round_to_format, x: torch.Tensor, f: fl.FloatFormat, want:
     return x.numel()
 
 
-@ex.exercise("1.3", "round to a format (nearest, ties to even)", reference=_ref_round)
+@ex.exercise("1.4", "round to a format (nearest, ties to even)", reference=_ref_round)
 def check_round(round_to_format) -> str:
     """fp16 and bf16 against torch's own cast, on every value, every tie, the float32 numbers beside them, the edges and
     random bit patterns (both signs); TF32 against labkit's independent bit-manipulation reference."""
@@ -239,7 +239,7 @@ def check_round(round_to_format) -> str:
     return "bit for bit the same as torch's casts (TF32: labkit's reference) for " + ", ".join(done)
 
 
-# ------------------------------------------------------------------------------- 1.4 fp16 underflow
+# ------------------------------------------------------------------------------- 1.6 fp16 underflow
 
 
 FP16_ZERO_ABOVE = 2.0**-25  # half fp16's smallest subnormal: at or below it a value rounds to 0 (the tie goes to 0)
@@ -255,7 +255,7 @@ def _ref_flush():
     return fp16_flush_share
 
 
-@ex.exercise("1.4", "the share of a gradient that fp16 flushes to zero", reference=_ref_flush)
+@ex.exercise("1.6", "the share of a gradient that fp16 flushes to zero", reference=_ref_flush)
 def check_flush(fp16_flush_share) -> str:
     """Crafted values at and beside 2^-25 and 2^-24, both signs, zeros left out; then a real gradient tensor."""
     t = torch.tensor
