@@ -32,8 +32,8 @@ counterfactual "what would taking the reads out buy": at least the host's time i
 at most every gap between them. A gap that opens while the host sits in a sync had nothing queued behind it
 because of the sync; a gap that opens while the host is launching would open without the sync too, when the
 host is slower than the GPU everywhere (then the run is launch bound, syncs or not, and ranks so). A wait of
-DATA_IDLE_LIMIT or more on a background loader (worker processes, or labkit's `data` label) ranks first whatever
-the others: that loader is the slowest stage of a pipeline, so speeding up anything else only lengthens the wait. With num_workers=0 the
+DATA_IDLE_LIMIT or more on a background loader (worker processes, or labkit's `data` label where the trace does
+not say the loading runs in the step's thread) ranks first whatever the others: that loader is the slowest stage of a pipeline, so speeding up anything else only lengthens the wait. With num_workers=0 the
 loading is serial work like the rest and ranks by its share. On a CPU there is no queue: the step splits into
 data, time in operators of SMALL_OP_US or more (compute) and the rest (Python, dispatch, tiny operators;
 a best effort: microsecond timings on a busy machine are noisy).
@@ -313,9 +313,11 @@ def _find_window(X: list[dict], notes: list[str]) -> _Window:
     return _Window(X, steps, main, w0, w1, h0, a, b, gpu, kernels)
 
 
-def _data_waits(win: _Window, notes: list[str]) -> tuple[list[tuple[float, float]], dict]:
+def _data_waits(win: _Window, notes: list[str], in_thread: bool = False) -> tuple[list[tuple[float, float]], dict]:
     """When the stepping thread waited for its next batch (DataLoader's annotation, labkit's `data` label),
-    and what kind of loader that was: its wait is the loading itself with num_workers=0, a queue otherwise."""
+    and what kind of loader that was: its wait is the loading itself with num_workers=0, a queue otherwise.
+    `in_thread`: the trace says (labkit.data_loading, which profile_steps writes for a scenario Workload) that
+    the `data` label wraps loading done in the step's own thread, like num_workers=0."""
     label = [e for e in win.events if e.get("name") == "data" and e.get("cat") in ("user_annotation", "cpu_op")
              and win.on_main(e)]
     loader = [e for e in win.events if str(e.get("name", "")).startswith(DATALOADER_PREFIX) and win.on_main(e)]
@@ -328,8 +330,11 @@ def _data_waits(win: _Window, notes: list[str]) -> tuple[list[tuple[float, float
         notes.append("no 'data' label and no DataLoader annotation in the trace: time waiting for data cannot be "
                      "separated")
     info = {"label": bool(label), "dataloader": kind,
-            # A queue filled by other processes (or labkit's label, kept as it always was) is a pipeline stage.
-            "background": kind == "worker processes" or (bool(label) and kind is None)}
+            # A queue filled by other processes (or labkit's label, unless the trace says the loading runs in
+            # the step's thread) is a pipeline stage.
+            "background": kind == "worker processes" or (bool(label) and kind is None and not in_thread)}
+    if in_thread and label and kind is None:
+        info["dataloader"] = "in the step's thread"
     return _union(_clip(_spans(label + loader), win.w0, win.w1)), info
 
 
@@ -478,7 +483,8 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
     _check_trace(trace, "the trace")
     notes: list[str] = []
     win = _find_window(_timed_events(trace), notes)
-    data_iv, data_info = _data_waits(win, notes)
+    lab = trace.get("labkit") if isinstance(trace.get("labkit"), dict) else {}
+    data_iv, data_info = _data_waits(win, notes, in_thread=lab.get("data_loading") == "in-thread")
     phase_iv, phase_share = _phase_shares(win, data_iv)
     sig = _host_signals(win)
     rows, small = _operator_split(win, sig["ops"], phase_iv)
@@ -505,8 +511,7 @@ def trace_stats(trace: dict | str | os.PathLike) -> dict:
     if win.on_gpu:
         st.update(_gpu_stats(win, sig, data_iv))
         # the card's clock and power over the active steps, where labkit.profiling read them (labkit.gpu_power)
-        lab = trace.get("labkit")
-        st["gpu_power"] = lab.get("gpu_power") if isinstance(lab, dict) else None
+        st["gpu_power"] = lab.get("gpu_power")
     else:
         st.update(gpu_busy_share=None, gpu_idle_share=None, idle_by_cause=None, tensor_core_share=None)
         selfs = [(str(e.get("name", "")), s) for e, s in rows if str(e.get("name", "")).startswith("aten::")]
@@ -670,6 +675,8 @@ def _data_source(st: dict) -> str:
         return "DataLoader with num_workers=0: the loading itself runs in the step's thread"
     if dw["dataloader"] == "worker processes":
         return "DataLoader workers: the step waits on their queue"
+    if dw["dataloader"] == "in the step's thread":
+        return "labkit's 'data' label, over loading done in the step's own thread"
     return "labkit's 'data' label" if dw["label"] else "DataLoader"
 
 

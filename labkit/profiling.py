@@ -9,7 +9,13 @@
 - The Python profilers as plain functions (they also run in a script, no IPython magics): `cprofile`,
   `line_profile`, `memory_usage`, `memory_lines` (both after `release_freed_memory`), `py_spy_top` (optional
   tool), `cuda_memory_snapshot`, `nvidia_smi`.
-- For Nsight Systems: `nvtx_range(name)` (a no-op without CUDA) and `nsys_command(argv)`, the command to run.
+- Reading what profilers print: `read_key_averages(prof)` (the top operator by self time and a phase's share of
+  the step, from torch.profiler's key-averages table), `read_nsys_stats(kernels, nvtx)` (the dominant kernel and
+  the data range's share of the step, from `nsys stats` cuda_gpu_kern_sum and nvtx_sum output).
+- For Nsight Systems: `nvtx_range(name)` (a no-op without CUDA), `nsys_command(argv)`, the command to run, and
+  `find_nsys()`.
+- `quiet_cpu_profiler()`: on a machine without a CUDA GPU, keeps kineto from printing its CUDA probe
+  (`ERROR: ... gpuGetDeviceCount failed with code 35`) and start/stop lines under every CPU profile.
 """
 
 from __future__ import annotations
@@ -46,6 +52,26 @@ from labkit.diagnosis import (  # noqa: F401  (re-exported: profile, then diagno
 from labkit.env import LabkitError, pick_device
 
 # --------------------------------------------------------------------------------------------- profiling
+
+KINETO_QUIET_LEVEL = "6"  # kineto's logger prints levels at or above KINETO_LOG_LEVEL; its highest (USDT) is 5
+
+
+def quiet_cpu_profiler() -> bool:
+    """Silence kineto's log lines for the rest of this process when it has no CUDA GPU; True if it did.
+
+    Whatever activities a torch.profiler is asked for, kineto asks the CUDA runtime for its devices when it
+    writes a trace's device properties, and on a machine with a CUDA build of torch but no driver that prints
+    `ERROR: ... DeviceProperties.cpp ... gpuGetDeviceCount failed with code 35` (cudaErrorInsufficientDriver),
+    beside `USDT: ... profiler_start/stop` lines, straight to the process's stderr. Asking only for
+    ProfilerActivity.CPU does not stop it; kineto's KINETO_LOG_LEVEL does, read once, when the process first
+    profiles: call this before the first profile (labkit's `profile_steps` calls it). A GPU machine keeps its
+    messages, and a KINETO_LOG_LEVEL set by the user is left as it is.
+    """
+    if torch.cuda.is_available() or "KINETO_LOG_LEVEL" in os.environ:
+        return False
+    os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET_LEVEL
+    return True
+
 
 
 @dataclass
@@ -149,6 +175,7 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
     dev = pick_device(device)
     sched = schedule or suggest_schedule(target, dev)
     sched.check()
+    quiet_cpu_profiler()
     step = None
     if isinstance(target, TrainConfig):
         label = name or target.name
@@ -205,6 +232,11 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
     trace["traceName"] = label  # export wrote it to a temporary file whose path means nothing later
     trace["labkit"] = {"name": label, "device": dev.type, "schedule": asdict(sched),
                        "gpu_power": meter.report() if meter is not None and meter.samples else None}
+    # A Workload loads its batches in the step's own thread (no worker queue): diagnose ranks that wait by its
+    # share, as it does DataLoader's num_workers=0, instead of as a background loader's.
+    loading = getattr(target, "data_loading", None)
+    if loading is not None:
+        trace["labkit"]["data_loading"] = loading
     result = Profile(label, dev.type, trace, captured["table"], sched)
     if out is not None:
         result.trace_path = save_trace(trace, Path(out) / f"{_safe(label)}.pt.trace.json.gz")
@@ -214,6 +246,47 @@ def profile_steps(target, device=None, *, schedule: ProfileSchedule | None = Non
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "trace"
+
+
+# ----------------------------------------------------------------------------- reading key averages
+
+
+STEP_KEY = "ProfilerStep*"  # key_averages groups the schedule's ProfilerStep#N ranges under this one key
+
+
+def read_key_averages(prof, phase: str = "data", by: str = "cpu") -> dict:
+    """What torch.profiler's key-averages table says about a profiled loop: its top operator and a phase's share.
+
+    `prof`: a finished `torch.profiler.profile` whose loop called `prof.step()` (so the steps are the
+    `ProfilerStep*` row) and labelled its phases with `record_function`. `by`: "cpu" ranks the `aten::`
+    operators by self CPU time (time in the operator itself, not in the operators it calls); "cuda" ranks every
+    row by self device time (on a GPU: the kernels). Returns top_op, top_op_ms (summed over the recorded steps),
+    steps (ProfilerStep ranges recorded), step_ms (CPU time of one step), phase_ms (the phase's CPU time per
+    step) and phase_share: the phase's total CPU time over the steps' total, 0 when the phase never ran.
+    With a schedule that repeats, the table holds the last cycle only.
+    """
+    if by not in ("cpu", "cuda"):
+        raise LabkitError(f"read_key_averages ranks by 'cpu' or 'cuda' self time, not {by!r}")
+    if not hasattr(prof, "key_averages"):
+        raise LabkitError(f"read_key_averages needs a finished torch.profiler.profile, not {type(prof).__name__}")
+    rows = list(prof.key_averages())
+    steps = [r for r in rows if r.key == STEP_KEY]
+    if not steps:
+        raise LabkitError("the profile has no ProfilerStep* row: call prof.step() at the end of every loop "
+                          "iteration, inside a profile with a schedule")
+    step = steps[0]
+    if by == "cpu":
+        ranked = [(r.key, r.self_cpu_time_total) for r in rows if r.key.startswith("aten::")]
+    else:
+        ranked = [(r.key, getattr(r, "self_device_time_total", 0.0)) for r in rows if r.key != STEP_KEY]
+    if not ranked:
+        raise LabkitError(f"the profile recorded no operators to rank by self {by} time")
+    top, top_us = max(ranked, key=lambda kv: kv[1])
+    phase_us = sum(r.cpu_time_total for r in rows if r.key == phase)
+    n = max(1, step.count)
+    return {"top_op": top, "top_op_ms": top_us / 1e3, "steps": step.count, "step_ms": step.cpu_time_total / n / 1e3,
+            "phase": phase, "phase_ms": phase_us / n / 1e3,
+            "phase_share": phase_us / step.cpu_time_total if step.cpu_time_total else 0.0}
 
 
 # ------------------------------------------------------------------------------------- Python profilers
@@ -478,6 +551,105 @@ def nsys_command(argv: list[str], out: str = "runs/week5/nsys_report", *, python
     if python_sampling:
         opts.append("--python-sampling=true")  # Python stacks beside the kernels (nsys 2023.3 and later)
     return shlex.join(opts + list(argv))
+
+
+NSYS_PLACES = ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems/*/bin/nsys",
+               "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys", "/usr/local/cuda/nsight-systems-*/bin/nsys")
+
+
+def find_nsys() -> str | None:
+    """The nsys executable: on PATH, else where CUDA toolkits and Nsight installers put it; None if absent."""
+    import glob
+
+    found = shutil.which("nsys")
+    if found:
+        return found
+    for pattern in NSYS_PLACES:
+        hits = sorted(p for p in glob.glob(pattern) if os.access(p, os.X_OK))
+        if hits:
+            return hits[-1]  # the newest version, where the folder names carry one
+    return None
+
+
+_NUMBER = re.compile(r"^-?[\d,]+(?:\.\d+)?$")
+
+
+def parse_nsys_stats(text: str) -> list[dict]:
+    """The rows of one `nsys stats` summary report (cuda_gpu_kern_sum, nvtx_sum, ...), as dicts.
+
+    Reads both the default column layout (a header row, a row of dashes, numbers with thousands separators)
+    and `--format csv`; lines before the header (nsys's "Generating SQLite file ..." and "Processing ..."
+    lines) are skipped. Keys are the report's own column names; numbers become floats; the last column (Name,
+    Range) stays a string, spaces kept. Raises LabkitError when no header with "Time" and "Total Time" is found.
+    """
+    import csv
+
+    if not isinstance(text, str):
+        raise LabkitError(f"parse_nsys_stats needs the report's text, not {type(text).__name__}")
+    lines = text.splitlines()
+    at = next((i for i, ln in enumerate(lines) if "Total Time" in ln and "Time" in ln.replace("Total Time", "")), None)
+    if at is None:
+        raise LabkitError("no nsys stats table here: expected a header row with 'Time (%)' and 'Total Time (ns)' "
+                          "(nsys stats --report cuda_gpu_kern_sum or nvtx_sum)")
+    head = lines[at]
+    rows = []
+    if head.lstrip().startswith('"') or head.count(",") >= 3:  # --format csv
+        reader = csv.reader(ln for ln in lines[at:] if ln.strip())
+        cols = [c.strip() for c in next(reader)]
+        for vals in reader:
+            if len(vals) == len(cols):
+                rows.append(dict(zip(cols, vals, strict=True)))
+    else:
+        cols = re.split(r"\s{2,}", head.strip())
+        for ln in lines[at + 1:]:
+            if not ln.strip() or set(ln.strip()) <= {"-", " "}:
+                continue
+            parts = ln.strip().split(None, len(cols) - 1)
+            if len(parts) == len(cols) and all(_NUMBER.match(v) for v in parts[:2]):  # Time (%), Total Time
+                rows.append(dict(zip(cols, parts, strict=True)))
+    out = []
+    for r in rows:
+        out.append({k: float(v.replace(",", "")) if k != cols[-1] and _NUMBER.match(v.strip()) else v.strip()
+                    for k, v in r.items()})
+    return out
+
+
+def _column(rows: list[dict], *starts: str) -> str:
+    for k in rows[0]:
+        if any(k.replace(" ", "").startswith(s.replace(" ", "")) for s in starts):
+            return k
+    raise LabkitError(f"the nsys table has no column starting with {' or '.join(map(repr, starts))}: "
+                      f"its columns are {list(rows[0])}")
+
+
+def read_nsys_stats(kernels: str, nvtx: str, *, data: str = "data", step: str = "step") -> dict:
+    """The dominant kernel and the data range's share of the step, from `nsys stats` output.
+
+    `kernels`: the text of a cuda_gpu_kern_sum report; `nvtx`: an nvtx_sum report of a loop whose steps are
+    NVTX ranges named `step` with a `data` range inside each (a name nsys prints with a leading ':' domain
+    separator counts too). Returns top_kernel, top_kernel_share (of all kernel time; the report's Time (%)
+    over 100), top_kernel_instances, kernel_ms (all kernels), steps (instances of the step range), step_ms and
+    data_ms (mean per instance) and data_share: the data range's total time over the step range's.
+    """
+    krows, nrows = parse_nsys_stats(kernels), parse_nsys_stats(nvtx)
+    if not krows:
+        raise LabkitError("the kernel summary has no rows: did the profiled run launch any kernel?")
+    if not nrows:
+        raise LabkitError("the NVTX summary has no rows: were the NVTX ranges pushed (torch.cuda.nvtx.range)?")
+    kt, kn, kname = _column(krows, "Total Time"), _column(krows, "Instances"), list(krows[0])[-1]
+    top = max(krows, key=lambda r: r[kt])
+    total_ns = sum(r[kt] for r in krows)
+    nt, nn, rname = _column(nrows, "Total Time"), _column(nrows, "Instances"), list(nrows[0])[-1]
+    ranges = {str(r[rname]).lstrip(":"): r for r in nrows}
+    for want in (step, data):
+        if want not in ranges:
+            raise LabkitError(f"no NVTX range named {want!r} in the summary (it has {sorted(ranges)}): name the "
+                              f"step's ranges {step!r} and {data!r}")
+    s, d = ranges[step], ranges[data]
+    return {"top_kernel": top[kname], "top_kernel_share": top[kt] / total_ns if total_ns else 0.0,
+            "top_kernel_instances": int(top[kn]), "kernel_ms": total_ns / 1e6, "steps": int(s[nn]),
+            "step_ms": s[nt] / max(1, s[nn]) / 1e6, "data_ms": d[nt] / max(1, d[nn]) / 1e6,
+            "data_share": d[nt] / s[nt] if s[nt] else 0.0}
 
 
 # -------------------------------------------------------------------------------------------------- CLI

@@ -176,6 +176,10 @@ class Workload:
     Losses and correct counts are kept on the device unless `host_reads` says otherwise; `summary()` reads them.
     """
 
+    # Batches are made inside step() itself (no worker processes, no queue): profile_steps writes this into the
+    # trace, so diagnose ranks the `data` wait by its share, as it does DataLoader's num_workers=0.
+    data_loading = "in-thread"
+
     def __init__(self, cfg: WorkloadConfig, device: str | torch.device | None = None,
                  dataset: D.ImageData | None = None):
         check_workload(cfg)
