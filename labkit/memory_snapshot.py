@@ -139,7 +139,10 @@ def alive_at_peak(snapshot: dict, device: int = 0) -> list[dict]:
 
 
 def _is_library(filename: str) -> bool:
-    return any(s in filename for s in ("site-packages", "dist-packages", "/torch/", "<frozen", "??")) or not filename
+    """torch's own frames, the standard library's and unnamed ones (labkit's count as user code)."""
+    if not filename or filename.startswith(("<", "??")) or "/torch/" in filename:
+        return True
+    return "/lib/python3" in filename and "labkit" not in filename
 
 
 def user_frame(frames: list[dict]) -> str:
