@@ -489,10 +489,13 @@ def memory_breakdown(trainer: AmpTrainer, x: torch.Tensor, y: torch.Tensor, warm
 
 def recorded_memory_split(result: dict) -> list[dict]:
     """The rows of a week3_amp result (benchmarks/week3_amp.py) with their peak split, in bytes: state (params,
-    grads, Adam), activations, and the rest ("other": peak minus both), in the order the benchmark measured them.
+    grads, Adam), "step_adds" (the step's peak above what was resident before it: peak minus state), and the
+    activations saved for backward, in the order the benchmark measured them.
 
-    Rows recorded before the benchmark measured above the resident memory hold an absolute peak; "other" then
-    shows what the peak counted that neither AMP nor checkpointing changes.
+    The activations are not subtracted from step_adds: zero_grad(set_to_none=True) frees the previous step's
+    gradients before the forward pass and backward frees activations while it makes the new gradients, so the
+    peak never holds the whole state and all the activations at once (peak - state - activations can be
+    negative). Rows recorded before the benchmark measured above the resident memory hold an absolute peak.
     """
     rows = []
     for r in result.get("speed", []):
@@ -500,7 +503,7 @@ def recorded_memory_split(result: dict) -> list[dict]:
             continue
         state, act = r["state_bytes"], r["activation_bytes"]
         rows.append({"model": r["model"], "batch": r["batch"], "precision": r["precision"], "peak": r["peak_bytes"],
-                     "state": state, "activations": act, "other": r["peak_bytes"] - state - act,
+                     "state": state, "step_adds": max(0, r["peak_bytes"] - state), "activations": act,
                      "resident": r.get("resident_bytes")})
     return rows
 

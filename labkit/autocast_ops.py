@@ -39,6 +39,8 @@ def _ops() -> dict[str, tuple[str, Callable, bool]]:
         "sum": ("reduction", lambda a, b, x, w, t: a.sum(), False),
         "mean": ("reduction", lambda a, b, x, w, t: a.mean(), False),
         "cumsum": ("reduction", lambda a, b, x, w, t: torch.cumsum(a, -1), False),
+        # on the CPU's fp32 list as on CUDA's, unlike sum and cumsum: a product of many terms overflows 16 bits
+        "prod": ("reduction", lambda a, b, x, w, t: torch.prod(a, -1), False),
         "exp": ("pointwise", lambda a, b, x, w, t: torch.exp(a), False),
         "relu": ("pointwise", lambda a, b, x, w, t: torch.relu(a), False),
         "add": ("pointwise", lambda a, b, x, w, t: a + b, True),
