@@ -1,0 +1,203 @@
+"""Week 6's self-checks catch the usual wrong answers, each with a message that says what differed."""
+
+import contextlib
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from labkit import exercises as ex
+from labkit import week6_exercises as w6
+
+
+def _wrong(eid, answer, *patterns):
+    with pytest.raises(ex.Wrong) as err:
+        ex.check(eid, answer, quiet=True)
+    for p in patterns:
+        assert p in str(err.value), f"{eid}: {p!r} not in {err.value}"
+    return str(err.value)
+
+
+# ------------------------------------------------------------------------------------------ 6.1 MFU
+
+
+def _mfu(factor=3.0, peak_scale=1e12):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def mfu(model, img_per_s, peak_tflops, image_shape=(3, 32, 32)):
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            model.eval()(torch.zeros(1, *image_shape))
+        return factor * fc.get_total_flops() * img_per_s / (peak_tflops * peak_scale)
+
+    return mfu
+
+
+def test_6_1_mfu_catches_the_forward_alone_units_and_the_measured_peak():
+    assert "29." in ex.check("6.1", _mfu(), quiet=True)
+    _wrong("6.1", _mfu(factor=1.0), "the forward alone")
+    _wrong("6.1", _mfu(factor=2.0), "2 forwards")
+    _wrong("6.1", _mfu(peak_scale=1.0), "1e12")
+    ref = ex.reference("6.1")
+
+    def measured(model, img_per_s, peak_tflops, image_shape=(3, 32, 32)):
+        from labkit.bench import load_result
+
+        rec = load_result("ladder")
+        if img_per_s == rec["rungs"][-1]["img_per_s"]:
+            peak_tflops = rec["peak_bf16_tflops"]  # the measured peak: the old "MFU" column
+        return ref(model, img_per_s, peak_tflops, image_shape)
+
+    _wrong("6.1", measured, "measured", "datasheet")
+
+
+# ----------------------------------------------------------------------------------- 6.2 the step
+
+
+def _step_maker(autocast=True, channels_last=True, foreach=True, item=False, nesterov=True, detach=True):
+    def make_train_step(model, lr, *, momentum=0.9, weight_decay=5e-4, label_smoothing=0.1):
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=nesterov,
+                              weight_decay=weight_decay, foreach=foreach)
+
+        def step(x, y):
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+            with ctx:
+                loss = F.cross_entropy(model(x), y, label_smoothing=label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if item:
+                print(loss.item())
+            return loss.detach() if detach else loss
+
+        return step
+
+    return make_train_step
+
+
+def test_6_2_step_right_with_foreach_and_each_wrong_answer_named():
+    assert "foreach SGD" in ex.check("6.2", _step_maker(), quiet=True)
+    _wrong("6.2", _step_maker(autocast=False), "float32", "autocast")
+    _wrong("6.2", _step_maker(channels_last=False), "channels_last")
+    _wrong("6.2", _step_maker(foreach=False), "fused=True")
+    _wrong("6.2", _step_maker(item=True), "host")
+    _wrong("6.2", _step_maker(detach=False), "detach")
+    _wrong("6.2", _step_maker(nesterov=False), "nesterov")
+
+
+def test_6_2_a_step_that_forgets_to_zero_the_gradients_is_caught():
+    def make_train_step(model, lr, *, momentum=0.9, weight_decay=5e-4, label_smoothing=0.1):
+        model.to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=True,
+                              weight_decay=weight_decay, fused=True)
+
+        def step(x, y):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x.contiguous(memory_format=torch.channels_last)), y, label_smoothing=0.1)
+            loss.backward()  # gradients pile up from step to step
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    _wrong("6.2", make_train_step, "zeroes the gradients")
+
+
+# ------------------------------------------------------------------------------------ 6.3 CUDA graph
+
+
+def test_6_3_graph_checks_warm_up_static_inputs_and_the_parts_of_a_capture(monkeypatch):
+    ref = ex.reference("6.3")
+    assert "skipped" in ex.check("6.3", ref, quiet=True) or torch.cuda.is_available()
+
+    def no_warmup(step, static_x, static_y, warmup=3):
+        return ref(step, static_x, static_y, warmup=0)
+
+    _wrong("6.3", no_warmup, "warmup=3")
+
+    def stale(step, static_x, static_y, warmup=3):  # never copies the new batch in: every replay the same
+        inner = ref(step, static_x, static_y, warmup)
+        first = static_x.clone(), static_y.clone()
+        return lambda x, y: inner(*first)
+
+    monkeypatch.setattr(w6, "_graph_source_findings", lambda fn: [])  # the run checks alone
+    _wrong("6.3", stale, "Copy each new batch")
+    monkeypatch.undo()
+
+    def eager_only(step, static_x, static_y, warmup=3):
+        for _ in range(warmup):
+            step(static_x, static_y)
+        return step
+
+    _wrong("6.3", eager_only, "a capture", "replay", "side stream")
+
+    def graphed_callables(step, static_x, static_y, warmup=3):
+        torch.cuda.make_graphed_callables  # noqa: B018 - the wrong tool, named
+        return eager_only(step, static_x, static_y, warmup)
+
+    assert "make_graphed_callables" in inspect.getsource(graphed_callables)
+    _wrong("6.3", graphed_callables, "not the optimizer")
+
+
+def test_6_3_blank_answer_is_not_done_not_wrong():
+    def graph_step(step, static_x, static_y, warmup=3):
+        raise NotImplementedError()
+
+    with pytest.raises(ex.NotDone):
+        ex.check("6.3", graph_step, quiet=True)
+
+
+# -------------------------------------------------------------------------------- 6.4 time to accuracy
+
+
+def test_6_4_time_to_accuracy_edge_cases_and_bad_input():
+    ref = ex.reference("6.4")
+    assert "8 logs right" in ex.check("6.4", ref, quiet=True)
+
+    def strictly_above(log, target):
+        if not 0 < target <= 1:
+            raise ValueError("target")
+        return ref(log, target + 1e-12)
+
+    _wrong("6.4", strictly_above, "equal to the target")
+
+    def no_start_up(log, target):
+        r = ref(log, target)
+        return None if r is None else (r[0] - (log["train_start"] - log["process_start"]), r[1])
+
+    _wrong("6.4", no_start_up, "start-up")
+
+    def no_checks(log, target):
+        return ref({**log, "train_start": max(log["train_start"], log["process_start"]),
+                    "epochs": [{**e, "train_s": abs(e["train_s"])} for e in log["epochs"]]}, min(target, 1.0))
+
+    _wrong("6.4", no_checks, "ValueError")
+
+
+def test_every_week6_reference_is_not_the_notebooks_worked_answer():
+    """The release scan flags copies of a solution region; the references are written apart from them."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "06_resnet_ladder.ipynb").read_text())
+    shipped = inspect.getsource(w6)
+    for c in nb["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] != "code" or ex.SOLUTION_BEGIN not in src:
+            continue
+        region = src.split(ex.SOLUTION_BEGIN, 1)[1].split(ex.SOLUTION_END, 1)[0]
+        long_lines = {ln.strip() for ln in region.splitlines() if len(ln.strip()) >= 40}
+        same = [ln for ln in long_lines if ln in shipped]
+        assert len(same) < 3, f"week6_exercises.py repeats a worked answer's lines: {same}"
+
+
+def test_tiny_model_step_is_capturable_shape():
+    step, calls = w6._tiny_step(w6._Tiny())
+    loss = step(torch.randn(8, 24), torch.randint(0, 5, (8,)))
+    assert calls == [1] and loss.dim() == 0 and not loss.requires_grad
+    assert isinstance(w6._Tiny().body[1], nn.BatchNorm1d)
