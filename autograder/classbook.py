@@ -169,7 +169,8 @@ def summary_lines(rows: list[dict], policy: late.LatePolicy | None, shard: str |
         lines += [f"  {r['student_id']}: {r['late_note']} -> total {r['total']:g}" for r in rows if r["days_late"]]
         unknown = [r["student_id"] for r in rows if not r["submitted_at"]]
         if unknown:
-            lines.append(f"  no submission time (not checked for lateness): {', '.join(unknown)}")
+            lines.append(f"  no submission time (not checked for lateness), {len(unknown)} hand-in(s): "
+                         f"{', '.join(unknown)}")
         if not any(r["days_late"] for r in rows):
             lines.append("  nobody late")
     ungradable = [r for r in rows if r["not_gradable_here"]]
@@ -187,7 +188,8 @@ def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], j
     times = {}
     if policy is not None and submissions is not None:
         kw = {"lms_regex": lms_regex} if lms_regex else {}
-        times = late.submission_times(submissions, tz=policy.timezone, times_csv=policy.times_csv, **kw)
+        times = late.submission_times(submissions, tz=policy.timezone, times_csv=policy.times_csv,
+                                      roster=policy.roster, assignment=info.assignment, **kw)
     rows = final_rows(info, results, policy, times)
     _write_gradebook_extra_credit(out / "gradebook.db", info.assignment, rows)
     _extend_csv(out / "grades.csv", rows)

@@ -41,12 +41,16 @@ def late_policy(args):
     if args.submitted_csv:
         late.read_times_csv(args.submitted_csv, args.timezone)  # its errors now, before any grading
     return late.LatePolicy(due, args.grace_minutes * 60, args.late_per_day, args.late_cap, ext, args.submitted_csv,
-                           args.timezone)
+                           args.timezone, getattr(args, "roster", None))
 
 
 def add_grade_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--shard", default=None, metavar="K/N",
                    help="grade only slice K (0..N-1) of N, by a stable hash of the student id; then `merge`")
+    g.add_argument("--roster", default=None, metavar="CSV",
+                   help="class list: the CSV `make student ROSTER=` reads (column student_id) or the LMS's gradebook "
+                        "export (Canvas: Student, ID, SIS Login ID); each hand-in is matched to exactly one listed "
+                        "id, the longest its name starts with, and a name matching none or several stops the run")
     g.add_argument("--allow-ungradable", action="store_true",
                    help="grade a lab this machine cannot fully grade (its GPU checks score 0; students listed)")
     add_open_kit_arg(g)
@@ -73,7 +77,7 @@ def grade_changes(args) -> dict:
     if args.shard:
         shard.parse(args.shard)
     return {"shard": args.shard, "allow_ungradable": args.allow_ungradable, "late": late_policy(args),
-            "open_kit": args.open_kit, "manual_scores": args.manual_scores}
+            "open_kit": args.open_kit, "manual_scores": args.manual_scores, "roster": args.roster}
 
 
 def add_commands(sub) -> None:

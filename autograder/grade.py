@@ -41,6 +41,7 @@ from autograder import (
     intake,
     jail,
     labkit_answers,
+    lmsnames,
     manual,
     report,
     shard,
@@ -99,6 +100,7 @@ class GradeConfig:
     only: tuple[str, ...] = ()  # grade only these student ids (others keep their results)
     keep_work: bool = False  # keep each student's scratch course (for debugging a submission)
     lms_regex: str = intake.LMS_REGEX  # student id (and file name) from an LMS download's file names
+    roster: str | None = None  # class list (CSV with student_id, or a Canvas export): each hand-in to one listed id
     progress: bool = True  # tqdm bar over students
     trusted_submissions: bool = False  # run students' code without the sandbox (only where bubblewrap is missing)
     shard: str | None = None  # "K/N": grade only slice K of N of the class (autograder.shard); None: everyone
@@ -602,9 +604,20 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         hardware = [dict(h) for h in courses.detect_hardware()]
         log.info("hardware: %s", "; ".join(f"{h['card']} ({h['class']})" for h in hardware))
         gpu_policy.refuse_ungradable(assignment, [c.check for c in course.calls], hardware, cfg.allow_ungradable)
-        found = intake.collect(submissions, assignment, scratch=work / "intake", lms_regex=cfg.lms_regex)
+        roster = lmsnames.load_roster(cfg.roster)  # a bad class list stops the run here, before any grading
+        found = intake.collect(submissions, assignment, scratch=work / "intake", lms_regex=cfg.lms_regex,
+                               roster=roster)
         for line in found.junk:
             log.warning("intake: %s", line)
+        if found.unmatched:
+            raise LabkitError(f"{len(found.unmatched)} hand-in(s) name no single student, so nobody is graded yet "
+                              f"(a misread id grades a student against another's variant): "
+                              + "; ".join(found.unmatched[:5]) + ("; ..." if len(found.unmatched) > 5 else "")
+                              + ("" if roster else "; pass the class list with --roster (the CSV `make student "
+                                                   "ROSTER=` reads, or the LMS's gradebook export)")
+                              + " and grade again")
+        if cfg.late is not None and cfg.roster and cfg.late.roster is None:
+            cfg = replace(cfg, late=replace(cfg.late, roster=cfg.roster))
         if not found.submissions:
             raise LabkitError(f"no student hand-ins found in {submissions}: expected one folder per student "
                               f"(holding {assignment}.ipynb) or LMS-named .ipynb/.zip files"

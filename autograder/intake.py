@@ -2,10 +2,14 @@
 
 Three layouts are understood, mixed freely in one folder (or inside one .zip of it):
   - a folder per student: `DIR/<student>/<assignment>.ipynb`, or nbgrader's `DIR/<student>/<assignment>/...`;
-  - LMS downloads (nbgrader zip_collect style): flat files `DIR/<student>_<anything>.ipynb` or
-    `DIR/<student>_<anything>.zip`, the student id taken from the file name by a regular expression;
+  - LMS downloads: flat files `DIR/<LMS's part><the student's file>.ipynb|.zip|.py`, the student id read from
+    the LMS's part by that LMS's documented pattern (autograder.lmsnames: Canvas, Moodle, Blackboard, D2L, the
+    kit's plain `<student>_<anything>`, or the instructor's --lms-regex), and Gradescope's export folders;
   - a single archive of either of the above.
-Anything else is reported as junk and skipped. A student's notebook is `<assignment>.ipynb`, or the only
+With the class list (--roster) every hand-in is matched to exactly one listed id, the longest the name starts
+with; a name that matches none or several, or (without a list) an id that may hold a separator, is not graded
+and named with its candidates (`Intake.unmatched`: the grader stops on it). Anything else is reported as junk
+and skipped. A student's notebook is `<assignment>.ipynb`, or the only
 notebook they handed in under another name (LMS downloads rename files). Archives are unpacked with caps on
 size and file count and refuse paths that leave their folder or name one file twice. Every hand-in is copied here into the grader's
 scratch folder (autograder.spool), its sha256 taken on the way and checked whenever it is read, so what gets graded
@@ -26,12 +30,14 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import lmsnames
 from autograder.feedback import MAX_CELLS, MAX_OUTPUTS
 from autograder.sandbox import MAX_JSON_VALUES, json_values
 from autograder.spool import Spool, TooLarge
 from labkit.env import LabkitError
 
-# Canvas, Moodle and Blackboard downloads all start the file name with an id followed by "_".
+# The default --lms-regex: it stands for "each LMS's own documented pattern" (autograder.lmsnames); another
+# regular expression given replaces them.
 LMS_REGEX = r"^(?P<student_id>[A-Za-z0-9.\-]+)_(?P<file>.+)$"
 MAX_NOTEBOOK_BYTES = 50 * 2**20  # a notebook larger than this is refused (outputs committed by mistake)
 MAX_HANDIN_BYTES = 200 * 2**20  # all files of one hand-in together
@@ -65,6 +71,7 @@ class Intake:
 
     submissions: list[Submission]
     junk: list[str]  # one line per skipped thing
+    unmatched: list[str] = field(default_factory=list)  # hand-ins whose name gives no single student id, and why
 
 
 def safe_id(raw: str) -> str:
@@ -214,9 +221,12 @@ def _pick_notebook(sub: Submission, assignment: str) -> None:
         sub.problem, sub.cause = bad, "invalid notebook"
 
 
-def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_regex: str = LMS_REGEX) -> Intake:
+def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_regex: str = LMS_REGEX,
+            roster=None) -> Intake:
     """Find every student's hand-in under `submissions` (a folder or a .zip). `scratch` receives unpacked archives,
     removed again here, and the hand-ins' files (scratch/spool), which the Submissions read from while they are used.
+    `roster`: the class list (a path or an lmsnames.Roster) every hand-in is matched to; None: ids from the names
+    alone, where an id that may hold a separator is reported in `unmatched`, not cut.
 
     Raises LabkitError only when `submissions` itself is unusable; anything wrong with one student is recorded
     on that student's Submission.
@@ -231,7 +241,10 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
         raise LabkitError(f"--lms-regex {lms_regex!r} is not a regular expression: {e}") from e
     if "student_id" not in rx.groupindex:
         raise LabkitError("--lms-regex needs a named group (?P<student_id>...)")
+    roster = lmsnames.load_roster(roster)
+    custom = None if lms_regex == LMS_REGEX else lms_regex
     junk: list[str] = []
+    unmatched: list[str] = []
     unpacked = None
     if src.is_file():
         if src.suffix.lower() != ".zip":
@@ -256,24 +269,37 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
 
     by_id: dict[str, Submission] = {}
     lms_files: dict[str, list[tuple[str, Path]]] = {}
+    meta = lmsnames.gradescope_metadata(src)
+
+    def unread(problem: str) -> None:
+        unmatched.append(problem)
+        junk.append(f"NOT GRADED: {problem}")
+
     for entry in sorted(src.iterdir()):
-        if entry.name in _SKIP or entry.name.startswith("."):
+        if entry.name in _SKIP or entry.name.startswith(".") or (meta and entry.name == lmsnames.GRADESCOPE_META):
             continue
         if entry.is_dir():
-            sid = safe_id(entry.name)
+            got = lmsnames.read_gradescope(entry.name, meta, roster) or lmsnames.read_folder(entry.name, roster)
+            if got.problem:
+                unread(got.problem)
+                continue
+            sid = got.student_id
             sub = _collect_folder(sid, entry, assignment, spool())
             sub.origin = entry.name
             if sid != entry.name:
-                sub.notes.append(f"folder {entry.name!r} graded as student id {sid!r}")
+                sub.notes.append(f"folder {shown(entry.name)!r} graded as student id {sid!r}")
             _add(by_id, sub, junk)
             continue
-        m = rx.match(entry.name)
         suffix = entry.suffix.lower()
-        if suffix not in (".ipynb", ".zip", ".py") or not m:
-            junk.append(f"skipped {entry.name}: not a student folder, and not an LMS-named .ipynb/.zip/.py file")
+        got = lmsnames.read_name(entry.name, assignment, roster, custom) if suffix in (".ipynb", ".zip", ".py") \
+            else None
+        if got is None:
+            junk.append(f"skipped {shown(entry.name)}: not a student folder, and not an LMS-named .ipynb/.zip/.py file")
             continue
-        sid = safe_id(m.group("student_id"))
-        name = m.groupdict().get("file") or entry.name
+        if got.problem:
+            unread(got.problem)
+            continue
+        sid, name = got.student_id, got.file or entry.name
         if suffix == ".zip":
             dest = scratch / "_unzipped" / sid / entry.stem
             shutil.rmtree(dest, ignore_errors=True)
@@ -301,7 +327,7 @@ def collect(submissions: str | Path, assignment: str, *, scratch: Path, lms_rege
     for s in subs:
         if s.files:
             s.compute_digest()
-    return Intake(subs, junk)
+    return Intake(subs, junk, unmatched)
 
 
 def _looks_like_student(folder: Path, assignment: str) -> bool:

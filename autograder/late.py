@@ -2,15 +2,17 @@
 
 Submission times come from, in order of trust:
   1. an explicit CSV (`student_id,submitted_at`, ISO 8601), e.g. exported from the LMS;
-  2. the LMS download's file name: Blackboard (`..._attempt_2025-03-04-23-15-02_...`), D2L/Brightspace
-     (`... - Mar 4, 2025 1115 PM - ...`) and ISO-like stamps (`2025-03-04T23:15:02`, `20250304T231502`);
-     Canvas names carry no time, only a `_LATE_` marker, which is reported when no time is found;
+  2. the stamp the LMS itself writes, in its documented place (autograder.lmsnames): Blackboard's
+     `_attempt_2025-03-04-23-15-02` after the username, D2L's `Mar 4, 2025 1115 PM` after the student's name,
+     Gradescope's `:created_at:` in its export's metadata, or the `timestamp` group of the instructor's own
+     --lms-regex. Canvas and Moodle names carry no time (Canvas marks late ones `_LATE`); nor do the kit's plain
+     `<id>_<file>` names;
   3. archive metadata: the newest entry date of their folder or file in the LMS's class zip, or of the
      student's own zip, which their machine dated: it can show a hand-in late, never on time.
-Times without a zone are read in the policy's time zone. A file name's end is the student's own file name, so
-only the earliest stamp in a name counts (LMSs write theirs first), and nothing after a Canvas or Moodle prefix
-is read; a student's own zip is dated by their machine, so it never clears a hand-in the LMS marked late.
-Folders of loose files carry no trustworthy time (copying resets it): give those students' times in the CSV.
+Times without a zone are read in the policy's time zone. After the LMS's own part, a name is the student's own
+file name: no date in it is read, whatever its format, so it can neither clear nor hide a hand-in's lateness. A
+hand-in with no time is "not checked" with the reason. Folders of loose files carry no trustworthy time
+(copying resets it): give those students' times in the CSV.
 
 Policy: submitted after the (extended) due date plus the grace period, a hand-in loses `per_day_pct` percent
 of the assignment's points for every started day after the due date, at most `cap_pct` percent; the total
@@ -28,22 +30,15 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import intake
+from autograder import intake, lmsnames
 from labkit.env import LabkitError
 
 MAX_NESTED_ZIP_BYTES = 200 * 2**20  # a student's zip inside a class zip is read into memory to date it
 
-_NAME_STAMPS = [  # (pattern, strptime format) for times written into LMS download names
-    (re.compile(r"_attempt_(\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2})"), "%Y-%m-%d-%H-%M-%S"),
-    (re.compile(r"\b([A-Z][a-z]{2} \d{1,2}, \d{4} \d{3,4} [AP]M)\b"), "D2L"),
-    (re.compile(r"(\d{4}-\d{2}-\d{2}[T_ ]\d{2}[-:.]\d{2}[-:.]\d{2})"), "ISO"),
-    (re.compile(r"(?<!\d)(\d{8}T\d{6})(?!\d)"), "%Y%m%dT%H%M%S"),
-]
-_CANVAS_LATE = re.compile(r"_LATE_")
-# Canvas download names: <name>[_LATE]_<user id>_<submission id>_<the student's own file name>
 CANVAS_NAME = re.compile(r"^(?P<name>[A-Za-z0-9.\-]+)_(?:LATE_)?(?P<user_id>\d+)_(?P<submission_id>\d+)_")
-# Moodle download names: <full name>_<id>_assignsubmission_file_<the student's own file name>
-_MOODLE_FILE = re.compile(r"_assignsubmission_(?:file|onlinetext)_")
+NO_STAMP = {"canvas": "Canvas names carry no time", "moodle": "Moodle names carry no time",
+            "plain": "a plain <id>_<file> name carries no LMS time", "regex": "--lms-regex has no timestamp group here",
+            "gradescope": "Gradescope's metadata gives no :created_at:"}
 
 
 @dataclass
@@ -53,6 +48,7 @@ class Stamp:
     at: dt.datetime | None  # aware datetime, None when unknown
     source: str  # "csv", "file name", "zip entry date" (the LMS's class zip), STUDENT_ZIP, or "" when unknown
     lms_late: bool = False  # the LMS marked it late in the file name (Canvas's _LATE_), even without a time
+    why: str = ""  # why no time is known (no LMS stamp in the name, ...), when `at` is None
 
 
 STUDENT_ZIP = "student's zip entry date"  # dated by the student's machine: it may show lateness, never clear it
@@ -69,6 +65,7 @@ class LatePolicy:
     extensions: dict[str, dt.datetime] = field(default_factory=dict)  # student id -> that student's due date
     times_csv: str | None = None  # explicit submission times (student_id,submitted_at); beats names and zips
     timezone: str = "UTC"  # zone for times written without one (names, zip entries, the CSV, --due)
+    roster: str | None = None  # the class list ids are read against (grade --roster), as intake reads them
 
     def describe(self) -> str:
         grace = f", grace {self.grace_s / 60:g} min" if self.grace_s else ""
@@ -99,40 +96,16 @@ def parse_time(text: str, tz: str = "UTC", what: str = "time") -> dt.datetime:
     return t if t.tzinfo else t.replace(tzinfo=_zone(tz))
 
 
-def time_from_name(name: str, tz: str = "UTC") -> dt.datetime | None:
-    """A submission time the LMS wrote into a download's file name, or None.
+def time_from_name(name: str, tz: str = "UTC", lms_regex: str | None = None) -> dt.datetime | None:
+    """The submission time the LMS itself wrote into a download's file name, in its documented place, or None.
 
-    The student chose the end of the name (their own file name, e.g. `lab4 2025-03-01T10-00-00.ipynb`), so the
-    earliest stamp counts, whatever its format: LMSs write theirs before the student's file name. Canvas and Moodle
-    names carry no time of their own (Moodle's starts with the student's full name, which some students can edit),
-    so none is read from them. A D2L name holds the student's name before D2L's stamp: only a D2L stamp counts
-    there, and two of them (one in the name) leave the time unknown."""
-    if CANVAS_NAME.match(name) or _MOODLE_FILE.search(name):
+    Only the LMS's own part of the name is read (autograder.lmsnames): Blackboard's attempt stamp and D2L's
+    stamp after the student's name. A date in the student's own file name, in any format and however many, is
+    never read; Canvas, Moodle and plain names carry none."""
+    got = lmsnames.read_name(name, lms_regex=lms_regex)
+    if got is None or got.stamp is None:
         return None
-    d2l = [m for m in _NAME_STAMPS[1][0].finditer(name) if _stamp(m.group(1), "D2L") is not None]
-    if d2l:
-        return _stamp(d2l[0].group(1), "D2L").replace(tzinfo=_zone(tz)) if len(d2l) == 1 else None
-    hits = []
-    for rx, fmt in _NAME_STAMPS:
-        for m in rx.finditer(name):
-            t = _stamp(m.group(1), fmt)
-            if t is not None:
-                hits.append((m.start(), t))
-                break
-    return min(hits, key=lambda h: h[0])[1].replace(tzinfo=_zone(tz)) if hits else None
-
-
-def _stamp(raw: str, fmt: str) -> dt.datetime | None:
-    try:
-        if fmt == "D2L":
-            date, hm, ampm = raw.rsplit(" ", 2)
-            return dt.datetime.strptime(f"{date} {hm.zfill(4)} {ampm}", "%b %d, %Y %I%M %p")
-        if fmt == "ISO":
-            return dt.datetime.strptime(re.sub(r"[T_ ]", "T", raw[:11]) + re.sub(r"[-:.]", ":", raw[11:]),
-                                        "%Y-%m-%dT%H:%M:%S")
-        return dt.datetime.strptime(raw, fmt)
-    except ValueError:
-        return None
+    return got.stamp if got.stamp.tzinfo else got.stamp.replace(tzinfo=_zone(tz))
 
 
 def _zip_time(infos: list[zipfile.ZipInfo], tz: str) -> dt.datetime | None:
@@ -149,21 +122,32 @@ def _zip_file_time(path_or_bytes, tz: str) -> dt.datetime | None:
         return None
 
 
-def _lms_entry(name: str, rx: re.Pattern, tz: str, zipped=None) -> tuple[str, Stamp] | None:
+@dataclass
+class _Names:
+    """How names are read: as intake reads them (the same ids, from the same patterns and class list)."""
+
+    assignment: str = ""
+    roster: object = None  # lmsnames.Roster or None
+    lms_regex: str | None = None  # the instructor's own pattern, or None for the documented ones
+
+
+def _lms_entry(name: str, names: _Names, tz: str, zipped=None) -> tuple[str, Stamp] | None:
     """(student id, stamp) for an LMS-named file; `zipped` is the file itself (path or bytes) when a .zip."""
-    m = rx.match(name)
-    if not m:
+    got = lmsnames.read_name(name, names.assignment, names.roster, names.lms_regex)
+    if got is None or got.student_id is None:
         return None
-    sid = intake.safe_id(m.group("student_id"))
-    t = time_from_name(name, tz)
-    stamp = Stamp(t, "file name" if t else "", bool(_CANVAS_LATE.search(name)))
+    t = got.stamp
+    if t is not None and t.tzinfo is None:
+        t = t.replace(tzinfo=_zone(tz))
+    stamp = Stamp(t, "file name" if t else "", got.late_mark,
+                  "" if t else NO_STAMP.get(got.lms, "no LMS time in the name"))
     if t is None and zipped is not None:
         stamp.at = _zip_file_time(zipped, tz)
         stamp.source = STUDENT_ZIP if stamp.at else ""
-    return sid, stamp
+    return got.student_id, stamp
 
 
-def _from_class_zip(path: Path, rx: re.Pattern, tz: str) -> dict[str, Stamp]:
+def _from_class_zip(path: Path, names: _Names, tz: str) -> dict[str, Stamp]:
     found: dict[str, Stamp] = {}
     try:
         with zipfile.ZipFile(path) as zf:
@@ -177,13 +161,16 @@ def _from_class_zip(path: Path, rx: re.Pattern, tz: str) -> dict[str, Stamp]:
             for top, members in groups.items():
                 if top.endswith("/"):  # a student's folder: its newest entry
                     t = _zip_time(members, tz)
-                    found[intake.safe_id(top[:-1])] = Stamp(t, "zip entry date" if t else "")
+                    got = lmsnames.read_folder(top[:-1], names.roster)
+                    if got.student_id:
+                        found[got.student_id] = Stamp(t, "zip entry date" if t else "", why="" if t else
+                                                      "no date on the folder's entries")
                     continue
                 info = members[0]
                 nested = None
                 if top.lower().endswith(".zip") and info.file_size <= MAX_NESTED_ZIP_BYTES:
                     nested = zf.read(info)
-                got = _lms_entry(top, rx, tz, nested)
+                got = _lms_entry(top, names, tz, nested)
                 if got:
                     sid, stamp = got
                     if stamp.at is None:
@@ -197,7 +184,7 @@ def _from_class_zip(path: Path, rx: re.Pattern, tz: str) -> dict[str, Stamp]:
 def _later(a: Stamp | None, b: Stamp) -> Stamp:
     """Two files of one student: the later time counts (the hand-in is complete only then)."""
     if a is None or (b.at and (a.at is None or b.at > a.at)):
-        return Stamp(b.at, b.source, b.lms_late or (a.lms_late if a else False))
+        return Stamp(b.at, b.source, b.lms_late or (a.lms_late if a else False), b.why)
     a.lms_late = a.lms_late or b.lms_late
     return a
 
@@ -239,20 +226,26 @@ def read_extensions(path: str | Path, due: dt.datetime, tz: str = "UTC") -> dict
 
 
 def submission_times(submissions: str | Path, *, lms_regex: str = intake.LMS_REGEX, tz: str = "UTC",
-                     times_csv: str | None = None) -> dict[str, Stamp]:
+                     times_csv: str | None = None, roster=None, assignment: str = "") -> dict[str, Stamp]:
     """student id -> Stamp for every hand-in under `submissions` (folder or .zip) whose time can be known.
 
-    Student ids are derived exactly as autograder.intake derives them (folder names, --lms-regex)."""
-    src, rx = Path(submissions), re.compile(lms_regex)
+    Student ids are derived exactly as autograder.intake derives them (folder names, each LMS's pattern,
+    `roster`: the class list, a path or an lmsnames.Roster; `assignment` reads names without one)."""
+    src = Path(submissions)
+    names = _Names(assignment, lmsnames.load_roster(roster), None if lms_regex == intake.LMS_REGEX else lms_regex)
     found: dict[str, Stamp] = {}
     if src.is_file() and src.suffix.lower() == ".zip":
-        found = _from_class_zip(src, rx, tz)
+        found = _from_class_zip(src, names, tz)
     elif src.is_dir():
+        meta = lmsnames.gradescope_metadata(src)
         for entry in sorted(src.iterdir()):
             if entry.is_file():
-                got = _lms_entry(entry.name, rx, tz, entry if entry.suffix.lower() == ".zip" else None)
+                got = _lms_entry(entry.name, names, tz, entry if entry.suffix.lower() == ".zip" else None)
                 if got:
                     found[got[0]] = _later(found.get(got[0]), got[1])
+            elif meta and (gs := lmsnames.read_gradescope(entry.name, meta, names.roster)) and gs.student_id:
+                t = gs.stamp if gs.stamp is None or gs.stamp.tzinfo else gs.stamp.replace(tzinfo=_zone(tz))
+                found[gs.student_id] = Stamp(t, "Gradescope metadata" if t else "", why="" if t else NO_STAMP["gradescope"])
     if times_csv:
         found.update(read_times_csv(times_csv, tz))
     return found
@@ -264,8 +257,10 @@ def assess(policy: LatePolicy, student_id: str, stamp: Stamp | None, max_score: 
     row = {"submitted_at": "", "time_source": "", "due": due.isoformat(), "days_late": 0, "late_penalty": 0.0,
            "late_note": ""}
     if stamp is None or stamp.at is None:
-        row["late_note"] = ("the LMS marked this hand-in late but its time is unknown: give it in --submitted-csv"
-                            if stamp and stamp.lms_late else "no submission time found: not checked for lateness")
+        why = f" ({stamp.why})" if stamp and stamp.why else ""
+        row["late_note"] = (f"the LMS marked this hand-in late but its time is unknown{why}: give it in --submitted-csv"
+                            if stamp and stamp.lms_late else f"no submission time found{why or ' (no LMS time stamp)'}: "
+                                                             "not checked for lateness")
         return row
     over = (stamp.at - due).total_seconds()
     if stamp.source == STUDENT_ZIP and over <= policy.grace_s and not stamp.lms_late:

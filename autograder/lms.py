@@ -27,7 +27,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, grade, intake, late, manual
+from autograder import classbook, grade, intake, late, lmsnames, manual
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -59,17 +59,19 @@ def load_class(out: str | Path) -> tuple[list, dict[str, dict], dict]:
     return results, rows, final
 
 
-def lms_names(submissions: str | Path | None, lms_regex: str = intake.LMS_REGEX) -> dict[str, dict]:
-    """student id -> {"canvas_id", "prefix"} from Canvas-style download names in the submissions folder."""
+def lms_names(submissions: str | Path | None, lms_regex: str = intake.LMS_REGEX, roster=None) -> dict[str, dict]:
+    """student id -> {"canvas_id", "prefix"} from Canvas download names in the submissions folder, the ids read
+    as intake reads them (autograder.lmsnames; `roster`: the class list, a path or a Roster)."""
     out: dict[str, dict] = {}
     if submissions is None or not Path(submissions).is_dir():
         return out
-    rx = re.compile(lms_regex)
+    roster = lmsnames.load_roster(roster)
+    custom = None if lms_regex == intake.LMS_REGEX else lms_regex
     for p in sorted(Path(submissions).iterdir()):
-        m, c = rx.match(p.name), CANVAS_NAME.match(p.name)
-        if p.is_file() and m and c:
-            out.setdefault(intake.safe_id(m.group("student_id")), {"canvas_id": c.group("user_id"),
-                                                                  "prefix": c.group(0)})
+        got = lmsnames.read_name(p.name, "", roster, custom) if p.is_file() else None
+        c = CANVAS_NAME.match(p.name)
+        if got is not None and got.student_id and c:
+            out.setdefault(got.student_id, {"canvas_id": c.group("user_id"), "prefix": c.group(0)})
     return out
 
 
@@ -354,7 +356,7 @@ def export(out: str | Path, to: str, dest: str | Path, *, title: str | None = No
     if to == "canvas":
         text, unmatched = canvas_csv(results, rows, title=title or final["assignment"], points=final["max_score"],
                                      roster=read_roster(roster) if roster else None,
-                                     names=lms_names(submissions, lms_regex))
+                                     names=lms_names(submissions, lms_regex, roster))
         (dest / "canvas_grades.csv").write_text(text, encoding="utf-8")
         lines = [f"wrote {dest / 'canvas_grades.csv'}: {len(results)} students (Canvas: Grades > Import)"]
         provisional = [r.student_id for r in results if rows.get(r.student_id, {}).get("provisional")]

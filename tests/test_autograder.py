@@ -317,24 +317,27 @@ def test_intake_understands_folders_lms_files_and_zips(tmp_path):
     (s / "frank").mkdir()
     (s / "frank" / "README.md").write_text("sorry")
     (s / "gus_12345_678_lab.ipynb").write_bytes(_nb_bytes())  # LMS download, flat
-    with zipfile.ZipFile(s / "hana_999_lab.zip", "w") as z:
+    with zipfile.ZipFile(s / "hana_lab.zip", "w") as z:
         z.writestr("lab.ipynb", _nb_bytes())
-    with zipfile.ZipFile(s / "ivan_1_evil.zip", "w") as z:
+    with zipfile.ZipFile(s / "ivan_evil.zip", "w") as z:
         z.writestr("../../escape.txt", "x")
     (s / "notes.txt").write_text("junk")
     (s / "weird name!").mkdir()
     (s / "weird name!" / "lab.ipynb").write_bytes(_nb_bytes())
-    for shadow in ("n07_kim", "-n07_kim"):  # a second folder that maps to a classmate's id
+    for shadow in ("n07_kim", "-n07_kim"):  # a second folder that once mapped to a classmate's id
         (s / shadow).mkdir()
         (s / shadow / "lab.ipynb").write_bytes(_nb_bytes())
+    with zipfile.ZipFile(s / "lu_kim_lab.zip", "w") as z:  # an id that may hold '_': lu_kim or lu?
+        z.writestr("lab.ipynb", _nb_bytes())
 
     got = intake.collect(s, "lab", scratch=tmp_path / "scratch")
     by = {x.student_id: x for x in got.submissions}
-    assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gus", "hana", "ivan", "weird_name",
-                       "n07_kim"}
-    kim = by["n07_kim"]  # neither is graded as the student's until the instructor keeps the right one
-    assert kim.cause == "ambiguous hand-in" and "'-n07_kim'" in kim.problem and "'n07_kim'" in kim.problem
-    assert any("n07_kim" in j and "-n07_kim" in j for j in got.junk)
+    shadow = next(x for x in by if x.startswith("n07_kim_x"))  # '-n07_kim' is not n07_kim: both are graded
+    weird = next(x for x in by if x.startswith("weird_name_x"))
+    assert set(by) == {"alice", "bob", "carol", "dave", "erin", "frank", "gus", "hana", "ivan", weird,
+                       "n07_kim", shadow}
+    assert by["n07_kim"].problem is None and by[shadow].problem is None and by[shadow].origin == "-n07_kim"
+    assert any("'lu'" in u and "'lu_kim'" in u and "--roster" in u for u in got.unmatched)
     assert by["alice"].problem is None and set(by["alice"].files) == {"lab.ipynb", "helper.py"}
     assert by["bob"].problem is None and by["bob"].notebook == "lab.ipynb"
     assert by["carol"].problem is None and any("only notebook" in n for n in by["carol"].notes)
@@ -345,7 +348,7 @@ def test_intake_understands_folders_lms_files_and_zips(tmp_path):
     assert by["ivan"].cause == "bad archive" and "outside" in by["ivan"].problem
     assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "scratch" / "escape.txt").exists()
     assert any("notes.txt" in j for j in got.junk)
-    assert any("graded as student id" in n for n in by["weird_name"].notes)
+    assert any("graded as student id" in n for n in by[weird].notes)
     assert by["alice"].digest and by["alice"].digest != by["bob"].digest
 
 

@@ -272,9 +272,9 @@ def test_submission_times_from_names_zip_dates_and_csv(tmp_path):
     s = tmp_path / "subs"
     s.mkdir()
     (s / "bb_attempt_2025-03-05-01-30-00_lab.ipynb").write_text("{}")  # Blackboard stamp
-    (s / "d2l_1 - Mar 4, 2025 1115 PM - lab.ipynb").write_text("{}")  # D2L stamp
+    (s / "1-2 - d2l - Mar 4, 2025 1115 PM - lab.ipynb").write_text("{}")  # D2L stamp
     (s / "canv_LATE_12345_678_lab.ipynb").write_text("{}")  # Canvas: only a LATE marker
-    with zipfile.ZipFile(s / "zed_99_lab.zip", "w") as z:
+    with zipfile.ZipFile(s / "zed_lab.zip", "w") as z:
         z.writestr(zipfile.ZipInfo("lab.ipynb", date_time=(2025, 3, 6, 8, 0, 0)), "{}")
         z.writestr(zipfile.ZipInfo("helper.py", date_time=(2025, 3, 1, 8, 0, 0)), "x = 1")
     (tmp_path / "times.csv").write_text("student_id,submitted_at\nd2l,2025-03-04T20:00:00+00:00\n")
@@ -283,8 +283,11 @@ def test_submission_times_from_names_zip_dates_and_csv(tmp_path):
     assert got["zed"].at == dt.datetime(2025, 3, 6, 8, 0, tzinfo=UTC) and got["zed"].source == late.STUDENT_ZIP
     assert got["d2l"].source == "csv" and got["d2l"].at.hour == 20  # the CSV beats the name
     assert got["canv"].at is None and got["canv"].lms_late
-    assert late.time_from_name("x - Mar 4, 2025 1115 PM - y", "UTC") == dt.datetime(2025, 3, 4, 23, 15, tzinfo=UTC)
-    assert late.time_from_name("alice_20250304T231502_lab.ipynb") == dt.datetime(2025, 3, 4, 23, 15, 2, tzinfo=UTC)
+    assert late.time_from_name("1-2 - x - Mar 4, 2025 1115 PM - y", "UTC") == dt.datetime(2025, 3, 4, 23, 15, tzinfo=UTC)
+    assert late.time_from_name("alice_20250304T231502_lab.ipynb") is None  # plain names: the student's own text
+    got = late.time_from_name("alice_2025-03-04T23:15:02_lab.ipynb", lms_regex=r"^(?P<student_id>[a-z]+)_(?P<timestamp>"
+                              r"[0-9T:-]+)_(?P<file>.+)$")  # the instructor's pattern says where a stamp is
+    assert got == dt.datetime(2025, 3, 4, 23, 15, 2, tzinfo=UTC)
     # A class zip: a student's folder is dated by its newest entry.
     with zipfile.ZipFile(tmp_path / "class.zip", "w") as z:
         z.writestr(zipfile.ZipInfo("subs/amy/lab.ipynb", date_time=(2025, 3, 4, 22, 0, 0)), "{}")

@@ -154,23 +154,46 @@ def test_a_time_in_the_students_own_file_name_does_not_date_the_hand_in(tmp_path
     # Canvas names carry no time: the stamp is the student's own file name, after the LMS's prefix
     (subs / "mal_LATE_12345_678_lab 2025-03-01T10-00-00.ipynb").write_bytes(b"{}")
     (subs / "kim_12345_679_lab_20250301T100000.ipynb").write_bytes(b"{}")
-    (subs / "moe_4242_assignsubmission_file_lab 2025-03-01T10-00-00.ipynb").write_bytes(b"{}")  # Moodle
-    # D2L writes its stamp first; a Blackboard-looking stamp later in the name is the student's
-    (subs / "d2l_1 - Mar 9, 2025 1115 PM - lab_attempt_2025-03-01-00-00-00.ipynb").write_bytes(b"{}")
-    (subs / "bb_attempt_2025-03-09-01-30-00_lab 2025-03-01T00-00-00.ipynb").write_bytes(b"{}")
+    (subs / "Moe Ng_4242_assignsubmission_file_lab 2025-03-01T10-00-00.ipynb").write_bytes(b"{}")  # Moodle
+    # D2L writes its stamp after the student's name; a Blackboard-looking stamp later in the name is the student's
+    (subs / "11-1 - Di Lo - Mar 9, 2025 1115 PM - lab_attempt_2025-03-01-00-00-00.ipynb").write_bytes(b"{}")
+    (subs / "lab_bb_attempt_2025-03-09-01-30-00_lab 2025-03-01T00-00-00.ipynb").write_bytes(b"{}")
     # A student's name, which some LMSs let them edit, comes before the LMS's stamp: Moodle's and D2L's
     assert late.time_from_name("Jo 2025-03-01T10-00-00 Li_77_assignsubmission_file_lab.ipynb") is None
-    (subs / "d2m_2 - Jo 2025-03-01T10-00-00 Li - Mar 9, 2025 1115 PM - lab.ipynb").write_bytes(b"{}")
-    (subs / "d2n_3 - Jo Mar 1, 2025 1000 AM Li - Mar 9, 2025 1115 PM - lab.ipynb").write_bytes(b"{}")
-    got = late.submission_times(subs)
-    assert got["d2n"].at is None  # two D2L stamps: unknown
-    assert got["d2m"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
-    assert got["mal"].at is None and got["mal"].lms_late and got["kim"].at is None and got["moe"].at is None
-    assert got["d2l"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
+    (subs / "12-2 - Jo 2025-03-01T10-00-00 Li - Mar 9, 2025 1115 PM - lab.ipynb").write_bytes(b"{}")
+    got = late.submission_times(subs, assignment=AID)
+    assert got["Jo_2025-03-01T10-00-00_Li"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
+    assert got["mal"].at is None and got["mal"].lms_late and got["kim"].at is None and got["Moe_Ng"].at is None
+    assert got["Di_Lo"].at == dt.datetime(2025, 3, 9, 23, 15, tzinfo=UTC)
     assert got["bb"].at == dt.datetime(2025, 3, 9, 1, 30, tzinfo=UTC)
     pol = late.LatePolicy(DUE)
     assert "LMS marked this hand-in late" in late.assess(pol, "mal", got["mal"], 10)["late_note"]
-    assert late.assess(pol, "d2l", got["d2l"], 10)["days_late"] == 5
+    assert late.assess(pol, "Di_Lo", got["Di_Lo"], 10)["days_late"] == 5
+
+
+def test_dates_the_student_wrote_never_beat_or_hide_the_lmss_own_stamp(tmp_path):
+    """The second round's late attacks: a D2L-looking date in the student's part of a Blackboard name (it beat
+    the attempt stamp: two days late graded on time), a second one in a D2L name (it made the time unknown),
+    and `_assignsubmission_file_` in the student's part (it turned every date off)."""
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "Lab 1_jane_doe_attempt_2025-03-06-23-00-00_lab Mar 1, 2025 1000 AM.ipynb").write_bytes(b"{}")
+    (subs / "12-3 - Sam Li - Mar 6, 2025 1100 PM - lab Mar 1, 2025 1000 AM Mar 2, 2025 0900 AM.ipynb").write_bytes(
+        b"{}")
+    (subs / "Lab 1_bo-7_attempt_2025-03-06-23-00-00_x_1_assignsubmission_file_y.ipynb").write_bytes(b"{}")
+    roster = tmp_path / "roster.csv"
+    roster.write_text("student_id,name\njane_doe,Jane Doe\nsam_li,Sam Li\nbo-7,Bo\n")
+    got = late.submission_times(subs, roster=str(roster), assignment=AID)
+    two_days = dt.datetime(2025, 3, 6, 23, 0, tzinfo=UTC)
+    assert got["jane_doe"].at == two_days and got["sam_li"].at == two_days and got["bo-7"].at == two_days, got
+    pol = late.LatePolicy(DUE)
+    assert all(late.assess(pol, s, got[s], 10)["days_late"] == 2 for s in ("jane_doe", "sam_li", "bo-7"))
+    # A plain name carries no LMS stamp, whatever date the student put in it: "not checked", with the reason
+    assert late.time_from_name("amy_2025-03-01T10-00-00_lab.ipynb") is None
+    assert late.time_from_name("amy_20250301T100000_lab.ipynb") is None
+    (subs / "amy_lab 20250301T100000.ipynb").write_bytes(b"{}")
+    row = late.assess(pol, "amy", late.submission_times(subs, assignment=AID)["amy"], 10)
+    assert row["submitted_at"] == "" and "not checked" in row["late_note"] and "plain" in row["late_note"], row
 
 
 def test_a_backdated_zip_clears_no_hand_in_of_lateness(tmp_path):
@@ -178,7 +201,7 @@ def test_a_backdated_zip_clears_no_hand_in_of_lateness(tmp_path):
     subs.mkdir()
     old = (2025, 3, 1, 8, 0, 0)
     _zip(subs / "mal_LATE_12345_678_handin.zip", [(zipfile.ZipInfo(f"{AID}.ipynb", date_time=old), _nb())])
-    _zip(subs / "zed_99_handin.zip", [(zipfile.ZipInfo(f"{AID}.ipynb", date_time=old), _nb())])  # no LATE mark
+    _zip(subs / "zed_handin.zip", [(zipfile.ZipInfo(f"{AID}.ipynb", date_time=old), _nb())])  # no LATE mark
     got = late.submission_times(subs)
     pol = late.LatePolicy(DUE)
     row = late.assess(pol, "mal", got["mal"], 10)
@@ -187,12 +210,13 @@ def test_a_backdated_zip_clears_no_hand_in_of_lateness(tmp_path):
     info = classbook.ClassInfo(AID, 10.0, [], [AID], [], "d")
     res = grade.StudentResult("mal", AID, "graded", 10.0, 10.0)
     rows = classbook.final_rows(info, [res], pol, got)
-    assert "no submission time (not checked for lateness): mal" in "\n".join(classbook.summary_lines(rows, pol, None))
+    assert "no submission time (not checked for lateness), 1 hand-in(s): mal" in \
+        "\n".join(classbook.summary_lines(rows, pol, None))
     # Without a LATE mark too: the student's machine dated its zip, so on time by it is unknown, and said so.
     zed = late.assess(pol, "zed", got["zed"], 10)
     assert zed["submitted_at"] == "" and "not checked for lateness" in zed["late_note"]
     rows = classbook.final_rows(info, [res, grade.StudentResult("zed", AID, "graded", 10.0, 10.0)], pol, got)
-    assert "not checked for lateness): mal, zed" in "\n".join(classbook.summary_lines(rows, pol, None))
+    assert "not checked for lateness), 2 hand-in(s): mal, zed" in "\n".join(classbook.summary_lines(rows, pol, None))
 
 
 # ------------------------------------------------------------------------------------------------ merge
