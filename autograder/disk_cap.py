@@ -38,9 +38,10 @@ def child_limits(limit_bytes: int | None):
 
     - RLIMIT_FSIZE at `limit_bytes` + 1: one byte over, so a file that reaches the cap is also over it for the watch;
     - RLIMIT_NOFILE at most OPEN_FILES, which keeps the watch's look at the descriptors short;
-    - a seccomp filter that refuses fallocate(2) (EOPNOTSUPP): with FALLOC_FL_KEEP_SIZE it allocates blocks
-      without growing the file, past RLIMIT_FSIZE, gigabytes in a millisecond. glibc's posix_fallocate then
-      falls back to writing, which the limit stops.
+    - a seccomp filter that refuses (ENOSYS) the REFUSED calls: fallocate(2) with FALLOC_FL_KEEP_SIZE allocates
+      blocks without growing the file, past RLIMIT_FSIZE, gigabytes in a millisecond (glibc's posix_fallocate then
+      falls back to writing, which the limit stops); io_uring does the same through its own queue, and memfd
+      memory sits in no folder and no RSS.
     The filter is built here, in the parent: the child only makes system calls. Where it cannot be installed
     (another architecture, a setuid bubblewrap that no_new_privs would break) the other two still hold."""
     prog = _seccomp_program()
@@ -66,27 +67,45 @@ class _Program(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_Filter))]
 
 
-# (audit arch, fallocate's number, mask applied to the number first) for each ABI a process of this machine can
-# call the kernel through: x86_64 with its x32 numbers (bit 30) and i386 (int 0x80); arm64 and 32-bit arm.
-_FALLOCATE = {"x86_64": [(0xC000003E, 285, 0xBFFFFFFF), (0x40000003, 324, None)],
-              "aarch64": [(0xC00000B7, 47, None), (0x40000028, 352, None)]}
+# The system calls a sandbox is refused, each a way to take disk or memory that neither RLIMIT_FSIZE nor a watch
+# counts: fallocate (blocks without growing the file, with FALLOC_FL_KEEP_SIZE); io_uring, whose own fallocate and
+# writes bypass this filter; memfd_create and memfd_secret (memory held by a descriptor, in no folder and, while not
+# mapped, in no process's RSS); open_by_handle_at (opens a file by handle, past the mount namespace's view).
+# fallocate is refused with EOPNOTSUPP (glibc's posix_fallocate then falls back to writing, which RLIMIT_FSIZE
+# stops), the others with ENOSYS, "not in this kernel", which libraries already handle by falling back.
+REFUSED = ("fallocate", "io_uring_setup", "io_uring_enter", "io_uring_register", "memfd_create", "memfd_secret",
+           "open_by_handle_at")
+# (audit arch, mask applied to the number first, {name: number}) for each ABI a process of this machine can call
+# the kernel through: x86_64 with its x32 numbers (bit 30) and i386 (int 0x80); arm64 and 32-bit arm.
+_IO_URING = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}
+_SYSCALLS = {
+    "x86_64": [(0xC000003E, 0xBFFFFFFF, {"fallocate": 285, "memfd_create": 319, "memfd_secret": 447,
+                                         "open_by_handle_at": 304, **_IO_URING}),
+               (0x40000003, None, {"fallocate": 324, "memfd_create": 356, "memfd_secret": 447,
+                                   "open_by_handle_at": 342, **_IO_URING})],
+    "aarch64": [(0xC00000B7, None, {"fallocate": 47, "memfd_create": 279, "memfd_secret": 447,
+                                    "open_by_handle_at": 265, **_IO_URING}),
+                (0x40000028, None, {"fallocate": 352, "memfd_create": 385, "open_by_handle_at": 371, **_IO_URING})]}
 
 
 def _seccomp_program():
-    """(sock_fprog, its instructions) refusing fallocate, or None where this machine has no entry or bubblewrap
-    is setuid."""
+    """(sock_fprog, its instructions) refusing the REFUSED calls, or None where this machine has no entry or
+    bubblewrap is setuid."""
     import platform
 
-    abis = _FALLOCATE.get(platform.machine())
+    abis = _SYSCALLS.get(platform.machine())
     bwrap = shutil.which("bwrap")
     if not abis or (bwrap and os.stat(bwrap).st_mode & stat.S_ISUID):
         return None
     ld, jeq, and_, ret = 0x20, 0x15, 0x54, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_ALU|AND|K, BPF_RET|K
-    refuse, allow = 0x00050000 | errno.EOPNOTSUPP, 0x7FFF0000  # SECCOMP_RET_ERRNO | errno, SECCOMP_RET_ALLOW
+    err, allow = 0x00050000, 0x7FFF0000  # SECCOMP_RET_ERRNO (| errno), SECCOMP_RET_ALLOW
     code: list[tuple[int, int, int, int]] = []
-    for arch, nr, mask in abis:
-        block = [(ld, 0, 0, 0), *([(and_, 0, 0, mask)] if mask else []), (jeq, 0, 1, nr), (ret, 0, 0, refuse),
-                 (ret, 0, 0, allow)]
+    for arch, mask, numbers in abis:
+        nrs = [(numbers[n], n == "fallocate") for n in REFUSED if n in numbers]
+        # each number: equal -> jump to its refusal after the block's allow; else fall through to the next test
+        tests = [(jeq, len(nrs) - i + (0 if eop else 1), 0, nr) for i, (nr, eop) in enumerate(nrs)]
+        block = [(ld, 0, 0, 0), *([(and_, 0, 0, mask)] if mask else []), *tests, (ret, 0, 0, allow),
+                 (ret, 0, 0, err | errno.EOPNOTSUPP), (ret, 0, 0, err | errno.ENOSYS)]
         code += [(ld, 0, 0, 4), (jeq, 0, len(block), arch), *block]  # seccomp_data: nr at 0, arch at 4
     code.append((ret, 0, 0, allow))
     insns = (_Filter * len(code))(*[_Filter(*c) for c in code])

@@ -118,7 +118,9 @@ class Jail:
         env.update(self.env)
         for k, v in env.items():
             args += ["--setenv", k, v]
-        return args + ["--chdir", str(cwd), "--", *cmd]
+        # bubblewrap's root is a tmpfs of no size limit: gigabytes written there belong to no process, so no memory
+        # watchdog sees them. Read-only once everything is mounted; /tmp and /dev/shm are capped tmpfs of their own.
+        return args + ["--remount-ro", "/", "--chdir", str(cwd), "--", *cmd]
 
 
 def cache_env(root: str) -> dict[str, str]:

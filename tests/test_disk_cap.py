@@ -195,6 +195,42 @@ def test_fallocate_is_refused_and_posix_fallocate_stops_at_the_cap(tmp_path):
 
 
 @needs_bwrap
+def test_io_uring_memfd_and_open_by_handle_are_refused(tmp_path):
+    """The attack took 20 GiB in 0.05 s through io_uring's fallocate (which the fallocate rule never sees); memfd
+    holds memory in no folder and no RSS. Each is refused before it starts, with ENOSYS."""
+    code = ("import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "p = (ctypes.c_char * 120)()\n"
+            "for name, nr, args in (('io_uring_setup', 425, (8, p)), ('io_uring_enter', 426, (0, 1, 0, 0, None)),\n"
+            "                       ('io_uring_register', 427, (0, 0, None, 0)), ('memfd_secret', 447, (0,)),\n"
+            "                       ('open_by_handle_at', 304, (-100, p, 0))):\n"
+            "    r = libc.syscall(nr, *args)\n"
+            "    print(name, r, errno.errorcode.get(ctypes.get_errno()))\n"
+            "try:\n    os.memfd_create('x')\nexcept OSError as e:\n    print('memfd_create', errno.errorcode[e.errno])\n"
+            "print('write ok', os.write(os.open('w.bin', os.O_WRONLY | os.O_CREAT), b'x' * 4096))\n")
+    out = _run(tmp_path, code, disk_bytes=16 * MiB)
+    for name in ("io_uring_setup", "io_uring_enter", "io_uring_register", "memfd_secret", "open_by_handle_at"):
+        assert f"{name} -1 ENOSYS" in out.output, out.output
+    assert "memfd_create ENOSYS" in out.output and "write ok 4096" in out.output, out.output
+
+
+@needs_bwrap
+def test_the_sandbox_root_is_read_only_and_its_tmpfs_are_capped(tmp_path):
+    """bubblewrap's root was a writable tmpfs of no size: 4 GiB held there under a 2.5 GiB memory cap, graded."""
+    code = ("import errno, os\n"
+            f"for d in ('/', {jail.VIEW!r}, {jail.VIEW + '/autograder'!r}, '/usr'):\n"
+            "    try:\n        open(os.path.join(d, 'fill.bin'), 'wb').write(b'x')\n        print(d, 'written')\n"
+            "    except OSError as e:\n        print(d, errno.errorcode[e.errno])\n"
+            "s = os.statvfs('/tmp')\nprint('tmp bytes', s.f_blocks * s.f_frsize)\n"
+            "open('/tmp/ok.bin', 'wb').write(b'x')\nprint('tmp ok')\n")
+    out = _run(tmp_path, code, disk_bytes=16 * MiB)
+    for d in ("/", jail.VIEW, jail.VIEW + "/autograder", "/usr"):  # folders made on the root tmpfs among them
+        assert f"{d} EROFS" in out.output, out.output
+    assert "tmp ok" in out.output
+    if jail._can_size(jail.find_bwrap()):
+        assert int(out.output.split("tmp bytes")[1].split()[0]) <= jail.TMPFS_BYTES
+
+
+@needs_bwrap
 def test_a_deleted_file_held_only_by_a_mapping_is_counted(tmp_path):
     code = ("import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "libc.mmap.restype = ctypes.c_void_p\nfd = os.open('m.bin', os.O_RDWR | os.O_CREAT)\n"
