@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import manual, report, trusted
@@ -54,6 +54,7 @@ class Course:
     cells: list[dict]  # notebook, cell, max_score of every grade cell
     calls: list[trusted.HarnessCall]  # harness calls in the test cells, re-run by the grader
     source_digest: str  # changes when the assignment or the course config changes (then everyone is regraded)
+    release: dict = field(default_factory=dict)  # notebook id -> the released notebook's bytes (no solutions)
 
 
 def py_env(extra: dict | None = None) -> dict[str, str]:
@@ -186,10 +187,12 @@ def prepare_course(assignment: str, course: str | Path, work: Path, log_dir: Pat
         cells, notebooks = report.gradebook_cells(db, assignment)
         manual.mark(cells, manual.manual_ids(db, assignment))  # written answers: graded by a person, later
         calls = trusted.find_calls(master / "source" / assignment / f"{assignment}.ipynb") if find_calls else []
+        released = {n: (master / "release" / assignment / f"{n}.ipynb").read_bytes() for n in notebooks
+                    if (master / "release" / assignment / f"{n}.ipynb").is_file()}
         return Course(assignment, root, config_text,
                       {k: v for k, v in source.items() if not k.endswith(".ipynb")}, db.read_bytes(),
                       report.structure(db, assignment), notebooks, sum(c["max_score"] for c in cells), cells, calls,
-                      digest.hexdigest())
+                      digest.hexdigest(), released)
     finally:
         shutil.rmtree(master, ignore_errors=True)
 
@@ -209,6 +212,50 @@ def write_scratch(course: Course, root: Path, student: str, files: dict[str, byt
     submitted.mkdir(parents=True)
     _write_files(submitted, files)
     return submitted
+
+
+def _nbgrader_id(cell) -> str | None:
+    """The grade_id of a test, answer or task cell (the cells nbgrader grades or a person does), else None."""
+    meta = ((cell.get("metadata") or {}).get("nbgrader") or {}) if isinstance(cell, dict) else {}
+    if not isinstance(meta, dict) or not (meta.get("grade") or meta.get("solution") or meta.get("task")):
+        return None
+    gid = meta.get("grade_id")
+    return gid if isinstance(gid, str) else None
+
+
+def fill_missing_cells(handed_in: bytes, released: bytes) -> tuple[bytes, list[str]]:
+    """The hand-in notebook with the test, answer and task cells it lacks put in from the course's released
+    notebook, each after the cell it follows there; returns (notebook bytes, grade_ids inserted, in order).
+
+    A hand-in made from an earlier release lacks the cells a later one added. nbgrader's own insertion
+    (OverwriteCells.add_missing_cells) looks up each missing cell's predecessor in the hand-in and raises KeyError
+    when that one is missing too, so two adjacent new cells failed the whole hand-in. Here the cells come from the
+    release, in its order, and nbgrader then finds every cell in place (it still overwrites each test cell's source
+    with the gradebook's). A hand-in that is not a readable notebook is returned unchanged: intake reports it."""
+    try:
+        nb, rel = json.loads(handed_in), json.loads(released)
+        cells, source = nb["cells"], rel["cells"]
+        have = {_nbgrader_id(c): i for i, c in enumerate(cells) if _nbgrader_id(c)}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return handed_in, []
+    ids = {c.get("id") for c in cells if isinstance(c, dict)}
+    missing, at = [], 0
+    for cell in source:
+        gid = _nbgrader_id(cell)
+        if gid is None:
+            continue
+        if gid in have:
+            at = next(i for i, c in enumerate(cells) if _nbgrader_id(c) == gid) + 1
+            continue
+        new = dict(cell, outputs=[], execution_count=None) if cell.get("cell_type") == "code" else dict(cell)
+        new["id"] = next(f"{gid[:50]}-added{k}" for k in range(len(cells) + 2) if f"{gid[:50]}-added{k}" not in ids)
+        ids.add(new["id"])
+        cells.insert(at, new)
+        at += 1
+        missing.append(gid)
+    if not missing:
+        return handed_in, []
+    return json.dumps(nb, indent=1, ensure_ascii=False).encode(), missing
 
 
 def take_graded(root: Path, dest: Path, course: Course, student: str, *, cell_timeout_s: int | None,

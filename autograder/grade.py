@@ -25,6 +25,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -69,6 +70,7 @@ from labkit.bench import write_json
 from labkit.env import LabkitError
 
 log = logging.getLogger("autograder")
+HANDIN_RECORD = "handin.json"  # labkit.handin.RECORD: what the hand-in cell says the hand-in was made from
 _TMP_PREFIX = "labkit-grade-"
 MAX_KEPT_BYTES = 16 * 2**20  # one file kept under autograded/ (the output folder holds them in memory), bytes
 # The trusted checks' run holds the grader's worker and the baseline's runner beside the student's runner, which the
@@ -257,6 +259,7 @@ def _notebook_notes(paths: list[Path], cell_timeout_s) -> list[str]:
 def _not_graded(sub: intake.Submission, course: Course, cause: str, message: str, hardware: dict) -> StudentResult:
     return StudentResult(sub.student_id, course.assignment, "not graded", 0.0, course.max_score, cause, message,
                          cells=[dict(c, score=0.0, source="none") for c in course.cells], notes=list(sub.notes),
+                         flags=list(sub.flags),
                          hardware=hardware, digest=sub.digest, source_digest=course.source_digest)
 
 
@@ -318,6 +321,97 @@ def notebook_jail(course: Course, root: Path, cache: Path, gpu_index, gpu_env: d
                 disk_bytes=int(cfg.disk_gb * 2**30), hide=hide)
 
 
+def handin_record(files) -> dict:
+    """What the hand-in cell wrote about the hand-in (labkit.handin.RECORD: lab, release, variant tag), or {}.
+
+    The student's own bytes: read as data, bounded, and only its plain string fields."""
+    try:
+        data = files[HANDIN_RECORD] if HANDIN_RECORD in files else b""
+        d = json.loads(data.decode("utf-8")) if 0 < len(data) <= 4096 else {}
+    except (ValueError, UnicodeDecodeError, OSError, LabkitError):
+        return {}
+    return {k: v[:100] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(d, dict) else {}
+
+
+def check_variants(subs: list[intake.Submission], course: Course, secret, classmates: list[str]) -> None:
+    """Lab 3: each hand-in's slow_train.py must carry the variant tag handed out to the id it was read as
+    (lab3_variants.tag_verdict). One that carries another (a classmate's, the common one, another course's) is
+    not graded: its answers are for another variant, and a person decides; one without a tag is graded, noted."""
+    if not any(c.check.startswith("lab3.") for c in course.calls):
+        return
+    from autograder import lab3_variants
+
+    for sub in subs:
+        if sub.problem:
+            continue
+        tag = None
+        if "slow_train.py" in sub.files:
+            try:
+                tag = lab3_variants.read_tag(sub.files["slow_train.py"][:400].decode("utf-8", "replace"))
+            except (OSError, LabkitError):
+                tag = None
+        tag = tag or (handin_record(sub.files).get("variant_tag") or None)
+        if tag is None:
+            sub.notes.append("no lab 3 variant tag in the hand-in (no slow_train.py from the hand-in cell): graded "
+                             f"against {sub.student_id}'s own variant, unchecked")
+            continue
+        verdict = lab3_variants.tag_verdict(tag, sub.student_id, secret, classmates)
+        if verdict is None:
+            sub.notes.append(f"lab 3 variant tag checked: the slow_train.py handed out to {sub.student_id}")
+            continue
+        mine, whose = verdict
+        sub.problem = (f"the slow_train.py in this hand-in is {mine}: lab 3's answers are graded against the variant "
+                       f"handed out to {sub.student_id}, so this hand-in waits for a person (hand in with your own "
+                       "slow_train.py, or the instructor regrades it with --only "
+                       f"{sub.student_id} --force once settled)")
+        sub.cause = "variant mismatch"
+        sub.flags.append(f"variant mismatch: {sub.student_id}'s hand-in carries the tag of {whose}")
+
+
+def _fill_old_release(submitted: Path, course: Course, sub: intake.Submission) -> list[str]:
+    """Put in the test and answer cells a hand-in from an earlier release lacks (course.fill_missing_cells), so
+    it is graded on the cells it has; returns the notes saying which cells and from which release."""
+    notes = []
+    made = handin_record(sub.files).get("release")
+    for n in course.notebooks:
+        path = submitted / f"{n}.ipynb"
+        if n not in course.release or not path.is_file():
+            continue
+        data, missing = courses.fill_missing_cells(path.read_bytes(), course.release[n])
+        if missing:
+            path.write_bytes(data)
+            where = f"release {made}" if made else "an earlier release (its version is not recorded)"
+            notes.append(f"{n}.ipynb was made from {where} and lacks {len(missing)} cell(s) the course's release "
+                         f"{_release_version()} has: {', '.join(missing)}; they were put in from the course's "
+                         "notebook, and the hand-in is graded on the cells it has")
+    return notes
+
+
+def _release_version() -> str:
+    from autograder.release import version
+
+    try:
+        return version()
+    except (OSError, KeyError, ValueError):
+        return "(unknown)"
+
+
+def nbgrader_failure(output: str) -> str:
+    """The real cause of a failed `nbgrader autograde`, from its output: the last exception it raised (type and
+    message) and where, never its closing "Please see the above traceback for details"."""
+    lines = [ln.rstrip() for ln in output.splitlines()]
+    exc = [i for i, ln in enumerate(lines) if re.match(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|"
+                                                       r"Exit|Interrupt)(?::|$)", ln)
+           and "above traceback" not in ln.lower() and "error log" not in ln.lower()]
+    if not exc:
+        tail = [ln for ln in lines if ln.strip() and "see the above traceback" not in ln.lower()]
+        return (tail[-1].strip() if tail else "no output (see autograde.log)")[:300]
+    i = exc[-1]
+    where = [m for ln in lines[:i] if (m := re.search(r'File "[^"]*?([\w]+\.py)", line (\d+), in (\w+)', ln))]
+    at = f" (in {where[-1].group(3)}, {where[-1].group(1)} line {where[-1].group(2)})" if where else ""
+    return (lines[i].strip() + at)[:300]
+
+
 def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeConfig, slot: dict, out: Outputs,
               sealed: Path, *, kernel_ipc: str | None = None) -> StudentResult:
     sid, aid = sub.student_id, course.assignment
@@ -325,9 +419,10 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     root = scratch / "course"
     jailed = not cfg.trusted_submissions
     # In the sandbox the kernel's sockets live in its private /tmp, and nothing outside is there to hide from it.
-    courses.write_scratch(course, root, sid, sub.files, cell_timeout_s=cfg.cell_timeout_s,
-                          hide_hidden_tests=cfg.hide_hidden_tests, vault=None if jailed else sealed,
-                          kernel_ipc="/tmp/kernel" if jailed else kernel_ipc)
+    submitted = courses.write_scratch(course, root, sid, sub.files, cell_timeout_s=cfg.cell_timeout_s,
+                                      hide_hidden_tests=cfg.hide_hidden_tests, vault=None if jailed else sealed,
+                                      kernel_ipc="/tmp/kernel" if jailed else kernel_ipc)
+    release_notes = _fill_old_release(submitted, course, sub)
     gpu = {"CUDA_VISIBLE_DEVICES": str(slot["index"])} if slot["index"] is not None else {}
     env = courses.py_env(gpu)
     limits = Limits(wall_s=cfg.wall_timeout_s, memory_bytes=int(cfg.memory_gb * 2**30),
@@ -340,7 +435,7 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     outcome = run_limited(nbgrader_command("autograde", aid, "--student", sid, "--force"),
                           cwd=root, env=env, limits=limits, token=token, jail=box)
     write_log(sdir / "autograde.log", f"nbgrader autograde {aid} --student {sid}", outcome)
-    res = StudentResult(sid, aid, "graded", 0.0, course.max_score, notes=list(sub.notes),
+    res = StudentResult(sid, aid, "graded", 0.0, course.max_score, notes=list(sub.notes) + release_notes,
                         hardware={"class": slot["class"], "card": slot["card"]}, digest=sub.digest,
                         source_digest=course.source_digest, peak_rss_bytes=outcome.peak_rss_bytes,
                         wall_s=outcome.wall_s, sandbox="bwrap" if jailed else "none")
@@ -367,8 +462,8 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                "kernel did not start": "the notebook's kernel exited before running any cell (a file in the hand-in "
                                        "shadowing a module the kernel imports, or the machine; see autograde.log): "
                                        f"regrade with --only {sid} --force"}
-        tail = (outcome.output.strip().splitlines() or [""])[-1][:200]
-        return _fail(res, course, kcause or "nbgrader error", why.get(kcause, f"nbgrader autograde failed: {tail}"))
+        return _fail(res, course, kcause or "nbgrader error",
+                     why.get(kcause, f"nbgrader autograde failed: {nbgrader_failure(outcome.output)}"))
 
     try:  # from here on the grader reads only this copy: nothing under root is loaded, run or followed
         graded_dir = courses.take_graded(root, scratch / "graded", course, sid, cell_timeout_s=cfg.cell_timeout_s,
@@ -616,6 +711,8 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
                               + ("" if roster else "; pass the class list with --roster (the CSV `make student "
                                                    "ROSTER=` reads, or the LMS's gradebook export)")
                               + " and grade again")
+        check_variants(found.submissions, course, secret, list(roster.ids) if roster else
+                       [s.student_id for s in found.submissions])
         if cfg.late is not None and cfg.roster and cfg.late.roster is None:
             cfg = replace(cfg, late=replace(cfg.late, roster=cfg.roster))
         if not found.submissions:

@@ -56,6 +56,7 @@ class Submission:
     problem: str | None = None  # why it cannot be graded (then it scores 0 with this cause)
     cause: str | None = None  # short category of `problem`, for the summary
     notes: list[str] = field(default_factory=list)  # things worth telling the instructor, not fatal
+    flags: list[str] = field(default_factory=list)  # for the instructor to look at before the grade counts
     digest: str = ""  # sha256 of every file's name and bytes: a changed hand-in is graded again
     origin: str = ""  # the folder or file names under the submissions folder this hand-in came from
 

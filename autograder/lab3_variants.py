@@ -13,12 +13,17 @@ same speed tiers (measured on a CPU; the GPU tiers are not yet measured per vari
 The spec comes from the course secret and the student id (`spec_for`). The open-kit default has one variant for
 everyone, `CLASSIC`: the repository's own slow_train.py. This module is instructor-only: it knows every form's
 kind, i.e. the answers. Students get only a rendered file (`python -m autograder variant lab3 --student ID`).
+
+Each handed-out file carries a variant tag on its first line, HMAC(course secret, "lab3.variant-tag", student id):
+only the secret's holder can make a student's tag, so a hand-in holding a classmate's file, the common one or
+another course's is told apart from a wrong answer (`tag_verdict`), and the grader says so to a person.
 """
 
 from __future__ import annotations
 
 import inspect
 import random
+import re
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,6 +255,47 @@ def reference_fix(reference_source: str, spec: Spec) -> str:
     return reference_source + f"\n\ndef bottlenecks() -> dict:  # this variant's answers\n    return {key!r}\n"
 
 
+TAG_LABEL = "lab3.variant-tag"
+TAG_LINE = "# labkit variant tag: {tag} (the grader checks it against your student id: keep this line)"
+_TAG = re.compile(r"^# labkit variant tag: ([0-9a-f]{32})\b")
+
+
+def variant_tag(student: str | None, secret: course_secret.Secret | None = None) -> str:
+    """The tag of `student`'s handout (None: the course's common variant): 32 hex digits of
+    HMAC-SHA256(secret, "lab3.variant-tag" NUL student); nobody without the secret can make one."""
+    return course_secret.derive(TAG_LABEL, student, secret).hex()[:32]
+
+
+def handout(student: str | None, secret: course_secret.Secret | None = None) -> str:
+    """The slow_train.py handed to `student` (None: the common variant): the variant, its tag on the first line."""
+    secret = secret or course_secret.load()
+    return TAG_LINE.format(tag=variant_tag(student, secret)) + "\n" + render(spec_for(student, secret))
+
+
+def read_tag(source: str) -> str | None:
+    """The variant tag on the first line of a slow_train.py, or None."""
+    m = _TAG.match(source.lstrip("\ufeff")[:200])
+    return m.group(1) if m else None
+
+
+def tag_verdict(tag: str | None, student: str, secret: course_secret.Secret,
+                classmates: list[str] | tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """None when `tag` is `student`'s own; else (what it is, for the student; whose, for the instructor).
+
+    `classmates`: the class's ids, so a classmate's tag is named to the instructor."""
+    import hmac
+
+    if tag is None or hmac.compare_digest(tag, variant_tag(student, secret)):
+        return None
+    if hmac.compare_digest(tag, variant_tag(None, secret)):
+        return "the course's common variant, not yours", "the common variant"
+    owner = next((c for c in classmates if c != student and hmac.compare_digest(tag, variant_tag(c, secret))), None)
+    if owner:
+        return "another student's variant", f"{owner}'s variant"
+    return ("a variant this course never handed out (another course's, or an edited tag)",
+            "no variant of this course under its secret")
+
+
 def roster_ids(path: str | Path) -> list[str]:
     """The student ids of a class list (a CSV with a student_id column), in order, each once."""
     import csv
@@ -267,7 +313,8 @@ def roster_ids(path: str | Path) -> list[str]:
 
 
 def write(out_dir: str | Path, students: list[str | None], secret: course_secret.Secret | None = None) -> list[Path]:
-    """Write slow_train.py for each student: OUT/slow_train.py for one, OUT/<id>/slow_train.py for several."""
+    """Write slow_train.py for each student (`handout`: tagged): OUT/slow_train.py for one, OUT/<id>/slow_train.py
+    for several."""
     from labkit.errors import LabkitError
 
     secret = secret or course_secret.load()
@@ -279,6 +326,6 @@ def write(out_dir: str | Path, students: list[str | None], secret: course_secret
     for s in students:
         dest = out / "slow_train.py" if len(students) == 1 else out / str(s) / "slow_train.py"
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(render(spec_for(s, secret)))
+        dest.write_text(handout(s, secret))
         written.append(dest)
     return written

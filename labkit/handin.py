@@ -1,6 +1,8 @@
 """A lab's hand-in: one zip in the layout the course's grader reads, from Jupyter or Colab.
 
-The zip holds `<lab>.ipynb` (the notebook as saved) and the `student_*.py` files beside it, at its top level:
+The zip holds `<lab>.ipynb` (the notebook as saved), the `student_*.py` files beside it, the student's own
+handed-out `slow_train.py` (lab 3: its first line is the variant tag) and `handin.json` (the lab, the release's
+version and that tag: what the hand-in was made from), at its top level:
 an LMS upload renamed to `<student>_<anything>.zip` is one student's hand-in for the grader's intake
 (autograder/intake.py). On Colab the notebook is not a file the kernel can read, so it comes from the Colab
 front end; the zip is then offered as a download and, with Google Drive mounted, copied to MyDrive too.
@@ -37,6 +39,43 @@ def _check(nb: dict, lab: str) -> None:
         raise LabkitError(f"this is not the {lab} notebook (no %%writefile cell): open the lab's notebook")
 
 
+RECORD = "handin.json"  # what the hand-in was made from: the grader reads it (autograder.grade.handin_record)
+MADE_FROM = ("slow_train.py",)  # files handed out to this student that the grader checks the hand-in against
+_TAG_PREFIX = "# labkit variant tag: "
+
+
+def _release_version() -> str:
+    """The version of the course release installed here (the labkit package's), or labkit's own."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("labkit")
+    except metadata.PackageNotFoundError:
+        from labkit import __version__
+
+        return __version__
+
+
+def made_from(folder: Path, lab: str) -> dict:
+    """What a hand-in was made from: the lab, the release's version, and the variant tag on the first line of the
+    handed-out slow_train.py beside the notebook (lab 3; "" when there is none)."""
+    tag = ""
+    slow = folder / "slow_train.py"
+    if slow.is_file():
+        first = slow.read_text(encoding="utf-8", errors="replace").split("\n", 1)[0]
+        if first.startswith(_TAG_PREFIX):
+            tag = first[len(_TAG_PREFIX):].split(" ", 1)[0][:64]
+    return {"lab": lab, "release": _release_version(), "variant_tag": tag}
+
+
+def _write_record(zf: zipfile.ZipFile, folder: Path, lab: str) -> None:
+    """Put the hand-in's record (RECORD) and the student's own handed-out files (MADE_FROM) into the zip."""
+    zf.writestr(RECORD, json.dumps(made_from(folder, lab), indent=1) + "\n")
+    for name in MADE_FROM:
+        if (folder / name).is_file():
+            zf.write(folder / name, name)
+
+
 def save(lab: str, folder: str | Path = ".", *, notebook: dict | None = None) -> Path | None:
     """Write `<folder>/<lab>_handin.zip` and return its path; on Colab also download it (and copy to Drive).
 
@@ -62,6 +101,7 @@ def save(lab: str, folder: str | Path = ".", *, notebook: dict | None = None) ->
         zf.writestr(f"{lab}.ipynb", json.dumps(notebook, indent=1, ensure_ascii=False))
         for p in sorted(folder.glob("student_*.py")):
             zf.write(p, p.name)
+        _write_record(zf, folder, lab)
     print(f"hand-in written: {out.resolve()} (upload this file where your instructor says)")
     if colab:
         if DRIVE.is_dir():

@@ -116,7 +116,7 @@ def test_variant_command_writes_one_file_per_student(tmp_path, monkeypatch):
     assert out.returncode == 0, out.stderr
     monkeypatch.setenv(course_secret.ENV, COURSE.key.decode())
     for s in ("alice", "bob"):
-        assert (tmp_path / "v" / s / "slow_train.py").read_text() == lab3_variants.render(lab3_variants.spec_for(s))
+        assert (tmp_path / "v" / s / "slow_train.py").read_text() == lab3_variants.handout(s)  # tagged
     assert "key" not in out.stdout  # answers only with --show-key
     env.pop(course_secret.ENV)
     bad = subprocess.run([sys.executable, "-m", "autograder", "variant", "lab3", "--out", str(tmp_path / "w")],
