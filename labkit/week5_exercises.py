@@ -49,8 +49,8 @@ def _reference_profile_loop():
         def write(p):
             p.export_chrome_trace(os.path.join(out_dir, f"cycle_{p.step_num}.pt.trace.json"))
 
-        plan = schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
-        with profile(activities=kinds, schedule=plan, on_trace_ready=write) as p:
+        cycle = dict(wait=wait, warmup=warmup, active=active, repeat=repeat)
+        with profile(activities=kinds, schedule=schedule(**cycle), on_trace_ready=write) as p:
             for _ in range((wait + warmup + active) * repeat):
                 step()
                 p.step()
@@ -65,7 +65,8 @@ def _read_trace(path: str) -> dict:
         return json.load(f)
 
 
-def _recorded_steps(out_dir: str) -> list[list[int]]:
+def recorded_steps(out_dir: str | os.PathLike) -> list[list[int]]:
+    """The ProfilerStep numbers each Chrome trace file under `out_dir` holds, one sorted list per file."""
     files = sorted(glob.glob(os.path.join(out_dir, "**", "*.json*"), recursive=True))
     cycles = []
     for f in files:
@@ -102,7 +103,7 @@ def check_profile_loop(profile_loop) -> str:
             assert hasattr(prof, "key_averages") and hasattr(prof, "step_num"), (
                 f"return the torch.profiler.profile object (the `as prof` of the with block), "
                 f"not {type(prof).__name__}")
-            got, want = _recorded_steps(d), _expected_steps(wait, warmup, active, repeat)
+            got, want = recorded_steps(d), _expected_steps(wait, warmup, active, repeat)
             assert len(got) == repeat, (f"with {sched}, on_trace_ready should write one trace file per active "
                                         f"cycle into out_dir: want {repeat}, found {len(got)} (use "
                                         f"torch.profiler.tensorboard_trace_handler(out_dir), or export_chrome_trace "
@@ -351,6 +352,16 @@ def recorded_nsys_stats(folder: str | os.PathLike = NSYS_DIR) -> tuple[str, str]
     if not (kern.is_file() and nvtx.is_file()):
         return None
     return kern.read_text(), nvtx.read_text()
+
+
+def nsys_record(folder: str | os.PathLike = NSYS_DIR) -> dict | None:
+    """The JSON record benchmarks/week5_nsys.py wrote beside the summaries (card, torch, commit, command,
+    status), flattened with its environment; None where there is none."""
+    path = Path(folder) / "week5_nsys.json"
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())
+    return {**rec.get("env", {}), **rec}
 
 
 def _reference_read_nsys():
