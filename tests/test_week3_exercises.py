@@ -1,0 +1,241 @@
+"""Week 3's exercise checks catch the usual wrong answers with a message that says what to fix; the snapshot reader
+and the snapshot benchmark behave on a machine without a GPU."""
+
+import gzip
+import importlib.util
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from labkit import amp, memory_snapshot
+from labkit import exercises as ex
+from labkit.errors import LabkitError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------------- 3.4 scaler
+
+class Scaler:
+    """A plain dynamic scaler; the wrong ones below change one thing."""
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self.s, self.g, self.b, self.n = float(init_scale), growth_factor, backoff_factor, growth_interval
+        self.streak, self.bad = 0, None
+
+    def scale(self, loss):
+        return loss * self.s
+
+    def grads(self, opt):
+        return [p.grad for grp in opt.param_groups for p in grp["params"] if p.grad is not None]
+
+    def unscale_(self, opt):
+        self.bad = any(not bool(torch.isfinite(g).all()) for g in self.grads(opt))
+        for g in self.grads(opt):
+            g.div_(self.s)
+
+    def step(self, opt):
+        if self.bad is None:
+            self.unscale_(opt)
+        if not self.bad:
+            opt.step()
+
+    def update(self):
+        if self.bad:
+            self.s, self.streak = self.s * self.b, 0
+        else:
+            self.streak += 1
+            if self.streak == self.n:
+                self.s, self.streak = self.s * self.g, 0
+        self.bad = None
+
+    def get_scale(self):
+        return self.s
+
+
+class NeverGrows(Scaler):
+    def update(self):
+        if self.bad:
+            self.s *= self.b
+        self.bad = None
+
+
+class NeverSkips(Scaler):
+    def step(self, opt):
+        if self.bad is None:
+            self.unscale_(opt)
+        opt.step()
+
+
+class UnscalesTwice(Scaler):
+    def step(self, opt):
+        self.unscale_(opt)
+        if not self.bad:
+            opt.step()
+
+
+def test_a_right_scaler_passes_and_wrong_ones_say_what_differs():
+    assert "GradScaler" in ex.check("3.4", Scaler, quiet=True)
+    with pytest.raises(ex.Wrong, match="scale at step"):
+        ex.check("3.4", NeverGrows, quiet=True)
+    with pytest.raises(ex.Wrong, match="skip exactly when"):
+        ex.check("3.4", NeverSkips, quiet=True)
+    with pytest.raises(ex.Wrong, match="must not unscale a second time"):
+        ex.check("3.4", UnscalesTwice, quiet=True)
+    with pytest.raises(ex.Wrong, match="pass the class itself"):
+        ex.check("3.4", Scaler(), quiet=True)
+
+
+# --------------------------------------------------------------------------------------------------- 3.5 loop
+
+def loop(clip_first=False, autocast=True, update=True):
+    def train_steps(model, batches, optimizer, scaler, device_type="cpu", dtype=torch.float16, max_grad_norm=1.0):
+        out = []
+        for x, y in batches:
+            optimizer.zero_grad()
+            with torch.autocast(device_type, dtype=dtype, enabled=autocast):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            if clip_first:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                scaler.unscale_(optimizer)
+            else:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            scaler.step(optimizer)
+            if update:
+                scaler.update()
+            out.append(loss.item())
+        return out
+    return train_steps
+
+
+def test_the_loop_check_names_the_missing_piece():
+    assert "bit for bit" in ex.check("3.5", loop(), quiet=True)
+    with pytest.raises(ex.Wrong, match="outside autocast"):
+        ex.check("3.5", loop(autocast=False), quiet=True)
+    with pytest.raises(ex.Wrong, match="unscale_ the gradients before clipping"):
+        ex.check("3.5", loop(clip_first=True), quiet=True)
+    with pytest.raises(ex.Wrong, match=r"called after step\(\)"):  # GradScaler says it itself
+        ex.check("3.5", loop(update=False), quiet=True)
+
+
+# -------------------------------------------------------------------------------------------- 3.9 snapshots
+
+def reader(free_action="free_completed", count_segments=False, smallest=False):
+    def read_snapshot(snapshot, k=5):
+        now = best = 0
+        ev = snapshot["device_traces"][0]
+        for e in ev:
+            if e["action"] == "alloc" or (count_segments and e["action"] == "segment_alloc"):
+                now += e["size"]
+            elif e["action"] == free_action:
+                now -= e["size"]
+            best = max(best, now)
+        allocs = sorted((e for e in ev if e["action"] == "alloc"), key=lambda e: e["size"], reverse=not smallest)
+        return {"peak_bytes": best, "largest": [(e["size"], e["frames"]) for e in allocs[:k]]}
+    return read_snapshot
+
+
+def test_the_reader_check_knows_free_requested_from_free_completed():
+    assert "labkit's reader" in ex.check("3.9", reader(), quiet=True)
+    with pytest.raises(ex.Wrong, match="until 'free_completed'"):
+        ex.check("3.9", reader("free_requested"), quiet=True)
+    with pytest.raises(ex.Wrong, match="segment_alloc"):
+        ex.check("3.9", reader(count_segments=True), quiet=True)
+    with pytest.raises(ex.Wrong, match="largest first"):
+        ex.check("3.9", reader(smallest=True), quiet=True)
+
+
+def test_snapshot_reading_load_baseline_and_refusals(tmp_path):
+    snap = memory_snapshot.synthetic_snapshot()
+    p = memory_snapshot.peak(snap)
+    assert p["peak_bytes"] == 45 * 2**20 and p["peak_event"] == 9 and p["baseline_bytes"] == 0
+    assert [r["size"] // 2**20 for r in memory_snapshot.largest_allocations(snap, 3)] == [16, 16, 12]
+    assert memory_snapshot.user_frame(snap["device_traces"][0][3]["frames"]) == "train.py:21 in forward"
+    alive = memory_snapshot.alive_at_peak(snap)
+    assert sum(r["size"] for r in alive) == p["peak_bytes"]
+    # recording that started late: a free the trace never saw allocated, and a live block it never touched
+    late = memory_snapshot.synthetic_snapshot()
+    late["device_traces"][0].insert(0, {"action": "free_completed", "addr": 0x5000_0000, "size": 2**20, "frames": []})
+    late["segments"][0]["blocks"].append({"address": 0x6000_0000, "size": 3 * 2**20, "state": "active_allocated"})
+    assert memory_snapshot.baseline_bytes(late) == 4 * 2**20
+    assert memory_snapshot.peak(late)["peak_bytes"] == p["peak_bytes"] + 3 * 2**20
+    for name, data in (("s.pickle", pickle.dumps(snap)), ("s.pickle.gz", gzip.compress(pickle.dumps(snap)))):
+        (tmp_path / name).write_bytes(data)
+        assert memory_snapshot.load(tmp_path / name) == snap
+    (tmp_path / "evil.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [], "x": Path("/")}))
+    with pytest.raises(LabkitError, match="plain"):
+        memory_snapshot.load(tmp_path / "evil.pickle")
+    with pytest.raises(LabkitError, match="segments"):
+        memory_snapshot.peak({"device_traces": []})
+    with pytest.raises(LabkitError, match="device 1"):
+        memory_snapshot.peak(snap, device=1)
+    with pytest.raises(LabkitError, match="no snapshot file"):
+        memory_snapshot.load(tmp_path / "missing.pickle")
+
+
+# ---------------------------------------------------------------------------------------- 3.10 accumulation
+
+def accumulate(weight="share", zero=True, slices=True):
+    def fn(model, x, y, micro_batches):
+        if zero:
+            model.zero_grad(set_to_none=True)
+        if not slices:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+        total = 0.0
+        for xs, ys in zip(torch.tensor_split(x, micro_batches), torch.tensor_split(y, micro_batches), strict=True):
+            w = xs.shape[0] / x.shape[0] if weight == "share" else 1 / micro_batches
+            part = F.cross_entropy(model(xs), ys) * w
+            part.backward()
+            total += part.item()
+        return total
+    return fn
+
+
+def test_the_accumulation_check_catches_weights_zeroing_and_whole_batches():
+    assert "full batch" in ex.check("3.10", accumulate(), quiet=True)
+    with pytest.raises(ex.Wrong, match="share of the batch"):
+        ex.check("3.10", accumulate(weight="1/k"), quiet=True)
+    with pytest.raises(ex.Wrong, match="zero them first"):
+        ex.check("3.10", accumulate(zero=False), quiet=True)
+    with pytest.raises(ex.Wrong, match="slices"):
+        ex.check("3.10", accumulate(slices=False), quiet=True)
+
+
+# ------------------------------------------------------------------------------------ the benchmark script
+
+def _script():
+    spec = importlib.util.spec_from_file_location("week3_snapshot", ROOT / "benchmarks" / "week3_snapshot.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_snapshot_benchmark_refuses_without_cuda_and_trims_frames(monkeypatch, tmp_path):
+    mod = _script()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA GPU"):
+        mod.main(["--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        mod.main(["--out", str(tmp_path), "--batch", "0"])
+    snap = memory_snapshot.synthetic_snapshot()
+    trimmed = mod._trim(snap, 1)
+    assert all(len(e["frames"]) == 1 for e in trimmed["device_traces"][0])
+    assert memory_snapshot.peak(trimmed)["peak_bytes"] == 45 * 2**20
+    from torch.cuda import _memory_viz
+
+    assert "MemoryViz" in _memory_viz.trace_plot(trimmed)  # the page the GPU run writes, made on a CPU
+
+
+def test_the_recorded_memory_split_shows_no_negative_memory():
+    from labkit.bench import load_result
+
+    rows = amp.recorded_memory_split(load_result("week3_amp"))
+    assert rows and all(r["step_adds"] >= 0 and r["peak"] == r["state"] + r["step_adds"] for r in rows)
