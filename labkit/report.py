@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from labkit.outputs import save_figure
@@ -21,8 +22,10 @@ LADDER_COLUMNS = {
                    "the last rung that ran); \"within noise\" where the two rungs' spreads overlap, so the runs "
                    "cannot tell the rungs apart",
     "peak mem GiB": "peak GPU memory allocated (CUDA only)",
-    "MFU": "model FLOP/s over the 16-bit matmul peak measured in the same run (GPU only)",
-    "MFU sheet": "model FLOP/s over the card's datasheet dense 16-bit peak (labkit.waves.DATASHEETS; GPU only)",
+    "MFU": "model FLOPs utilization as PaLM defines it: model FLOP/s (FLOPs per training image x img/s) over the "
+           "card's datasheet dense 16-bit peak (labkit.waves.DATASHEETS; GPU only)",
+    "share of measured peak": "the same model FLOP/s over the 16-bit matmul peak measured in the same run, which "
+                              "is below the datasheet's: not MFU (GPU only)",
     "to target s": "training seconds until the test accuracy, checked after each epoch, first reached the target: the "
                    "lowest final accuracy among the baseline rung's runs, the first epoch's compilation and warm-up included / excluded (the first "
                    "step counted as a steady one); \"-\" where it never did; median over the runs",
@@ -142,15 +145,17 @@ def ladder_table(records: list[dict], target: float | None = None) -> str:
     """A Markdown table of the ladder (fits a terminal and a README).
 
     Rungs run more than once get a spread column and "within noise" on steps their spreads cannot resolve;
-    a ladder of single runs keeps the one-number table. Records with a datasheet MFU add an "MFU sheet" column;
-    a `target` accuracy and records with accuracy curves add "to target s" (with / without compilation).
+    a ladder of single runs keeps the one-number table. "MFU" is PaLM's, over the datasheet peak, in records that
+    carry one; "share of measured peak" divides by the matmul peak measured in the run (not MFU). A `target`
+    accuracy and records with accuracy curves add "to target s" (with / without compilation).
     """
     rows = ladder_rows(records, target)
     spread = any(row["spread"] for row in rows)
     sheet = any(row["mfu_datasheet"] for row in rows)
     tta = target is not None and any(r.get("accuracy_curve") for r in records)
     head = ("| rung | img/s (steady) | " + ("spread | " if spread else "") + "img/s (all epochs) | speedup | "
-            "vs previous | peak mem GiB | MFU | " + ("MFU sheet | " if sheet else "") + "first step s | final loss | "
+            "vs previous | peak mem GiB | " + ("MFU | " if sheet else "") + "share of measured peak | first step s | "
+            "final loss | "
             "test acc |" + (" to target s |" if tta else ""))
     lines = [head, "|" + "---|" * (10 + spread + sheet + tta)]
     for row in rows:
@@ -158,9 +163,9 @@ def ladder_table(records: list[dict], target: float | None = None) -> str:
         if spread:
             cells.append("-" if row["spread"] is None else f"{row['spread'][0]:,.0f}–{row['spread'][1]:,.0f}")
         gain = f"{row['step_gain']:.2f}x" + (" (within noise)" if row["within_noise"] else "")
-        cells += [f"{row['img_per_s_all']:,.0f}", f"{row['speedup']:.2f}x", gain, _fmt(row['peak_mem_gib'], '.2f'),
-                  _fmt(None if row['mfu'] is None else 100 * row['mfu'], '.1f') + ("%" if row['mfu'] else "")]
+        cells += [f"{row['img_per_s_all']:,.0f}", f"{row['speedup']:.2f}x", gain, _fmt(row['peak_mem_gib'], '.2f')]
         cells += [_pct(row["mfu_datasheet"])] if sheet else []
+        cells += [_fmt(None if row['mfu'] is None else 100 * row['mfu'], '.1f') + ("%" if row['mfu'] else "")]
         first = _fmt(row['first_step_s'], '.2f')
         if row["first_step_warm_s"] is not None:
             first += f" / {row['first_step_warm_s']:.2f}"
@@ -203,8 +208,8 @@ def ladder_markdown(result: dict) -> str:
         lines += [f"Each rung ran {result['repeats']} times ({result.get('order', 'interleaved')}).", ""]
     columns = {**result.get("columns", {}), **LADDER_COLUMNS}  # the definitions of the code that draws the table
     lines += [f"- {name}: {what}" for name, what in columns.items()
-              if name in ("img/s (steady)", "spread", "vs previous", "speedup", "first step s", "MFU sheet",
-                          "to target s")
+              if name in ("img/s (steady)", "spread", "vs previous", "speedup", "first step s", "MFU",
+                          "share of measured peak", "to target s")
               and (name != "spread" or result.get("repeats", 1) > 1)]
     lines += [f"- note: {n}" for n in result.get("notes", [])]
     for s in result.get("skipped", []):
@@ -215,18 +220,18 @@ def ladder_markdown(result: dict) -> str:
 def ablation_table(records: list[dict], target: float | None = None) -> str:
     """A Markdown table of a leave-one-out ablation (`labkit.train.plan_ablation`): per variant its img/s and
     spread, img/s over the top rung's ("vs top": below 1 means the left-out change was worth that much), test
-    accuracy, seconds to the target accuracy (with / without compilation), MFU against the measured and the
-    datasheet peak. The first record is the baseline, the second the top rung."""
+    accuracy, seconds to the target accuracy (with / without compilation), MFU (over the datasheet peak) and the
+    share of the measured matmul peak. The first record is the baseline, the second the top rung."""
     rows = ladder_rows(records, target)
     top = rows[1]["img_per_s"] if len(rows) > 1 else rows[0]["img_per_s"]
-    lines = ["| run | img/s (steady) | spread | vs top | test acc | to target s | MFU | MFU sheet |",
+    lines = ["| run | img/s (steady) | spread | vs top | test acc | to target s | MFU | share of measured peak |",
              "|" + "---|" * 8]
     for row in rows:
         sp = "-" if row["spread"] is None else f"{row['spread'][0]:,.0f}–{row['spread'][1]:,.0f}"
         t = row["to_target_s"]
         lines.append(f"| {row['rung']} | {row['img_per_s']:,.0f} | {sp} | {row['img_per_s'] / top:.2f}x | "
                      f"{_pct(row['accuracy'])} | {'-' if t is None else f'{t[0]:.1f} / {t[1]:.1f}'} | "
-                     f"{_pct(row['mfu'])} | {_pct(row['mfu_datasheet'])} |")
+                     f"{_pct(row['mfu_datasheet'])} | {_pct(row['mfu'])} |")
     return "\n".join(lines)
 
 
@@ -298,11 +303,46 @@ def loss_curves(records: list[dict], ax, x: str = "images") -> None:
     ax.set_ylabel("training loss")
 
 
+def _run_accuracies(r: dict) -> list[float]:
+    """Every run's final test accuracy (%) of a rung record, or its one accuracy."""
+    accs = [x.get("accuracy") for x in (r.get("runs") or [r])]
+    return [100 * a for a in accs if a is not None]
+
+
+def accuracy_spread(ax, records: list[dict], min_span: float = 8.0) -> None:
+    """Each rung's final test accuracy as dots, one per run, with the band of the baseline rung's runs (lowest to
+    highest) shaded across: a rung whose dots sit in the band cannot be told from the baseline by accuracy, one
+    below it ends below the baseline. Dots, not bars: the axis starts where the data do (at least `min_span`
+    points tall), and a bar on a cut axis would draw a small difference as a large one. The first record is
+    taken as the baseline when none is named so."""
+    per = [(r["name"], _run_accuracies(r)) for r in records]
+    per = [(n, a) for n, a in per if a]
+    if not per:
+        return
+    base = next((a for n, a in per if n == "baseline"), per[0][1])
+    lo, hi = min(base), max(base)
+    ax.axhspan(lo, hi, color="#bbbbbb", alpha=0.35, lw=0, label=f"baseline's runs here: {lo:.1f}–{hi:.1f}%")
+    colors = series_colors(len(per))
+    for i, ((_, accs), c) in enumerate(zip(per, colors, strict=True)):
+        ax.plot([i] * len(accs), accs, "o", color=c, ms=4, alpha=0.8)
+        ax.plot([i - 0.3, i + 0.3], [statistics.median(accs)] * 2, color=c, lw=2)
+    ax.set_xticks(range(len(per)), [n for n, _ in per], rotation=60, fontsize=7)
+    vals = [v for _, a in per for v in a]
+    mid, half = (min(vals) + max(vals)) / 2, max(min_span, max(vals) - min(vals) + 1.0) / 2
+    ax.set_ylim(max(0.0, mid - half), min(100.0, mid + half))
+    runs = max(len(a) for _, a in per)
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_title(f"dots: each of {runs} runs, line: median" if runs > 1 else "one run per rung", fontsize=8)
+    ax.legend(fontsize=6, loc="lower left")
+
+
 def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 optimization ladder",
                  note: str | None = None) -> Path:
     """Bar chart of steady img/s per rung (median of its runs, with the min-max spread as an error bar and the
     speedup over the baseline written on each bar; "within noise" where a step cannot be told from the rung
-    before), next to the loss curves against images seen (PNG). A log img/s axis when rungs differ 10x or more.
+    before), the final test accuracy of every run beside the baseline's band (`accuracy_spread`: a faster rung
+    that ends below the band is not a win by accuracy), and the loss curves against images seen (PNG). A log
+    img/s axis when rungs differ 10x or more.
 
     `note` (e.g. "quick mode; skipped: ...") is written under the chart.
     """
@@ -312,7 +352,7 @@ def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 
     import matplotlib.pyplot as plt
 
     rows = ladder_rows(records)
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, ax3, ax2) = plt.subplots(1, 3, figsize=(16, 4.4), gridspec_kw={"width_ratios": [3, 2, 2]})
     names = [r["rung"] for r in rows]
     vals = [r["img_per_s"] for r in rows]
     colors = series_colors(len(rows))
@@ -334,6 +374,7 @@ def ladder_chart(records: list[dict], path: str | Path, title: str = "ResNet-18 
     else:
         ax.set_xlim(0, max(vals) * 1.45)
     ax.set_title(title)
+    accuracy_spread(ax3, records)
     loss_curves(records, ax2)
     ax2.set_title("loss curves (first run of each rung)")
     ax2.legend(fontsize=6, ncol=2)
@@ -388,3 +429,46 @@ def accuracy_vs_steps_chart(points: list[dict], ax=None, title: str = "accuracy 
     ax.set_title(title + (f" ({left_out} diverged runs not shown)" if left_out else ""), fontsize=9)
     ax.legend(fontsize=7)
     return ax
+
+
+def _range(vals, fmt: str = ".1f", scale: float = 100.0, unit: str = "%") -> str:
+    lo, hi = scale * min(vals), scale * max(vals)
+    return f"{lo:{fmt}}–{hi:{fmt}}{unit}" if f"{lo:{fmt}}" != f"{hi:{fmt}}" else f"{lo:{fmt}}{unit}"
+
+
+def headline(ablation: dict, ladder: dict, cold: dict, fast: str = "without_muon",
+             eager_job: str = "whole run batch_fused", top_job: str = "whole run muon, cold") -> dict:
+    """The headline's figures as the README, the results page and week 6 print them, from their records: time to
+    the baseline's accuracy (the ablation's target: the lowest of its baseline runs) for the baseline, the fastest
+    run that reaches it (`fast`) and the top rung; every run's accuracy of the baseline and of the top rung in both
+    records; whole cold processes (`cold`, a cold_start record: median seconds, spread, accuracy); throughput and
+    MFU (datasheet peak) beside the share of the measured matmul peak, from `ladder`. Strings, formatted."""
+    import statistics as st
+
+    from labkit.waves import datasheet_peak
+
+    target = target_accuracy(ablation)
+    rows = {r["rung"]: r for r in ladder_rows(ablation["rungs"], target)}
+    top_name = ladder["rungs"][-1]["name"]
+    (b0, b1), (f0, f1) = rows["baseline"]["to_target_s"], rows[fast]["to_target_s"]
+    accs = {n: [x["accuracy"] for rec in (ablation, ladder) for r in rec["rungs"] if r["name"] == n
+                for x in (r.get("runs") or [r])] for n in ("baseline", top_name)}
+    top, base = ladder["rungs"][-1], ladder["rungs"][0]
+    out = {"target": f"{100 * target:.2f}%", "baseline_s": f"{b0:.1f} s", "baseline_s_without": f"{b1:.1f} s",
+           "fast_s": f"{f0:.1f} s", "fast_s_without": f"{f1:.1f} s", "sooner": f"{b0 / f0:.1f}x",
+           "sooner_without": f"{b1 / f1:.1f}x", "top_reaches": rows[top_name]["to_target_s"] is not None,
+           "top_ablation_acc": f"{100 * rows[top_name]['accuracy']:.1f}%", "top_ladder_acc": f"{100 * top['accuracy']:.1f}%",
+           "top_accs": _range(accs[top_name]), "baseline_accs": _range(accs["baseline"]),
+           "throughput": f"{top['img_per_s'] / base['img_per_s']:.0f}x",
+           "throughput_ladder": f"{top['img_per_s'] / base['img_per_s']:.2f}x",
+           "throughput_ablation": f"{rows[top_name]['img_per_s'] / rows['baseline']['img_per_s']:.1f}x"}
+    for key, job in (("cold_eager", eager_job), ("cold_top", top_job)):
+        runs = cold["jobs"][job]["runs"]
+        walls, job_accs = [r["wall_s"] for r in runs], [r["accuracy"] for r in runs]
+        out |= {f"{key}_s": f"{st.median(walls):.1f} s", f"{key}_spread": _range(walls, scale=1.0, unit=" s"),
+                f"{key}_acc": f"{100 * st.median(job_accs):.1f}%", f"{key}_accs": _range(job_accs),
+                f"{key}_reaches": st.median(job_accs) >= target, f"{key}_rounds": len(runs)}
+    sheet = datasheet_peak(ladder["env"]["device_name"], "bf16")
+    out |= {"datasheet": f"{sheet:.0f} TFLOP/s", "datasheet_exact": f"{sheet:.1f} TFLOP/s",
+            "mfu": f"{100 * top['mfu_datasheet']:.1f}%", "share_measured": f"{100 * top['mfu']:.1f}%"}
+    return out

@@ -57,13 +57,13 @@ def test_time_to_target_with_and_without_compilation():
             {**_run("fast", 400.0, [(3.0, 0.62), (6.0, 0.7)]), "img_per_s_all": 300, "final_loss": 0.9,
              "accuracy": 0.7, "mfu": 0.4, "mfu_datasheet": 0.3}]
     table = report.ladder_table(recs, target=0.6)
-    assert "| MFU sheet |" in table and "| to target s |" in table and "| 3.0 / 2.7 |" in table
+    assert "| MFU | share of measured peak |" in table and "| to target s |" in table and "| 3.0 / 2.7 |" in table
     assert "| 20.0 / 20.0 |" in table and "30.0%" in table
     plain = report.ladder_table([{k: v for k, v in r.items() if k not in ("accuracy_curve", "mfu_datasheet")}
                                  for r in recs])
-    assert "to target" not in plain and "MFU sheet" not in plain  # old records keep the old table
+    assert "to target" not in plain and "| MFU |" not in plain  # no datasheet peak: no MFU column
     abl = report.ablation_table(recs, 0.6)
-    assert "| fast | 400 | - | 1.00x | 70.0% | 3.0 / 2.7 | 40.0% | 30.0% |" in abl
+    assert "| fast | 400 | - | 1.00x | 70.0% | 3.0 / 2.7 | 30.0% | 40.0% |" in abl
 
 
 def _fake_train(calls):

@@ -1,0 +1,107 @@
+"""The headline (README, the results page's lead, week 6's section 0) leads with time to the baseline's accuracy,
+says the top rung ends below it wherever its speedup is quoted, and quotes only figures of the records."""
+
+import json
+import re
+from pathlib import Path
+
+from labkit import report
+
+ROOT = Path(__file__).resolve().parents[1]
+RES = ROOT / "benchmarks" / "results"
+FIGURE = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?(?:–\d[\d,]*(?:\.\d+)?)?\s?(?:TFLOP/s|s\b|%|x\b))")
+
+
+def _load(name):
+    return json.loads((RES / f"{name}.json").read_text())
+
+
+def _headline():
+    return report.headline(_load("ladder_ablation"), _load("ladder"), _load("cold_start_tiered_final"))
+
+
+def _fold(text):
+    return " ".join(text.split())
+
+
+def _section(text, start, end):
+    return _fold(text[text.index(start):text.index(end)])
+
+
+def test_the_records_say_what_the_headline_says():
+    h = _headline()
+    assert not h["top_reaches"] and not h["cold_top_reaches"] and h["cold_eager_reaches"]
+    assert h["cold_eager_rounds"] == h["cold_top_rounds"] == 6
+    assert float(h["sooner"][:-1]) > 1  # the fast rung does reach the target sooner
+
+
+def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
+    h = _headline()
+    readme = (ROOT / "README.md").read_text()
+    lead = _section(readme, "## Results on an H100", "![ResNet-18 ladder")
+    assert lead.index("Time to the baseline's accuracy") < lead.index("img/s")
+    for sentence in (f"baseline trains {h['baseline_s']} to reach its own accuracy (the target: {h['target']}",
+                     f"takes {h['fast_s']} with its compilation and {h['fast_s_without']} without: {h['sooner']} sooner",
+                     f"ends its 5 epochs at {h['top_accs']}, below the baseline's {h['baseline_accs']}",
+                     f"Its {h['throughput']} the baseline's img/s (`ladder.json`, the table below) is throughput alone",
+                     f"finishes its 5 epochs at {h['cold_eager_acc']} in {h['cold_eager_s']} and the top rung at "
+                     f"{h['cold_top_acc']} in {h['cold_top_s']}",
+                     f"over the datasheet's {h['datasheet']} dense bf16) is {h['mfu']}",
+                     f"measured in the same run it is {h['share_measured']}, which the tables call \"share of "
+                     f"measured peak\", not MFU"):
+        assert sentence in lead, sentence
+    values = {v for v in h.values() if isinstance(v, str)}
+    assert {f for f in FIGURE.findall(lead)} <= values, set(FIGURE.findall(lead)) - values
+
+
+def test_results_page_lead_is_time_to_accuracy_with_spreads_from_the_records():
+    h = _headline()
+    page = (ROOT / "docs" / "results.md").read_text()
+    lead = _section(page, "## The headline: time to the baseline's accuracy", "## The ResNet-18 ladder on an H100")
+    assert page.index("## The headline") < page.index("## The ResNet-18 ladder")
+    for sentence in (f"Its target is {h['target']}, the lower of the baseline's two runs",
+                     f"reaches it after {h['baseline_s']} of training ({h['baseline_s_without']} without its first step)",
+                     f"reaches it in {h['fast_s']} with its compilation and {h['fast_s_without']} without: "
+                     f"{h['sooner']} sooner with compilation, {h['sooner_without']} without",
+                     f"{h['top_ablation_acc']} there and {h['top_ladder_acc']} in `ladder.json`, below every baseline "
+                     f"run of the two records ({h['baseline_accs']})",
+                     f"({h['throughput_ladder']} in `ladder.json`, {h['throughput_ablation']} in the ablation) is "
+                     f"throughput alone",
+                     f"finishes its 5 epochs in {h['cold_eager_s']} ({h['cold_eager_spread']}) at {h['cold_eager_acc']} "
+                     f"in every run",
+                     f"in {h['cold_top_s']} ({h['cold_top_spread']}) at {h['cold_top_accs']}, below the target",
+                     f"({h['datasheet_exact']} for an H100 SXM", f"{h['mfu']} for the top rung",
+                     f"measured in that run is {h['share_measured']}"):
+        assert sentence in lead, sentence
+    values = {v for v in h.values() if isinstance(v, str)}
+    assert {f for f in FIGURE.findall(lead)} <= values, set(FIGURE.findall(lead)) - values
+
+
+def test_week6_opens_with_its_executed_copy_and_computes_its_headline():
+    nb = json.loads((ROOT / "notebooks" / "06_resnet_ladder.ipynb").read_text())
+    first = "".join(nb["cells"][0]["source"])
+    link = "benchmarks/results/notebooks/06_resnet_ladder.md"
+    assert f"(../{link})" in first and (ROOT / link).exists()
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert 'load_result("ladder_ablation")' in code and 'load_result("cold_start_tiered_final")' in code
+    assert "report.accuracy_spread(" in code and "zoom_accuracy" not in code
+
+
+def test_accuracy_chart_shows_every_run_and_the_baseline_band_on_an_honest_axis():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rungs = _load("ladder")["rungs"]
+    fig, ax = plt.subplots()
+    report.accuracy_spread(ax, rungs)
+    lo, hi = ax.get_ylim()
+    assert hi - lo >= 8.0  # a few tenths of a point stay a few tenths of the axis
+    dots = sum(len(line.get_ydata()) for line in ax.lines if line.get_marker() == "o")
+    assert dots == sum(len(r.get("runs") or [r]) for r in rungs)
+    base = [100 * x["accuracy"] for x in rungs[0]["runs"]]
+    band = ax.patches[0].get_path().get_extents(ax.patches[0].get_transform())  # the shaded baseline band
+    assert band is not None and "baseline" in ax.get_legend().get_texts()[0].get_text()
+    assert f"{min(base):.1f}–{max(base):.1f}%" in ax.get_legend().get_texts()[0].get_text()
+    plt.close(fig)
