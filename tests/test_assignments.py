@@ -152,3 +152,24 @@ def test_generate_and_autograde(course, lab):
     # No test cell of the reference wrote to stderr (that alone would score 0).
     for gid, cell in _grade_cells(graded).items():
         assert not [o for o in cell.outputs if o.get("name") == "stderr"], f"{lab}/{gid} wrote to stderr"
+
+
+def _notebook_text(lab: str) -> str:
+    return "\n".join(c.source for c in _cells(COURSE / "source" / lab / f"{lab}.ipynb"))
+
+
+def test_lab1_states_where_fp16_rounds_to_zero_as_torch_rounds():
+    """fp16 rounds to nearest even: values above 2^-25 round up to the smallest subnormal 2^-24, not to 0."""
+    tiny = torch.finfo(torch.float16).smallest_normal * 2.0**-10
+    assert tiny == 2.0**-24
+    mid = torch.tensor(2.0**-25)
+    above = torch.nextafter(mid, torch.tensor(1.0))
+    assert torch.stack([mid, above, torch.tensor(3e-8)]).half().tolist() == [0.0, tiny, tiny]
+    text = _notebook_text("lab1_loss_scaling")
+    flat = " ".join(text.split())
+    # The wrong claim, in the words it was made in: everything below the smallest subnormal becomes 0.
+    assert not re.search(r"(below|under|smaller than)[^.]{0,40}(6e-8|2\^-24)[^.]{0,25}(to zero|to 0)", flat), flat
+    assert "flushes" not in flat
+    assert "2^-25" in flat and "rounds up to 2^-24" in flat
+    # ... and the notebook computes both thresholds rather than typing them.
+    assert "torch.finfo(torch.float16).smallest_normal" in text and "torch.nextafter" in text
