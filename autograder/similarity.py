@@ -50,6 +50,7 @@ class SimilarityConfig:
     min_spread: float = 0.05  # floor of the spread, so a very uniform class does not flag tiny differences
     min_fingerprints: int = 8  # files with fewer own fingerprints (little beyond the starter) are not compared
     common_share: float = 0.5  # fingerprints in more than this share of the files (and > 3 files) are boilerplate
+    known_share: float = 0.5  # a file with this share of its own fingerprints in a known answer's source is a copy
 
 
 @dataclass
@@ -223,6 +224,69 @@ def compare(files: dict[str, str], starter: str | None = None, cfg: SimilarityCo
     return pairs, stats
 
 
+# ------------------------------------------------------------------------------------------------ known answers
+
+
+@dataclass
+class Copy:
+    """A hand-in far too close to code that ships to students as a finished answer."""
+
+    student: str  # student id
+    source: str  # what it matches: "labkit/loss_scaling.py", "torch/amp/grad_scaler.py"
+    share: float  # the hand-in's own fingerprints (starter excluded) found in the source
+    shared: int  # fingerprints in common
+    lines: list[list[int]] = field(default_factory=list)  # matching line ranges [first, last] in the hand-in
+
+
+def known_sources(assignment: str) -> dict[str, str]:
+    """Code students can read that is the assignment's answer in finished form: the labkit modules its lab bans
+    (autograder.labkit_answers.BANNED) and the torch files its sandbox hides (TORCH_HIDDEN), read from this
+    machine's installs. {label: source}. A renamed copy of either scored full marks, since the reader bans names
+    and imports, not code; the class comparison never sees a copy one student alone made."""
+    import importlib.util
+
+    from autograder import labkit_answers
+
+    lab = assignment.split("_", 1)[0]
+    out = {}
+    for mod in labkit_answers.BANNED.get(lab, ()):
+        spec = importlib.util.find_spec(f"labkit.{mod}")
+        if spec and spec.origin:
+            out[f"labkit/{mod}.py"] = Path(spec.origin).read_text(errors="replace")
+    torch_spec = importlib.util.find_spec("torch")
+    if torch_spec and torch_spec.origin:
+        site = Path(torch_spec.origin).parent.parent
+        for rel in labkit_answers.TORCH_HIDDEN.get(lab, ()):
+            if (site / rel).is_file():
+                out[rel] = (site / rel).read_text(errors="replace")
+    return out
+
+
+def against_known(files: dict[str, str], known: dict[str, str], starter: str | None = None,
+                  cfg: SimilarityConfig | None = None) -> list[Copy]:
+    """Every hand-in whose own fingerprints lie mostly in one known answer's source (`known_sources`), the
+    closest source for each, most copied first. Shares are of the hand-in, not of the (much longer) source,
+    and the class's common fingerprints are not removed: a whole class copying the same module is still seen."""
+    cfg = cfg or SimilarityConfig()
+    excluded = {h for h, _, _ in kgram_hashes(tokens(starter), cfg.k)} if starter else set()
+    sources = {label: {h for h, _, _ in kgram_hashes(tokens(src), cfg.k)} for label, src in known.items()}
+    out = []
+    for sid, src in sorted(files.items()):
+        fp = {h: v for h, v in winnow(kgram_hashes(tokens(src), cfg.k), cfg.w).items() if h not in excluded}
+        if len(fp) < cfg.min_fingerprints:
+            continue
+        best = None
+        for label, hashes in sources.items():
+            shared = fp.keys() & hashes
+            share = len(shared) / len(fp)
+            if share >= cfg.known_share and (best is None or share > best.share):
+                best = Copy(sid, label, round(share, 4), len(shared),
+                            _ranges([s for h in shared for s in fp[h]]))
+        if best:
+            out.append(best)
+    return sorted(out, key=lambda c: (-c.share, c.student))
+
+
 # ------------------------------------------------------------------------------------------------ the class
 
 
@@ -269,14 +333,26 @@ def class_files(submissions: str | Path, assignment: str, scratch: Path, lms_reg
 
 
 def report_text(assignment: str, pairs: list[Pair], stats: dict, notes: list[str], files: dict[str, str],
-                top: int = 10) -> str:
-    """The instructor's report: flagged pairs with their matching lines, then the closest pairs, then notes."""
+                top: int = 10, copies: list[Copy] | None = None) -> str:
+    """The instructor's report: copies of known answers, flagged pairs with their matching lines, then the closest
+    pairs, then notes."""
     from autograder.progress import table
 
     flagged = [p for p in pairs if p.flagged]
     lines = [f"similarity of {assignment}: {stats['compared']} files compared ({stats['pairs']} pairs); class median "
              f"{stats['median']:.2f}, spread {stats['spread']:.2f}; starter code and {stats['common_fingerprints_excluded']}"
              " fingerprints most of the class shares excluded", ""]
+    if copies:
+        lines.append(f"COPIES OF KNOWN ANSWERS: {len(copies)} hand-in(s) mostly made of code that ships to students")
+        for c in copies:
+            src = files[c.student].splitlines()
+            lines.append(f"== {c.student}: {c.share:.0%} of its fingerprints are in {c.source} ({c.shared}); lines "
+                         + ", ".join(f"{a}-{b}" for a, b in c.lines[:8]))
+            a, b = c.lines[0] if c.lines else (1, 0)
+            lines += [f"    {n:4d} | {src[n - 1]!s:.120}" for n in range(a, min(b, a + 5) + 1) if n <= len(src)]
+        lines.append("")
+    elif copies is not None:
+        lines += [f"no hand-in is mostly a copy of {', '.join(stats.get('known_sources', [])) or 'a known answer'}", ""]
     lines.append(f"FLAGGED: {len(flagged)} pair(s) far more alike than the class" if flagged else
                  "no pair stands out from the class")
     for p in flagged:
@@ -317,10 +393,14 @@ def run(assignment: str, submissions: str | Path, *, course: str | Path = "assig
         notes.append("no starter code found (pass --starter or --course): shared starter lines count as similar")
     stage(f"fingerprinting {len(files)} files", progress)
     pairs, stats = compare(files, start, cfg, progress=progress)
-    text = report_text(assignment, pairs, stats, notes, files)
+    known = known_sources(assignment)
+    copies = against_known(files, known, start, cfg)
+    stats["known_sources"] = sorted(known)
+    text = report_text(assignment, pairs, stats, notes, files, copies=copies if known else None)
     (out / "similarity.txt").write_text(text, encoding="utf-8")
     from labkit.bench import write_json
 
     write_json(out / "similarity.json", {"assignment": assignment, **stats, "notes": notes,
+                                         "copies": [asdict(c) for c in copies],
                                          "pairs": [asdict(p) for p in pairs]})
     return pairs, out / "similarity.txt"
