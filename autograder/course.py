@@ -215,21 +215,25 @@ def write_scratch(course: Course, root: Path, student: str, files: dict[str, byt
 
 
 def _nbgrader_id(cell) -> str | None:
-    """The grade_id of a test, answer or task cell (the cells nbgrader grades or a person does), else None."""
+    """The grade_id of a test, answer or task cell (the cells nbgrader grades or a person does) or of a locked
+    text cell (a written answer's question), else None. Locked code cells (setup, hand-in) are never put in."""
     meta = ((cell.get("metadata") or {}).get("nbgrader") or {}) if isinstance(cell, dict) else {}
-    if not isinstance(meta, dict) or not (meta.get("grade") or meta.get("solution") or meta.get("task")):
+    text = isinstance(meta, dict) and meta.get("locked") and cell.get("cell_type") == "markdown"
+    if not isinstance(meta, dict) or not (meta.get("grade") or meta.get("solution") or meta.get("task") or text):
         return None
     gid = meta.get("grade_id")
     return gid if isinstance(gid, str) else None
 
 
 def fill_missing_cells(handed_in: bytes, released: bytes) -> tuple[bytes, list[str]]:
-    """The hand-in notebook with the test, answer and task cells it lacks put in from the course's released
-    notebook, each after the cell it follows there; returns (notebook bytes, grade_ids inserted, in order).
+    """The hand-in notebook with the test, answer and task cells (and locked questions) it lacks put in from the
+    course's released notebook, each after the cell it follows there; returns (notebook bytes, grade_ids
+    inserted, in order).
 
     A hand-in made from an earlier release lacks the cells a later one added. nbgrader's own insertion
-    (OverwriteCells.add_missing_cells) looks up each missing cell's predecessor in the hand-in and raises KeyError
-    when that one is missing too, so two adjacent new cells failed the whole hand-in. Here the cells come from the
+    (OverwriteCells.add_missing_cells) looks up each missing cell's predecessor among the hand-in's test and
+    answer cells and raises KeyError when it is not one (lab 1's written answer follows its locked question) or
+    is missing too, so the whole hand-in failed. Here the cells come from the
     release, in its order, and nbgrader then finds every cell in place (it still overwrites each test cell's source
     with the gradebook's). A hand-in that is not a readable notebook is returned unchanged: intake reports it."""
     try:

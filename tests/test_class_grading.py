@@ -545,3 +545,67 @@ def test_deploy_files_run_the_documented_commands():
         assert needle in readme, needle
     build_parser().parse_args(["grade", AID, "--submissions", "s", "--shard", "3/8", "--allow-ungradable"])
     build_parser().parse_args(["merge", "out", "a", "b", "--submissions", "s", "--due", "2025-01-01"])
+
+
+# ------------------------------------------------------------------------------------------------ honest students
+
+
+def _with_question(course: Path) -> None:
+    """The toy's written answer after a locked question cell, as lab 1's: nbgrader's insertion of the missing
+    answer looked for that question among the graded cells and raised KeyError."""
+    path = course / "source" / AID / f"{AID}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == rehearsal.WRITTEN_ID)
+    q = nbformat.v4.new_markdown_cell("**Question (read-only).** Why is the dot product faster?")
+    q.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True, "grade_id": "written_question",
+                              "schema_version": 3}
+    q.id = "toy-question"
+    nb.cells.insert(at, q)
+    nbformat.write(nb, path)
+
+
+@pytest.fixture(scope="module")
+def lms_class(tmp_path_factory):
+    """A toy class (with a written answer) graded from LMS-named zips against a class list: jane_doe (an id with
+    '_', beside a classmate jane) handed in from this release, old_timer2 through Canvas from a release before
+    the speed test and the written answer were added (two adjacent cells: nbgrader's insertion raised KeyError)."""
+    base = tmp_path_factory.mktemp("lms")
+    _with_question(rehearsal.build_toy_course(base / "course", written=True))
+    subs = base / "subs"
+    subs.mkdir()
+
+    def zipped(name: str, nb, release: str) -> None:
+        with zipfile.ZipFile(subs / name, "w") as z:
+            z.writestr(f"{AID}.ipynb", nbformat.writes(nb))
+            z.writestr("handin.json", json.dumps({"lab": AID, "release": release, "variant_tag": ""}))
+
+    now = nbformat.read(base / "course" / "source" / AID / f"{AID}.ipynb", as_version=4)
+    zipped(f"jane_doe_{AID}_handin.zip", now, "0.1.0")
+    old = rehearsal.toy_notebook(written=False)
+    old.cells = [c for c in old.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "test_speed"]
+    zipped(f"oldtimer_101_5551_{AID}_handin.zip", old, "0.0.9")
+    roster = base / "roster.csv"
+    roster.write_text("student_id,canvas_id\njane,\njane_doe,\nold_timer2,101\n")
+    with pytest.raises(LabkitError) as stop:  # without the class list: jane_doe's id may be jane, so no grading
+        grade.grade_class(AID, subs, _cfg(base, "no-roster"))
+    rep = grade.grade_class(AID, subs, _cfg(base, "out", roster=str(roster)))
+    return {"rep": rep, "stop": str(stop.value), "base": base}
+
+
+def test_honest_hand_ins_from_an_id_with_underscores_and_an_old_release_get_full_marks(lms_class):
+    by = {r.student_id: r for r in lms_class["rep"].results}
+    assert set(by) == {"jane_doe", "old_timer2"}, by
+    for r in by.values():
+        auto = [c for c in r.cells if not c.get("manual")]
+        assert r.status == "graded" and r.cause is None, (r.student_id, r.message, r.cause)
+        assert [c["score"] for c in auto] == [c["max_score"] for c in auto] and sum(c["score"] for c in auto) == 5, \
+            (r.student_id, r.cells)
+    old = " ".join(by["old_timer2"].notes)
+    assert "release 0.0.9" in old and f"test_speed, written_question, {rehearsal.WRITTEN_ID}" in old, old
+    assert not any("lacks" in n for n in by["jane_doe"].notes)
+
+
+def test_without_the_class_list_the_run_stops_naming_the_file_and_its_candidates(lms_class):
+    stop = lms_class["stop"]
+    assert f"jane_doe_{AID}_handin.zip" in stop and "'jane'" in stop and "'jane_doe'" in stop and "--roster" in stop
+    assert not (lms_class["base"] / "no-roster" / "students").exists()  # nobody was graded
