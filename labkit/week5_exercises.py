@@ -27,10 +27,10 @@ import torch
 from labkit import diagnosis as D
 from labkit import exercises as ex
 from labkit import profiling as P
-from labkit.env import REPO_ROOT
+from labkit.bench import RESULTS_DIR
 
 PHASE_NAMES = ("data", "forward", "backward", "optimizer")
-NSYS_DIR = REPO_ROOT / "benchmarks" / "results" / "week5_nsys"  # benchmarks/week5_nsys.py writes here
+NSYS_DIR = RESULTS_DIR / "week5_nsys"  # benchmarks/week5_nsys.py writes here
 
 
 # ------------------------------------------------------------------------------------------ 5.1 schedule
@@ -395,7 +395,7 @@ def check_read_nsys(read_nsys) -> str:
             f"{label}: the data range's total time over the step range's is {want['data_share']:.4f}, you said "
             f"{data!r} (nsys may print range names with a leading ':')")
     skipped = ("" if shipped is not None else
-               f"; no recorded nsys run under {NSYS_DIR.relative_to(REPO_ROOT)} (benchmarks/week5_nsys.py on a GPU "
+               f"; no recorded nsys run in {NSYS_DIR.parent.name}/{NSYS_DIR.name} (benchmarks/week5_nsys.py on a GPU "
                f"makes one), so only the samples were read")
     return f"read {', '.join(cases)}{skipped}"
 
@@ -440,7 +440,7 @@ def clear_cases(live_cpu: bool = True) -> list[tuple[str, D.Diagnosis]]:
     from labkit import scenarios as S
 
     out = []
-    for p in sorted((REPO_ROOT / "benchmarks" / "results" / "trace_corpus").glob("*.pt.trace.json.gz")):
+    for p in sorted((RESULTS_DIR / "trace_corpus").glob("*.pt.trace.json.gz")):
         out.append((f"{p.name.split('.')[0]} (recorded GPU trace)", D.diagnose(p)))
     if live_cpu:
         for name, fixed in (("overhead", False), ("compute", False), ("overhead", True)):

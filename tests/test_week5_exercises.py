@@ -300,3 +300,45 @@ def test_profile_steps_marks_a_workloads_loading_as_in_thread():
     wl = S.workload(S.with_changes(S.scenario_config("overhead", quick=True), n_samples=256), "cpu")
     prof = P.profile_steps(wl, "cpu", schedule=P.ProfileSchedule(wait=0, warmup=1, active=2))
     assert prof.trace["labkit"]["data_loading"] == "in-thread"
+
+
+# ------------------------------------------------------------------------------------ benchmarks/week5_nsys.py
+
+
+def _nsys_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("week5_nsys", ROOT / "benchmarks" / "week5_nsys.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script really profiles")
+def test_the_nsys_script_without_a_gpu_writes_nothing(tmp_path):
+    r = subprocess.run([sys.executable, "benchmarks/week5_nsys.py", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 1 and "needs a CUDA GPU" in r.stdout and not (tmp_path / "o").exists()
+
+
+def test_the_nsys_script_records_a_missing_nsys_and_a_run_that_left_no_report(tmp_path, monkeypatch):
+    import json
+
+    mod = _nsys_script()
+    monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mod.profiling, "find_nsys", lambda: None)
+    monkeypatch.setattr(mod.bench, "environment", lambda command=None, device=None: {"device_name": "a fake card"})
+    assert mod.main(["--out", str(tmp_path / "a")]) == 1
+    rec = json.loads((tmp_path / "a" / "week5_nsys.json").read_text())
+    assert rec["status"] == "nsys missing" and "PATH" in rec["why"]
+    # an nsys that writes the raw .qdstrm and exits 0 without making the report, as seen on a lent machine
+    fake = tmp_path / "nsys"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'NVIDIA Nsight Systems version fake'; exit 0; fi\n"
+                    "for a in \"$@\"; do case $a in --output=*) out=${a#--output=};; esac; done\n"
+                    "touch \"$out.qdstrm\"; echo 'Generating report failed' >&2; exit 0\n")
+    fake.chmod(0o755)
+    assert mod.main(["--out", str(tmp_path / "b"), "--nsys", str(fake)]) == 1
+    rec = json.loads((tmp_path / "b" / "week5_nsys.json").read_text())
+    assert rec["status"] == "no report" and rec["files_left"] == ["week5_nsys.qdstrm"]
+    assert "Generating report failed" in rec["profile_output"] and "fake" in rec["nsys_version"]
+    assert rec["commands"][0].startswith(f"{fake} profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi")
