@@ -16,8 +16,8 @@ autocast) on random 32x32 images, then `torch.cuda.memory._snapshot()`. It write
   the largest allocations with their line of code, and the artifact sizes.
 
 Each event keeps at most --keep-frames stack frames (innermost first: the line of model code that asked is among
-them) so the artifacts stay a few MB. cudnn.benchmark stays off, so cuDNN's autotuning trials do not fill the
-trace. A machine without CUDA is refused before any work.
+them), and equal frames are pickled once, so the artifacts stay a few MB. cudnn.benchmark stays off, so cuDNN's
+autotuning trials do not fill the trace. A machine without CUDA is refused before any work.
 """
 
 from __future__ import annotations
@@ -60,16 +60,22 @@ def _refuse_without_cuda() -> None:
 
 
 def _trim(snapshot: dict, keep: int) -> dict:
-    """The snapshot with every frame list cut to its `keep` innermost frames (sizes and order untouched)."""
+    """The snapshot with every frame list cut to its `keep` innermost frames (sizes and order untouched), and
+    equal frames made one shared dict: pickle then writes each distinct frame once and refers to it after."""
+    shared: dict = {}
+
+    def frames(fs):
+        return [shared.setdefault((f.get("filename"), f.get("line"), f.get("name")), f) for f in fs[:keep]]
+
     for trace in snapshot["device_traces"]:
         for e in trace:
             if "frames" in e:
-                e["frames"] = e["frames"][:keep]
+                e["frames"] = frames(e["frames"])
     for seg in snapshot["segments"]:
         seg.pop("frames", None)
         for b in seg.get("blocks", []):
             if "frames" in b:
-                b["frames"] = b["frames"][:keep]
+                b["frames"] = frames(b["frames"])
     return snapshot
 
 
