@@ -176,9 +176,9 @@ def blank_notebook(nb: dict) -> dict:
 
     nb = copy.deepcopy(nb)
     for c in nb["cells"]:
-        if c["cell_type"] == "code":
-            src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            if SOLUTION_BEGIN in src:
-                new = blank_solutions(src)
-                c["source"] = new.splitlines(keepends=True) if isinstance(c["source"], list) else new
+        lines = c["source"] if isinstance(c["source"], list) else None
+        text = "".join(lines) if lines is not None else c["source"]
+        if c["cell_type"] == "code" and SOLUTION_BEGIN in text:
+            new = blank_solutions(text)
+            c["source"] = new.splitlines(keepends=True) if lines is not None else new
     return nb
