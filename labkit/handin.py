@@ -39,6 +39,38 @@ def _check(nb: dict, lab: str) -> None:
         raise LabkitError(f"this is not the {lab} notebook (no %%writefile cell): open the lab's notebook")
 
 
+def headless_steps(lab: str, indent: str = "") -> str:
+    """How to hand in a lab from a shell (no Jupyter front end): execute the notebook in place, then zip it."""
+    return (f"{indent}jupyter nbconvert --to notebook --execute --inplace {lab}.ipynb\n"
+            f"{indent}python -m labkit.handin {lab}")
+
+
+def _has_outputs(nb: dict) -> bool:
+    """Whether any code cell of the notebook's JSON holds an output (the hand-in cell itself aside)."""
+    code = [c for c in nb.get("cells") or [] if isinstance(c, dict) and c.get("cell_type") == "code"]
+    return any(c.get("outputs") for c in code if not "".join(c.get("source", "")).startswith("# Hand-in"))
+
+
+def _refuse_without_outputs(nb: dict, lab: str) -> bool:
+    """True (and a loud message on stderr with the fix) when the saved notebook holds no output at all.
+
+    The written answers are graded against the notebook's own outputs, and the zip holds the notebook as saved
+    on disk: a notebook that was run but not saved, or run by `jupyter nbconvert --execute` (which writes its
+    outputs only when the run ends, after this cell), would be handed in blank. No exception: under
+    nbconvert an error here would stop the run before it writes the outputs the student needs.
+    """
+    if _has_outputs(nb):
+        return False
+    bar = "!" * 100
+    print(f"{bar}\nNO HAND-IN WRITTEN: the saved {lab}.ipynb has no outputs in any code cell, and your written "
+          f"answers are\ngraded against those outputs.\n"
+          f"- In Jupyter: run every cell, save the notebook (Ctrl+S), then run this cell again.\n"
+          f"- Headless (jupyter nbconvert --execute): the outputs are saved only when the run ends, after this "
+          f"cell, and\n  only into the notebook itself with --inplace. In this folder, run\n"
+          f"{headless_steps(lab, '      ')}\n{bar}", file=sys.stderr)
+    return True
+
+
 RECORD = "handin.json"  # what the hand-in was made from: the grader reads it (autograder.grade.handin_record)
 MADE_FROM = ("slow_train.py",)  # files handed out to this student that the grader checks the hand-in against
 _TAG_PREFIX = "# labkit variant tag: "
@@ -80,13 +112,15 @@ def save(lab: str, folder: str | Path = ".", *, notebook: dict | None = None) ->
     """Write `<folder>/<lab>_handin.zip` and return its path; on Colab also download it (and copy to Drive).
 
     `notebook`: the notebook's JSON (default: `<folder>/<lab>.ipynb`, or Colab's copy on Colab). Raises
-    LabkitError, before writing anything, when the notebook is missing or is not the lab's.
+    LabkitError, before writing anything, when the notebook is missing or is not the lab's. Writes nothing and
+    returns None, with the fix on stderr, when the saved notebook (the default) has no outputs at all.
     """
     if os.environ.get("NBGRADER_EXECUTION"):  # the course is grading this notebook: nothing to hand in
         print("graded run: no hand-in written")
         return None
     folder = Path(folder)
     colab = "google.colab" in sys.modules
+    saved = notebook is None  # the notebook as saved (on disk or in Colab), not one the caller built
     if notebook is None:
         path = folder / f"{lab}.ipynb"
         if colab:
@@ -96,6 +130,8 @@ def save(lab: str, folder: str | Path = ".", *, notebook: dict | None = None) ->
         else:
             raise LabkitError(f"{path} not found: run this cell in the folder of the lab's notebook, after saving it")
     _check(notebook, lab)
+    if saved and _refuse_without_outputs(notebook, lab):
+        return None
     out = folder / f"{lab}_handin.zip"
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"{lab}.ipynb", json.dumps(notebook, indent=1, ensure_ascii=False))
@@ -111,3 +147,25 @@ def save(lab: str, folder: str | Path = ".", *, notebook: dict | None = None) ->
 
         files.download(str(out))
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m labkit.handin LAB [--folder DIR]`: the hand-in cell's zip, from a shell (after a headless run)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m labkit.handin", description=main.__doc__)
+    ap.add_argument("lab", help="the lab's notebook name without .ipynb, e.g. lab3_profile_fix")
+    ap.add_argument("--folder", default=".", help="the folder of the lab's notebook (default: here)")
+    a = ap.parse_args(argv)
+    if a.lab.endswith(".ipynb"):
+        a.lab = a.lab[: -len(".ipynb")]
+    try:
+        out = save(a.lab, a.folder)
+    except LabkitError as e:
+        print(f"labkit.handin: {e}", file=sys.stderr)
+        return 2
+    return 0 if out is not None or os.environ.get("NBGRADER_EXECUTION") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

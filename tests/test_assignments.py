@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import nbformat
@@ -173,3 +174,63 @@ def test_lab1_states_where_fp16_rounds_to_zero_as_torch_rounds():
     assert "2^-25" in flat and "rounds up to 2^-24" in flat
     # ... and the notebook computes both thresholds rather than typing them.
     assert "torch.finfo(torch.float16).smallest_normal" in text and "torch.nextafter" in text
+
+
+def _handin_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _tiny_lab(folder: Path, lab: str) -> Path:
+    """A lab-shaped notebook with no outputs: its %%writefile cell, one printing cell, the released hand-in cell."""
+    from labkit.notebooks import handin_source
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%%writefile student_scaler.py\nx = 1"),
+                nbformat.v4.new_code_cell("print('my measurement: 1.23 ms')"),
+                nbformat.v4.new_code_cell(handin_source(lab))]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{lab}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_hand_in_refuses_a_saved_notebook_without_outputs_and_says_how_to_hand_in(tmp_path, monkeypatch, capsys):
+    from labkit import handin
+
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    lab = "lab1_loss_scaling"
+    path = _tiny_lab(tmp_path, lab)
+    assert handin.save(lab, tmp_path) is None and not (tmp_path / f"{lab}_handin.zip").exists()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "NO HAND-IN WRITTEN" in err and "no outputs" in err and "Ctrl+S" in err
+    assert f"jupyter nbconvert --to notebook --execute --inplace {lab}.ipynb" in err
+    assert f"python -m labkit.handin {lab}" in err
+    # Once saved with outputs, the same call writes the zip, outputs included.
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="my measurement: 1.23 ms\n")]
+    nbformat.write(nb, path)
+    out = handin.save(lab, tmp_path)
+    with zipfile.ZipFile(out) as z:
+        assert "my measurement" in z.read(f"{lab}.ipynb").decode()
+
+
+def test_a_headless_run_hands_in_its_outputs_by_the_steps_the_hand_in_cell_gives(tmp_path):
+    """`nbconvert --execute --inplace`: the hand-in cell, run before the outputs are saved, refuses and says how;
+    the command line it names then zips the executed notebook, outputs included."""
+    lab = "lab1_loss_scaling"
+    _tiny_lab(tmp_path, lab)
+    nbconvert = str(Path(sys.executable).with_name("jupyter-nbconvert"))
+    run = subprocess.run([nbconvert, "--to", "notebook", "--execute", "--inplace", f"{lab}.ipynb"], cwd=tmp_path,
+                         env=_handin_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]  # the refusal never stops the run that saves the outputs
+    executed = nbformat.read(tmp_path / f"{lab}.ipynb", as_version=4)
+    said = json.dumps(executed.cells[-1].outputs)
+    assert "NO HAND-IN WRITTEN" in said and f"python -m labkit.handin {lab}" in said
+    assert not (tmp_path / f"{lab}_handin.zip").exists()
+    cli = subprocess.run([sys.executable, "-m", "labkit.handin", lab], cwd=tmp_path, env=_handin_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    with zipfile.ZipFile(tmp_path / f"{lab}_handin.zip") as z:
+        assert "my measurement: 1.23 ms" in z.read(f"{lab}.ipynb").decode()
