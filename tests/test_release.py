@@ -266,3 +266,12 @@ def test_student_facing_docs_point_at_the_release_never_at_the_solutions():
     for needle in ("## Running a course", "Fork privately", "course secret", "make student", "_handin.zip",
                    "instructor only", "MANIFEST.json", "ROSTER=roster.csv", "lab3_handouts", "lab3_variants.py"):
         assert needle in guide
+
+
+def test_the_student_readme_says_how_to_install_the_cpu_only_torch_first():
+    """The default torch wheel on Linux pulls in the CUDA libraries: a CPU-only student installs torch's CPU wheel
+    first, then the release (pip then keeps the torch it has: the release asks only torch>=2.3)."""
+    text = release._readme("0.0.0", "owner/name-student")
+    cpu = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in text
+    assert text.index(cpu) < text.index("`pip install .`.", text.index(cpu)), "CPU torch first, then the release"
