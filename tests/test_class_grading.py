@@ -541,9 +541,10 @@ def test_deploy_files_run_the_documented_commands():
     assert "-m autograder merge" in k8s
     readme = (REPO_ROOT / "assignments" / "README.md").read_text()
     for needle in ("slurm_submit.sh", "k8s_grade.yaml", "--shard", "python -m autograder merge",
-                   "export grading", "similarity"):
+                   "export grading", "similarity", "--roster roster.csv", "variant tag"):
         assert needle in readme, needle
     build_parser().parse_args(["grade", AID, "--submissions", "s", "--shard", "3/8", "--allow-ungradable"])
+    assert build_parser().parse_args(["grade", AID, "--submissions", "s", "--roster", "r.csv"]).roster == "r.csv"
     build_parser().parse_args(["merge", "out", "a", "b", "--submissions", "s", "--due", "2025-01-01"])
 
 
