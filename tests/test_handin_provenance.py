@@ -122,3 +122,18 @@ def test_a_failed_nbgrader_run_is_reported_by_its_real_exception():
     assert why.startswith("KeyError: 'written_answer'") and "add_missing_grade_cells" in why, why
     assert "above traceback" not in why
     assert grade.nbgrader_failure("") == "no output (see autograde.log)"
+
+
+def test_lab_1_from_before_its_written_answer_gets_the_question_and_the_answer_back(tmp_path):
+    """The issue's case: lab 1's written answer and the locked question before it, both missing."""
+    from autograder.course import generate_release
+
+    src = course.REPO_ROOT / "assignments"
+    released = generate_release(src, "lab1_loss_scaling", tmp_path / "rel").read_bytes()
+    old = json.loads(released)
+    gone = ("lab1_written_scale_question", "lab1_written_scale")
+    old["cells"] = [c for c in old["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") not in gone]
+    data, missing = course.fill_missing_cells(json.dumps(old).encode(), released)
+    assert missing == list(gone)
+    assert _ids(data) == _ids(released)
+    assert [c["id"] for c in json.loads(data)["cells"]] == list(dict.fromkeys(c["id"] for c in json.loads(data)["cells"]))
