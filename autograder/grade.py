@@ -380,10 +380,11 @@ def _fill_old_release(submitted: Path, course: Course, sub: intake.Submission) -
         data, missing = courses.fill_missing_cells(path.read_bytes(), course.release[n])
         if missing:
             path.write_bytes(data)
-            where = f"release {made}" if made else "an earlier release (its version is not recorded)"
-            notes.append(f"{n}.ipynb was made from {where} and lacks {len(missing)} cell(s) the course's release "
-                         f"{_release_version()} has: {', '.join(missing)}; they were put in from the course's "
-                         "notebook, and the hand-in is graded on the cells it has")
+            where = (f"made from release {made}" if made else
+                     "made from an earlier release (its version is not recorded) or had them deleted")
+            notes.append(f"{n}.ipynb lacks {len(missing)} cell(s) the course's release {_release_version()} has "
+                         f"({where}): {', '.join(missing)}; they were put in from the course's notebook, and the "
+                         "hand-in is graded on the cells it has")
     return notes
 
 

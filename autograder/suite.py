@@ -146,7 +146,7 @@ class SuiteBuilder:
                 self._files(self.notebook(b["wrong_fast"], tests="edit")), Expect(False, False))
         if slow:
             add("slow_correct", "a correct but slow solution", self._files(self.notebook(slow)), Expect(True, False))
-            add("tests_deleted", "slow solution, test cells deleted (nbgrader restores them)",
+            add("tests_deleted", "slow solution, test cells deleted (the grader restores them)",
                 self._files(self.notebook(slow, tests="delete")), Expect(True, False))
             add("patch_kernel", "slow solution plus a cell that patches timers, CUDA events and run_check",
                 self._files(self.notebook(slow, before_tests=self._patch_cell())), Expect(True, False))

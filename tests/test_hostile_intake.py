@@ -188,6 +188,9 @@ def test_dates_the_student_wrote_never_beat_or_hide_the_lmss_own_stamp(tmp_path)
     assert got["jane_doe"].at == two_days and got["sam_li"].at == two_days and got["bo-7"].at == two_days, got
     pol = late.LatePolicy(DUE)
     assert all(late.assess(pol, s, got[s], 10)["days_late"] == 2 for s in ("jane_doe", "sam_li", "bo-7"))
+    # The stamp of an instructor's own pattern (its timestamp group) is not beaten by a D2L date after it either
+    iso = r"^(?P<student_id>[a-z_]+?)_(?P<timestamp>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})_(?P<file>.+)$"
+    assert late.time_from_name("jane_doe_2025-03-06T23:00:00_lab Mar 1, 2025 1000 AM.ipynb", lms_regex=iso) == two_days
     # A plain name carries no LMS stamp, whatever date the student put in it: "not checked", with the reason
     assert late.time_from_name("amy_2025-03-01T10-00-00_lab.ipynb") is None
     assert late.time_from_name("amy_20250301T100000_lab.ipynb") is None
