@@ -189,9 +189,9 @@ def accumulate(weight="share", zero=True, slices=True):
             loss.backward()
             return loss
         total = 0.0
-        for xs, ys in zip(torch.tensor_split(x, micro_batches), torch.tensor_split(y, micro_batches), strict=True):
-            w = xs.shape[0] / x.shape[0] if weight == "share" else 1 / micro_batches
-            part = F.cross_entropy(model(xs), ys) * w
+        for xa, ya in zip(torch.tensor_split(x, micro_batches), torch.tensor_split(y, micro_batches), strict=True):
+            w = xa.shape[0] / x.shape[0] if weight == "share" else 1 / micro_batches
+            part = F.cross_entropy(model(xa), ya) * w
             part.backward()
             total += part.item()
         return total
