@@ -525,7 +525,9 @@ def nvidia_smi(fields=("utilization.gpu", "memory.used", "memory.total", "power.
 def nvtx_range(name: str):
     """Mark a range (a training phase, a step) for Nsight Systems: `torch.cuda.nvtx.range_push/pop` on a CUDA
     machine, a no-op elsewhere, so the same code runs on a CPU. nsys shows the ranges on the NVTX row above the
-    host thread; torch.profiler does not (use `torch.profiler.record_function` for its traces)."""
+    host thread; torch.profiler does not (use `torch.profiler.record_function` for its traces). The other way
+    round, nsys shows `record_function` labels only where PyTorch emits NVTX for them: inside
+    `torch.autograd.profiler.emit_nvtx()`, or under `nsys profile --pytorch=autograd-nvtx`."""
     if not isinstance(name, str) or not name:
         raise LabkitError(f"nvtx_range needs a non-empty name, got {name!r}")
     on = torch.cuda.is_available()
