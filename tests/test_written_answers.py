@@ -196,3 +196,22 @@ def test_script_in_a_written_answer_or_an_output_never_runs_in_the_feedback_page
     assert not re.search(r"<script[^>]*>[^<]*labkit-pwned", body)  # no script tag, no JavaScript output
     assert not re.search(r"<[a-z]+[^>]*\bon[a-z]+\s*=", body, re.I)  # no event handler on any tag
     assert not re.search(r"<a[^>]*href\s*=\s*[\"']?\s*javascript:", body, re.I)
+
+
+def test_lab2s_question_asks_for_runs_that_measure_each_change_alone():
+    """Two changes (packed storage, batched augmentation) need runs that differ in one of them at a time: the cell
+    below the question times the baseline with and without augmentation and the student's loader both ways."""
+    nb = nbformat.read(REPO_ROOT / "assignments" / "source" / "lab2_data_pipeline" / "lab2_data_pipeline.ipynb",
+                       as_version=4)
+    i = next(k for k, c in enumerate(nb.cells)
+             if c.metadata.get("nbgrader", {}).get("grade_id") == "lab2_written_speed_question")
+    question, measure, answer = nb.cells[i:i + 3]
+    assert measure.cell_type == "code" and not measure.metadata.get("nbgrader")
+    assert answer.metadata["nbgrader"]["grade_id"] == "lab2_written_speed"
+    src = measure.source
+    assert "PILFileDataset(paths, labels.tolist(), augment=False)" in src
+    assert "augment=False)" in src.split("PILFileDataset", 1)[1] and "augment=True)" in src
+    assert "bench.torch_threads(1)" in src
+    # The old question compared augment=False and augment=True against an augmenting baseline: no longer asked.
+    assert "with `augment=False` and with `augment=True` against the baseline" not in question.source
+    assert "Change 1 alone" in question.source and "Change 2 alone" in question.source
