@@ -4,11 +4,13 @@
   skipped steps and weights on `labkit.loss_scaling.crafted_sequences`;
 * 3.5 the AMP training loop (autocast forward, scaled backward, unscale_ before clipping, step, update): checked
   against `labkit.amp.AmpTrainer` on the week's tiny MLP, bit for bit, in fp16 autocast on the CPU;
-* 3.9 a reader of a CUDA memory snapshot (peak bytes in use, largest allocations with their stacks): checked against
+* 3.7 bytes per parameter counted from the live tensors of the model and the optimizer: checked against
+  `labkit.amp.measured_bytes_per_param` in fp32, under bf16 autocast, in pure fp16 and with SGD + momentum;
+* 3.10 a reader of a CUDA memory snapshot (peak bytes in use, largest allocations with their stacks): checked against
   `labkit.memory_snapshot` on hand-made snapshots, and on the recorded GPU snapshots when they are present;
-* 3.10 gradient accumulation equal to the big batch: checked against the full batch's gradient.
+* 3.11 gradient accumulation equal to the big batch: checked against the full batch's gradient.
 
-Everything runs on a CPU in a few seconds. The exercises 3.1-3.3 and 3.6-3.8 of the notebook are predictions,
+Everything runs on a CPU in a few seconds. The exercises 3.1-3.3, 3.6, 3.8 and 3.9 of the notebook are predictions,
 checked in the notebook itself.
 """
 
@@ -191,7 +193,43 @@ def check_train_steps(fn) -> str:
             "loop runs with device_type='cuda'")
 
 
-# --------------------------------------------------------------------------------- 3.9 reading a memory snapshot
+# --------------------------------------------------------------------------------- 3.7 bytes per parameter
+
+BYTES_CASES = (("fp32", "adam"), ("bf16", "adam"), ("half", "adam"), ("bf16", "sgd"))
+
+
+def _reference_bytes(model, optimizer):
+    """labkit's count: amp.measured_bytes_per_param (each storage once), without master weights."""
+    got = amp.measured_bytes_per_param(model, optimizer)
+    return {k: got[k] for k in ("params", "grads", "optimizer_state")}
+
+
+@ex.exercise("3.7", "bytes per parameter, counted from the live tensors", reference=lambda: _reference_bytes)
+def check_bytes(fn) -> str:
+    """fn(model, optimizer) -> {"params", "grads", "optimizer_state"}: bytes per model parameter."""
+    lines = []
+    for precision, opt in BYTES_CASES:
+        tr = amp.AmpTrainer(amp.build_mlp("tiny"), precision, device="cpu", optimizer=opt, lr=0.01)
+        tr.step(*amp.teacher_batch(0, 16))
+        want = _reference_bytes(tr.model, tr.optimizer)
+        got = fn(tr.model, tr.optimizer)
+        assert isinstance(got, dict) and set(want) <= set(got), (
+            f"return a dict with {sorted(want)}, got {type(got).__name__}"
+            f"{' with keys ' + str(sorted(got)) if isinstance(got, dict) else ''}")
+        for k, v in want.items():
+            g = float(got[k])
+            if abs(g - v) > 1e-6 * max(1.0, v):
+                hint = {"params": "add up p.untyped_storage().nbytes() over model.parameters()",
+                        "grads": "the same over each p.grad that is not None",
+                        "optimizer_state": "every tensor in optimizer.state[p].values() (Adam keeps exp_avg, "
+                                           "exp_avg_sq and a step counter)"}[k]
+                raise AssertionError(f"{precision} with {opt}: {k} is {v:.4f} bytes per parameter, you found "
+                                     f"{g:.4f}; divide by the number of model parameters and {hint}")
+        lines.append(f"{precision}/{opt} {sum(want.values()):.2f}")
+    return "bytes per parameter as labkit counts them: " + ", ".join(lines)
+
+
+# --------------------------------------------------------------------------------- 3.10 reading a memory snapshot
 
 def _random_snapshot(seed: int, n: int = 400) -> dict:
     """A snapshot of `n` random events that starts empty: allocs, frees (some delayed), segment events."""
@@ -266,7 +304,7 @@ def _peak_with(snap: dict, free_action: str) -> int:
     return best
 
 
-@ex.exercise("3.9", "reading a memory snapshot", reference=lambda: _reference_reader)
+@ex.exercise("3.10", "reading a memory snapshot", reference=lambda: _reference_reader)
 def check_reader(fn) -> str:
     """fn(snapshot, k) -> {"peak_bytes": int, "largest": [(size, frames), ...]} for device 0."""
     _compare_reader(fn, memory_snapshot.synthetic_snapshot(), "the hand-made snapshot (memory_snapshot."
@@ -281,7 +319,7 @@ def check_reader(fn) -> str:
     return f"same peak and largest allocations as labkit's reader on 4 hand-made snapshots {where}"
 
 
-# ------------------------------------------------------------------------------ 3.10 gradient accumulation
+# ------------------------------------------------------------------------------ 3.11 gradient accumulation
 
 def _reference_accumulate(model, x, y, micro_batches):
     """labkit's version: AmpTrainer(..., micro_batches=k).forward_backward, after zeroing the gradients."""
@@ -290,7 +328,7 @@ def _reference_accumulate(model, x, y, micro_batches):
     return tr.forward_backward(x, y)
 
 
-@ex.exercise("3.10", "gradient accumulation equal to the big batch", reference=lambda: _reference_accumulate)
+@ex.exercise("3.11", "gradient accumulation equal to the big batch", reference=lambda: _reference_accumulate)
 def check_accumulate(fn) -> str:
     """fn(model, x, y, micro_batches) leaves the full batch's mean-loss gradient in model's .grad; returns the loss."""
     x, y = amp.teacher_batch(0, 30, amp.MLP_PRESETS["tiny"])

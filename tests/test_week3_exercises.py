@@ -123,7 +123,7 @@ def test_the_loop_check_names_the_missing_piece():
         ex.check("3.5", loop(update=False), quiet=True)
 
 
-# -------------------------------------------------------------------------------------------- 3.9 snapshots
+# -------------------------------------------------------------------------------------------- 3.10 snapshots
 
 def reader(free_action="free_completed", count_segments=False, smallest=False):
     def read_snapshot(snapshot, k=5):
@@ -141,13 +141,13 @@ def reader(free_action="free_completed", count_segments=False, smallest=False):
 
 
 def test_the_reader_check_knows_free_requested_from_free_completed():
-    assert "labkit's reader" in ex.check("3.9", reader(), quiet=True)
+    assert "labkit's reader" in ex.check("3.10", reader(), quiet=True)
     with pytest.raises(ex.Wrong, match="until 'free_completed'"):
-        ex.check("3.9", reader("free_requested"), quiet=True)
+        ex.check("3.10", reader("free_requested"), quiet=True)
     with pytest.raises(ex.Wrong, match="segment_alloc"):
-        ex.check("3.9", reader(count_segments=True), quiet=True)
+        ex.check("3.10", reader(count_segments=True), quiet=True)
     with pytest.raises(ex.Wrong, match="largest first"):
-        ex.check("3.9", reader(smallest=True), quiet=True)
+        ex.check("3.10", reader(smallest=True), quiet=True)
 
 
 def test_snapshot_reading_load_baseline_and_refusals(tmp_path):
@@ -199,13 +199,13 @@ def accumulate(weight="share", zero=True, slices=True):
 
 
 def test_the_accumulation_check_catches_weights_zeroing_and_whole_batches():
-    assert "full batch" in ex.check("3.10", accumulate(), quiet=True)
+    assert "full batch" in ex.check("3.11", accumulate(), quiet=True)
     with pytest.raises(ex.Wrong, match="share of the batch"):
-        ex.check("3.10", accumulate(weight="1/k"), quiet=True)
+        ex.check("3.11", accumulate(weight="1/k"), quiet=True)
     with pytest.raises(ex.Wrong, match="zero them first"):
-        ex.check("3.10", accumulate(zero=False), quiet=True)
+        ex.check("3.11", accumulate(zero=False), quiet=True)
     with pytest.raises(ex.Wrong, match="slices"):
-        ex.check("3.10", accumulate(slices=False), quiet=True)
+        ex.check("3.11", accumulate(slices=False), quiet=True)
 
 
 # ------------------------------------------------------------------------------------ the benchmark script
@@ -239,3 +239,26 @@ def test_the_recorded_memory_split_shows_no_negative_memory():
 
     rows = amp.recorded_memory_split(load_result("week3_amp"))
     assert rows and all(r["step_adds"] >= 0 and r["peak"] == r["state"] + r["step_adds"] for r in rows)
+
+
+# ------------------------------------------------------------------------------------- 3.7 bytes per parameter
+
+def counter(skip_step=False, per_param=True):
+    def fn(model, optimizer):
+        n = sum(p.numel() for p in model.parameters()) if per_param else 1
+
+        def held(ts):
+            return sum(t.untyped_storage().nbytes() for t in ts if isinstance(t, torch.Tensor))
+
+        state = [v for s in optimizer.state.values() for k, v in s.items() if not (skip_step and k == "step")]
+        return {"params": held(model.parameters()) / n, "grads": held(p.grad for p in model.parameters()) / n,
+                "optimizer_state": held(state) / n}
+    return fn
+
+
+def test_the_bytes_check_wants_every_state_tensor_per_parameter():
+    assert "16.00" in ex.check("3.7", counter(), quiet=True)
+    with pytest.raises(ex.Wrong, match="step counter"):
+        ex.check("3.7", counter(skip_step=True), quiet=True)
+    with pytest.raises(ex.Wrong, match="divide by the number of model parameters"):
+        ex.check("3.7", counter(per_param=False), quiet=True)
