@@ -245,7 +245,7 @@ def test_the_recorded_memory_split_shows_no_negative_memory():
 
 def counter(skip_step=False, per_param=True):
     def fn(model, optimizer):
-        n = sum(p.numel() for p in model.parameters()) if per_param else 1
+        n = sum(q.numel() for q in model.parameters()) if per_param else 1
 
         def held(ts):
             return sum(t.untyped_storage().nbytes() for t in ts if isinstance(t, torch.Tensor))
