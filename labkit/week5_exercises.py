@@ -404,7 +404,7 @@ def check_read_nsys(read_nsys) -> str:
 
 VERDICT_KEYS = ("device", "data_share", "gpu_busy_share", "syncs_per_step", "kernels_per_step", "mean_kernel_us",
                 "small_op_share")
-CLEAR_MARGIN = 2.0  # a case is clear when labkit's top cause has at least this times the next one's share
+CLEAR_MARGIN = 2.5  # a case is clear when labkit's top cause has at least this times the next one's share
 
 
 def measured(source) -> dict:
@@ -434,24 +434,51 @@ def _reference_verdict():
     return verdict
 
 
-def clear_cases(live_cpu: bool = True) -> list[tuple[str, D.Diagnosis]]:
-    """(name, labkit's diagnosis) where one cause stands out: the recorded GPU traces of plain PyTorch loops
-    (benchmarks/results/trace_corpus) and, with `live_cpu`, three scenarios profiled here on the CPU."""
+def clear_cases(live_cpu: bool = True) -> list[dict]:
+    """The cases where one cause stands out (CLEAR_MARGIN times the next), each {name, kind, verdict, device,
+    numbers (`measured`)}: the recorded GPU traces of plain PyTorch loops (trace_corpus), the course's scenarios
+    as benchmarks/week5_profiling.py recorded them on a GPU (their shares ranked as `diagnose` ranks them now)
+    and, with `live_cpu`, three scenarios profiled here on the CPU."""
     from labkit import scenarios as S
 
-    out = []
-    for p in sorted((RESULTS_DIR / "trace_corpus").glob("*.pt.trace.json.gz")):
-        out.append((f"{p.name.split('.')[0]} (recorded GPU trace)", D.diagnose(p)))
+    found = [(f"{p.name.split('.')[0]} (recorded GPU trace)", D.diagnose(p))
+             for p in sorted((RESULTS_DIR / "trace_corpus").glob("*.pt.trace.json.gz"))]
     if live_cpu:
         for name, fixed in (("overhead", False), ("compute", False), ("overhead", True)):
             cfg = S.with_changes(S.scenario_config(name, fixed=fixed, quick=True), n_samples=1024)
-            out.append((f"{cfg.name} (profiled here on the CPU)",
-                        P.profile_steps(S.Workload(cfg, "cpu"), "cpu").diagnose()))
-    return [(n, d) for n, d in out if _clear(d)]
+            found.append((f"{cfg.name} (profiled here on the CPU)",
+                          P.profile_steps(S.Workload(cfg, "cpu"), "cpu").diagnose()))
+    out = [{"name": n, "kind": d.kind, "verdict": d.verdict, "device": d.device, "numbers": measured(d),
+            "shares": [c["share"] for c in d.causes]} for n, d in found]
+    out += _recorded_scenarios()
+    return [c for c in out if _clear(c["shares"])]
 
 
-def _clear(d: D.Diagnosis) -> bool:
-    shares = sorted((c["share"] for c in d.causes), reverse=True)
+def _recorded_scenarios() -> list[dict]:
+    """The scenarios of week5_profiling.json (a GPU run), decided from their recorded shares: busy time is
+    compute, idle time goes to its cause; a scenario's data range ranks by its share (in-thread loading)."""
+    path = RESULTS_DIR / "week5_profiling.json"
+    if not path.is_file():
+        return []
+    rec = json.loads(path.read_text())
+    if rec.get("device_type") != "cuda":
+        return []
+    out = []
+    for name, e in rec.get("scenarios", {}).items():
+        for v in ("slow", "fixed"):
+            ev = e.get(v, {}).get("evidence")
+            if not ev or ev.get("gpu_busy_share") is None:
+                continue
+            shares = {"compute": ev["gpu_busy_share"], **ev["idle_by_cause"]}
+            kind = max(shares, key=shares.get)
+            out.append({"name": f"{name}-{v} (recorded on {rec['env'].get('device_name', 'a GPU')})", "kind": kind,
+                        "verdict": f"{D.CAUSES[kind]} {100 * shares[kind]:.0f}% of the step", "device": "cuda",
+                        "numbers": measured(ev), "shares": sorted(shares.values(), reverse=True)})
+    return out
+
+
+def _clear(shares: list[float]) -> bool:
+    shares = sorted(shares, reverse=True)
     return len(shares) < 2 or shares[0] >= CLEAR_MARGIN * shares[1]
 
 
@@ -460,19 +487,19 @@ def check_verdict(verdict) -> str:
     cases = clear_cases()
     assert cases, "no clear cases found (the recorded traces under benchmarks/results/trace_corpus are missing)"
     wrong = []
-    for name, d in cases:
-        m = measured(d)
-        got = verdict(dict(m))
+    for c in cases:
+        got = verdict(dict(c["numbers"]))
         if got not in D.KINDS:
-            raise ex.Wrong(f"Exercise 5.5: return one of {list(D.KINDS)}, not {got!r} (case {name})")
-        if got != d.kind:
-            nums = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items())
-            wrong.append(f"{name}: labkit says {d.kind!r} ({d.verdict}), you said {got!r}; the numbers: {nums}")
+            raise ex.Wrong(f"Exercise 5.5: return one of {list(D.KINDS)}, not {got!r} (case {c['name']})")
+        if got != c["kind"]:
+            nums = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in c["numbers"].items())
+            wrong.append(f"{c['name']}: labkit says {c['kind']!r} ({c['verdict']}), you said {got!r}; "
+                         f"the numbers: {nums}")
     assert not wrong, (f"{len(wrong)} of {len(cases)} clear cases differ:\n  " + "\n  ".join(wrong[:4])
                        + "\nhint: look at data first, then (on a GPU) how busy it is, then how often the host syncs "
                          "for the kernels it launches")
-    kinds = sorted({d.kind for _, d in cases})
-    gpu = any(d.device == "cuda" for _, d in cases)
+    kinds = sorted({c["kind"] for c in cases})
+    gpu = any(c["device"] == "cuda" for c in cases)
     left = "" if gpu else (f"; the recorded GPU traces ({RESULTS_DIR / 'trace_corpus'}) are not here, so no GPU case "
                            f"was checked")
     return f"agrees with labkit.diagnosis on all {len(cases)} clear cases ({', '.join(kinds)}){left}"
