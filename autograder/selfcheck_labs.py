@@ -209,7 +209,7 @@ def lab2_data_wait(p, dev) -> dict:
 
 # ---------------------------------------------------------------------------------- lab 3: the slow script
 
-_RUN3 = {"n": 1024, "batch_size": 64, "data_seed": 0, "init_seed": 0, "seed": 0}
+_RUN3 = lab3.PUBLIC_RUN  # the notebook's seeds and data size, the same as the public timing's
 
 
 def _same(got: dict, ref: dict, steps: int) -> None:
@@ -252,14 +252,16 @@ def lab3_no_host_sync(p, dev) -> dict:
 
 
 def lab3_speedup(p, dev) -> dict:
+    """The notebook's Try-it timing, the same call (lab3.compare_speed: lab3.TIMING), then the tiers."""
     lab3_same_result(p, dev)
-    params = {**_RUN3, "steps": 20}
-    base = _slow_train(p)
-    t = alternate(lambda: lab3.train_run(base, dev, params), lambda: lab3.probe_train(p, params), rounds=3)
+    ab = lab3.compare_speed(_slow_train(p), lab3.student_train(p), dev)
     low, full = (1.2, 1.45) if dev.type == "cpu" else (2.0, 3.0)
-    need(t["ratio"] >= low, f"{t['ratio']:.2f}x the slow script (half the points from {low}x, all from {full}x)")
-    return {"message": f"{t['ratio']:.2f}x the slow script", "fraction": 1.0 if t["ratio"] >= full else 0.5,
-            "measurements": {k: round(v, 4) for k, v in t.items()}}
+    line = lab3.describe_speed(ab)
+    need(ab.ratio >= low, f"{line}: half the points from {low}x, all from {full}x")
+    return {"message": f"{line}; timed {lab3.TIMING}", "fraction": 1.0 if ab.ratio >= full else 0.5,
+            "measurements": {"ratio": round(ab.ratio, 3), "ratio_iqr": round(ab.ratio_iqr, 3),
+                             "baseline_s": round(ab.a.median, 4), "yours_s": round(ab.b.median, 4),
+                             "rounds": len(ab.ratios)}}
 
 
 # ---------------------------------------------------------------------------------- lab 4: the naive step

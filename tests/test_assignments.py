@@ -234,3 +234,78 @@ def test_a_headless_run_hands_in_its_outputs_by_the_steps_the_hand_in_cell_gives
     assert cli.returncode == 0, cli.stderr
     with zipfile.ZipFile(tmp_path / f"{lab}_handin.zip") as z:
         assert "my measurement: 1.23 ms" in z.read(f"{lab}.ipynb").decode()
+
+
+def _lab3_cell(cell_id: str) -> str:
+    return next(c.source for c in _cells(COURSE / "source" / "lab3_profile_fix" / "lab3_profile_fix.ipynb")
+                if c.get("id") == cell_id)
+
+
+def test_lab3_tells_one_timing_story_in_the_notebook_and_the_public_check():
+    """The Try-it cell and the release's speed check make the same call and print the same line, and the notebook
+    describes that timing in the words the check prints (lab3.TIMING)."""
+    import inspect
+
+    from autograder import selfcheck_labs
+    from autograder.student import lab3
+
+    flat = " ".join(_notebook_text("lab3_profile_fix").split())
+    assert " ".join(lab3.TIMING.split()).replace("both loops", "time both loops") in flat
+    try_it = _lab3_cell("4b59557c")
+    assert "lab3_public.compare_speed(slow_train.train, student_fix.train)" in try_it
+    assert "describe_speed(ab)" in try_it and "bench.compare" not in try_it
+    check = inspect.getsource(selfcheck_labs.lab3_speedup)
+    assert "lab3.compare_speed(" in check and "lab3.describe_speed(" in check and "lab3.TIMING" in check
+    assert "alternate(" not in check
+    # The notebook says where the grader's timing differs (a process each), not that the public check does that.
+    assert "each in its own process, interleaved (CPU" not in flat
+
+
+def test_lab3_public_timing_runs_on_one_thread_and_restores_the_count():
+    from autograder import lab3_variants
+    from autograder.student import lab3
+
+    slow = lab3_variants.load(lab3_variants.CLASSIC).train
+    seen = []
+
+    def fixed(*a, **k):
+        seen.append(torch.get_num_threads())
+        return slow(*a, **k)
+
+    before = torch.get_num_threads()
+    ab = lab3.compare_speed(slow, fixed, rounds=3, steps=1)
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    assert len(ab.ratios) == 3 and ab.ratio > 0 and ab.ratio_iqr >= 0
+    line = lab3.describe_speed(ab)
+    assert line.startswith(f"{ab.ratio:.2f}x the slow script (IQR ") and "ms per step" in line
+    with pytest.raises(ValueError, match="rounds >= 3"):
+        lab3.compare_speed(slow, fixed, rounds=1)
+
+
+def test_lab3s_profile_cell_lists_every_marked_site(tmp_path):
+    """The profile cell's line-by-line listing has a row for each of the nine marked sites of slow_train.py."""
+    shutil.copy(COURSE / "source" / "lab3_profile_fix" / "slow_train.py", tmp_path / "slow_train.py")
+    (tmp_path / "cell.py").write_text(_lab3_cell("f33a351c"))
+    env = dict(os.environ, LABKIT_QUICK="1", MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "cell.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    listing = out.stdout.split("site  line")[-1]
+    sites = re.findall(r"^\s+([A-I])\s+\d+\s+\d+", listing, flags=re.M)
+    assert sorted(sites) == list("ABCDEFGHI"), listing
+    assert "gpuGetDeviceCount" not in out.stderr  # the profiler's CUDA probe is silenced on a CPU
+
+
+def test_lab3_says_what_is_expected_of_the_per_batch_copy_as_the_answer_key_scores_it():
+    """`x.to(device)` is a host sync on a GPU (a blocking copy synchronizes the stream): the notebook says so, and
+    says how bottlenecks() scores it, which must be what the variants' answer key does (a decoy: a false alarm)."""
+    from autograder import lab3_variants
+
+    assert "to_device" in lab3_variants.DECOYS and "to_device" not in lab3_variants.FORMS
+    key = lab3_variants.answer_key(lab3_variants.CLASSIC)
+    slow = (COURSE / "source" / "lab3_profile_fix" / "slow_train.py").read_text()
+    copy_site = re.search(r"x\.to\(device\), y\.to\(device\)  # \[([A-I])\]", slow).group(1)
+    assert copy_site not in key
+    flat = " ".join(_notebook_text("lab3_profile_fix").split())
+    assert "synchronizes the stream" in flat and 'set_sync_debug_mode("warn")' in flat
+    assert "a marked line of that kind counts as a false alarm" in flat

@@ -21,6 +21,13 @@ from autograder.student import lab3_slow as slow
 from autograder.student.probes import call, host_sync_sites, require, synchronize
 
 LR, MOMENTUM = 0.05, 0.9  # the optimizer the slow script's __main__ uses; the student's train gets it built
+# The public timing (the notebook's Try-it cell and the release's speed check): one run of each loop per round, on
+# the notebook's seeds and data (made before the clock starts), `SPEED_STEPS` steps each.
+SPEED_ROUNDS, SPEED_STEPS = 9, 20
+PUBLIC_RUN = {"n": 1024, "batch_size": 64, "data_seed": 0, "init_seed": 0, "seed": 0}
+TIMING = (f"both loops in one process, on one CPU thread (on a GPU, by CUDA events), interleaved A-B-B-A after a "
+          f"warm-up round, {SPEED_ROUNDS} rounds of {SPEED_STEPS} steps each on the notebook's seeds; the median of "
+          f"the per-round ratios, with their interquartile range (IQR)")
 
 
 def data(params: dict):
@@ -83,6 +90,11 @@ def _student_train(p):
     return lambda *a, **k: call("train(...)", fn, *a, **k)
 
 
+def student_train(p):
+    """The student's `train`, each call made through the probe (a failure in it is reported as the student's)."""
+    return _student_train(p)
+
+
 def probe_answers(p, params: dict) -> dict:
     """What bottlenecks() declares: its type, and its items as (site, kind) strings, in order."""
     ans = call("bottlenecks()", p.attr("bottlenecks"))
@@ -140,3 +152,31 @@ def probe_slow_train(p, params: dict) -> dict:
     mod = p.state.get("lab3_slow")
     require(mod is not None, "lab3.prepare did not send the slow script's source")
     return _timed(p, mod.train, params)
+
+
+def compare_speed(slow_train, fixed_train, device="cpu", *, rounds: int = SPEED_ROUNDS, steps: int = SPEED_STEPS):
+    """The public timing of lab 3 (`TIMING`): `fixed_train` against `slow_train` on the same fresh model and data.
+
+    Both are functions with the slow script's signature. Returns a labkit.bench.ABResult: ratio = slow seconds /
+    fixed seconds per run (above 1: the fixed loop is faster), ratio_iqr, and each side's seconds per run.
+    On a CPU both run on one thread, the count restored after: on a loaded 2-core machine a second thread waits
+    for a busy core, and the same run can take several times as long from one round to the next.
+    """
+    from labkit import bench  # the trusted side's and the notebook's; the grader's probes never time here
+
+    if rounds < 3 or steps < 1:
+        raise ValueError(f"compare_speed needs rounds >= 3 (for an IQR) and steps >= 1, got {rounds}, {steps}")
+    dev = torch.device(device)
+    params = {**PUBLIC_RUN, "steps": int(steps)}
+    images, labels = data(params)  # made once, before the clock: the two loops time their own work only
+    with bench.torch_threads(1 if dev.type == "cpu" else None):
+        return bench.compare(lambda: train_run(slow_train, dev, params, images, labels),
+                             lambda: train_run(fixed_train, dev, params, images, labels),
+                             device=dev, rounds=rounds, warmup=1)
+
+
+def describe_speed(ab) -> str:
+    """One line for a `compare_speed` result, the same in the notebook and in the public check."""
+    per_step = 1e3 / SPEED_STEPS
+    return (f"{ab.ratio:.2f}x the slow script (IQR {ab.ratio_iqr:.2f}; {ab.b.median * per_step:.1f} against "
+            f"{ab.a.median * per_step:.1f} ms per step)")
