@@ -42,6 +42,8 @@ INSTRUCTOR_ONLY = ["lab3_variants.py", "course_secret.py"]
 # The labels hidden values are derived from (course_secret.seed/rng/derive("label", ...)): trusted code's words.
 HMAC_LABEL = re.compile(r"course_secret\.(?:seed|rng|derive)\(\s*f?[\"']([^\"'{]+)")
 LAB3_SLOW = "labs/lab3_profile_fix/slow_train.py"
+# Folders of recorded artifacts under benchmarks/results that a notebook reads and a CPU student needs whole.
+ARTIFACT_DIRS = ("week3_snapshot",)
 SOLUTION_MARKERS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"]
 # Module-level names of the trusted checks whose values are answers or hidden cases.
 SECRET_NAME = re.compile(r"HIDDEN|ANSWER|SECRET", re.I)
@@ -94,10 +96,13 @@ def check_writable(out: Path) -> Path:
 
 
 def _results(root: Path) -> list[Path]:
-    """Recorded results the weekly notebooks or labkit name (grading results stay out)."""
+    """Recorded results the weekly notebooks or labkit name (grading results stay out): JSON records, and the
+    folders of recorded artifacts a notebook reads (week 3's memory snapshots), named the same way."""
     text = "".join(p.read_text() for p in [*(root / "notebooks").glob("*.ipynb"), *(root / "labkit").glob("*.py")])
-    return [p for p in sorted((root / "benchmarks" / "results").glob("*.json"))
-            if not p.stem.startswith("grade") and re.search(rf'\\?["\']{re.escape(p.stem)}\\?["\']', text)]
+    found = [*sorted((root / "benchmarks" / "results").glob("*.json")),
+             *sorted(p for p in (root / "benchmarks" / "results").iterdir() if p.is_dir() and p.name in ARTIFACT_DIRS)]
+    return [p for p in found
+            if not p.stem.startswith("grade") and re.search(rf'\\?["\']{re.escape(p.name if p.is_dir() else p.stem)}\\?["\']', text)]
 
 
 def _pyproject(root: Path) -> str:
@@ -130,7 +135,7 @@ labkit = "{proj["scripts"]["labkit"]}"
 include = ["labkit*", "autograder*"]
 
 [tool.setuptools.package-data]
-labkit = ["results/*.json"]
+labkit = ["results/*.json", {json.dumps([f"results/{d}/*" for d in ARTIFACT_DIRS])[1:-1]}]
 '''
 
 
@@ -214,7 +219,10 @@ def assemble(stage: Path, *, root: Path = ROOT, course: Path | None = None) -> N
     for p in sorted((root / "labkit").glob("*.py")):
         _copy(p, stage / "labkit" / p.name)
     for p in _results(root):
-        _copy(p, stage / "labkit" / "results" / p.name)
+        if p.is_dir():
+            shutil.copytree(p, stage / "labkit" / "results" / p.name)
+        else:
+            _copy(p, stage / "labkit" / "results" / p.name)
     (stage / "autograder" / "student").mkdir(parents=True)
     (stage / "autograder" / "__init__.py").write_text(RELEASE_INIT)
     (stage / "autograder" / "harness.py").write_text(RELEASE_HARNESS)
