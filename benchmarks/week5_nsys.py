@@ -1,10 +1,10 @@
 """Week 5's Nsight Systems run: an NVTX-annotated ResNet-18 training loop under `nsys profile`, and its summaries.
 
-    python benchmarks/week5_nsys.py                      # a CUDA GPU with nsys: about a minute
+    python benchmarks/week5_nsys.py                      # a CUDA GPU with nsys: a few minutes
     python benchmarks/week5_nsys.py --out /tmp/w5nsys    # anywhere else (default: benchmarks/results/week5_nsys)
 
 The script runs itself (`--child`) under
-`nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop`, so only the
+`nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop`, so only the
 steps between torch.cuda.profiler.start() and stop() are recorded, after warm-up. The child trains ResNet-18
 (labkit.models) on CIFAR-shaped batches made on the host each step (a random batch of uint8 images, random
 crop and flip, pinned, copied with non_blocking=True, normalized on the GPU), with the NVTX ranges `step` and,
@@ -14,8 +14,10 @@ labkit.profiling.read_nsys_stats reads them: the dominant kernel and the data ra
 
 In --out: week5_nsys.nsys-rep, the two summaries, and week5_nsys.json (status, card, torch, commit, the
 commands, the reading). nsys is looked for on PATH and where CUDA and Nsight installers put it
-(labkit.profiling.find_nsys). Where there is no CUDA GPU, nothing is written. Where nsys is missing, fails, or
-leaves no report (seen on a lent GPU machine: a .qdstrm written, no .nsys-rep made from it), the JSON says so
+(labkit.profiling.find_nsys). Where nsys leaves only its raw .qdstrm (seen on a lent H200, with the nsys
+bundled in Nsight Compute: "Importer error status", importation skipped), QdstrmImporter is tried on it where
+one is found. Where there
+is no CUDA GPU, nothing is written. Where nsys is missing, fails, or leaves no report, the JSON says so
 (status "nsys missing", "nsys failed", "no report" or "stats failed", with nsys's last lines of output) and the
 exit code is 1: a failed run is recorded as failed, never as a result.
 """
@@ -124,6 +126,46 @@ def _stats(nsys: str, rep: Path, out: Path, timeout: float) -> dict:
     return done
 
 
+IMPORTER_PLACES = ("/opt/nvidia/nsight-systems/*/host-linux-x64/QdstrmImporter",
+                   "/opt/nvidia/nsight-compute/*/host/*/QdstrmImporter", "/usr/local/cuda/nsight-systems-*/host-linux-x64/QdstrmImporter",
+                   "/usr/local/cuda/bin/QdstrmImporter")
+
+
+def find_importer(nsys: str) -> str | None:
+    """QdstrmImporter, the tool that turns nsys's raw .qdstrm into a .nsys-rep: beside nsys, or where Nsight
+    installers put it; None if absent."""
+    here = Path(nsys).resolve().parent
+    for cand in [here / "QdstrmImporter", here.parent / "host-linux-x64" / "QdstrmImporter"]:
+        if cand.is_file():
+            return str(cand)
+    for pattern in IMPORTER_PLACES:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def _import_qdstrm(nsys: str, stem: Path, timeout: float, base: dict) -> Path | None:
+    """Where nsys left only a .qdstrm, try QdstrmImporter on it; records what happened in `base`."""
+    raw = Path(f"{stem}.qdstrm")
+    if not raw.is_file():
+        return None
+    importer = find_importer(nsys)
+    base["importer"] = importer
+    if importer is None:
+        return None
+    cmd = [importer, "--input-file", str(raw)]
+    base["commands"].append(shlex.join(cmd))
+    try:
+        r = _run(cmd, timeout)
+    except subprocess.TimeoutExpired:
+        base["import_output"] = [f"QdstrmImporter ran past {timeout:.0f} s"]
+        return None
+    base["import_output"] = _tail(r.stdout + "\n" + r.stderr)
+    rep = Path(f"{stem}.nsys-rep")
+    return rep if rep.is_file() else None
+
+
 def parent(args) -> int:
     if not torch.cuda.is_available():
         print("week5_nsys needs a CUDA GPU (Nsight Systems records CUDA kernels and NVTX ranges); nothing written")
@@ -132,6 +174,7 @@ def parent(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     nsys = args.nsys or profiling.find_nsys()
     base = {"config": {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "width": args.width,
+                       "osrt": args.osrt,
                        "model": "labkit.models.resnet18", "ranges": ["step", "data", "forward", "backward", "optimizer"]},
             "nsys": nsys}
     if nsys is None:
@@ -145,7 +188,7 @@ def parent(args) -> int:
             Path(old).unlink()
     child_cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--steps", str(args.steps),
                  "--warmup", str(args.warmup), "--batch", str(args.batch), "--width", str(args.width)]
-    prof_cmd = [nsys, "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+    prof_cmd = [nsys, "profile", "--trace=cuda,nvtx" + (",osrt" if args.osrt else ""), "--capture-range=cudaProfilerApi",
                 "--capture-range-end=stop", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true",
                 f"--output={stem}", *child_cmd]
     base["commands"] = [shlex.join(prof_cmd)]
@@ -158,6 +201,8 @@ def parent(args) -> int:
     base["profile_s"] = time.perf_counter() - t0
     base["profile_output"] = _tail(prof.stdout + "\n" + prof.stderr)
     rep = Path(f"{stem}.nsys-rep")
+    if not rep.is_file():
+        rep = _import_qdstrm(nsys, stem, args.timeout, base) or rep
     if not rep.is_file():
         left = sorted({Path(p).name for p in glob.glob(f"{stem}*") + glob.glob(str(out / "*.qdstrm"))
                        if not p.endswith(".json")})
@@ -192,6 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10, help="steps before the capture range")
     ap.add_argument("--batch", type=int, default=256, help="images per step")
     ap.add_argument("--width", type=int, default=64, help="ResNet-18 width (64: the standard one)")
+    ap.add_argument("--osrt", action="store_true", help="also trace OS runtime calls (a much larger report)")
     ap.add_argument("--nsys", help="the nsys executable (default: found on PATH or in the usual places)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds each nsys command may take")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -394,9 +394,10 @@ def check_read_nsys(read_nsys) -> str:
         assert abs(data - want["data_share"]) <= 1e-3, (
             f"{label}: the data range's total time over the step range's is {want['data_share']:.4f}, you said "
             f"{data!r} (nsys may print range names with a leading ':')")
-    skipped = ("" if shipped is not None else
-               f"; no recorded nsys run in {NSYS_DIR.parent.name}/{NSYS_DIR.name} (benchmarks/week5_nsys.py on a GPU "
-               f"makes one), so only the samples were read")
+    made = nsys_record()
+    why = (f"the recorded run made no summaries (status: {made.get('status')})" if made is not None
+           else f"no recorded nsys run in {NSYS_DIR.parent.name}/{NSYS_DIR.name}")
+    skipped = "" if shipped is not None else f"; {why}, so only the samples were read"
     return f"read {', '.join(cases)}{skipped}"
 
 

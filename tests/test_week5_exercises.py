@@ -343,4 +343,5 @@ def test_the_nsys_script_records_a_missing_nsys_and_a_run_that_left_no_report(tm
     rec = json.loads((tmp_path / "b" / "week5_nsys.json").read_text())
     assert rec["status"] == "no report" and rec["files_left"] == ["week5_nsys.qdstrm"]
     assert "Generating report failed" in rec["profile_output"] and "fake" in rec["nsys_version"]
-    assert rec["commands"][0].startswith(f"{fake} profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi")
+    assert rec["commands"][0].startswith(f"{fake} profile --trace=cuda,nvtx --capture-range=cudaProfilerApi")
+    assert rec["importer"] is None  # no QdstrmImporter here to turn the .qdstrm into a report
