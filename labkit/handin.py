@@ -66,7 +66,9 @@ def _refuse_without_outputs(nb: dict, lab: str) -> bool:
           f"answers are\ngraded against those outputs.\n"
           f"- In Jupyter: run every cell, save the notebook (Ctrl+S), then run this cell again.\n"
           f"- Headless (jupyter nbconvert --execute): the outputs are saved only when the run ends, after this "
-          f"cell, and\n  only into the notebook itself with --inplace. In this folder, run\n"
+          f"cell. If this run\n  is `jupyter nbconvert --to notebook --execute --inplace {lab}.ipynb`, let it end, "
+          f"then run, in this folder,\n      python -m labkit.handin {lab}\n  Without --inplace the outputs go to a "
+          f"copy ({lab}.nbconvert.ipynb) that the hand-in does not read:\n  run both\n"
           f"{headless_steps(lab, '      ')}\n{bar}", file=sys.stderr)
     return True
 
