@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-from autograder import commands
+from autograder import commands, shown
 from labkit.cli import run
 
 PRESET_NAMES = ("class", "quick")  # autograder.grade.PRESETS, named here so --help need not import the grader
@@ -78,7 +78,7 @@ def _cli_grade(args) -> int:
     if cfg.jobs is not None and cfg.jobs < 1:
         raise LabkitError("--jobs must be at least 1")
     rep = grade_class(args.assignment, args.submissions, cfg)
-    print((rep.out / "summary.txt").read_text(), end="")
+    print(shown.block((rep.out / "summary.txt").read_text()), end="")
     graded = sum(r.status == "graded" for r in rep.results)
     wrote = [p for p in (rep.out / "grades.csv", rep.out / "feedback", rep.out / "gradebook.db") if p.exists()]
     print(f"\n{len(rep.results)} students: {graded} graded, {len(rep.results) - graded} not graded "

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder import gpu_policy, late, manual, review
+from autograder import gpu_policy, late, manual, review, shown
 from labkit.bench import write_json
 
 MANIFEST = "class.json"
@@ -123,7 +123,7 @@ def _extend_csv(path: Path, rows: list[dict]) -> None:
                   "manual_points": f"{r.get('manual_points', 0):g}",
                   "pending_manual_points": f"{r.get('pending_manual_points', 0):g}",
                   "provisional": "yes" if r.get("provisional") else "no"})
-        w.writerow(o)
+        w.writerow(shown.csv_row(o))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")
     os.replace(tmp, path)
@@ -197,7 +197,7 @@ def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], j
     extra = summary_lines(rows, policy, shard)
     if extra:
         with (out / "summary.txt").open("a", encoding="utf-8") as f:
-            f.write("\n".join(extra) + "\n")
+            f.write("\n".join(shown.line(x) for x in extra) + "\n")
     summary = out / "summary.json"
     if summary.exists():
         d = json.loads(summary.read_text())

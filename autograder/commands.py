@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from autograder import shown
+
 
 def add_late_args(p: argparse.ArgumentParser) -> None:
     """Options of the late policy (autograder.late.LatePolicy)."""
@@ -146,7 +148,7 @@ def _cli_merge(args) -> int:
     rep = merge.merge(args.slices, args.out, submissions=args.submissions, roster=args.roster,
                       policy=late_policy(args), lms_regex=args.lms_regex or intake.LMS_REGEX,
                       progress=not args.no_progress, manual_scores=args.manual_scores)
-    print((rep.out / "summary.txt").read_text(), end="")
+    print(shown.block((rep.out / "summary.txt").read_text()), end="")
     print("\n" + table([[s["shard"] or "-", len(s["students"]), s["folder"]] for s in rep.slices],
                        ["slice", "students", "folder"]), end="")
     print(f"{len(rep.results)} students merged into {rep.out}; missing: {len(rep.missing)}; "
@@ -162,7 +164,7 @@ def _cli_export(args) -> int:
     dest = args.dest or str(Path(args.out) / "lms" / args.to)
     for line in lms.export(args.out, args.to, dest, title=args.title, roster=args.roster,
                            submissions=args.submissions, lms_regex=args.lms_regex or intake.LMS_REGEX):
-        print(line)
+        print(shown.line(line))
     return 0
 
 
@@ -186,7 +188,7 @@ def _cli_similarity(args) -> int:
     pairs, txt = similarity.run(args.assignment, args.submissions, course=args.course,
                                 out=args.out or default_out(args.assignment), starter=args.starter, cfg=cfg,
                                 lms_regex=args.lms_regex, progress=not args.no_progress)
-    print(txt.read_text(), end="")
+    print(shown.block(txt.read_text()), end="")
     print(f"wrote {txt} and {txt.with_suffix('.json')}")
     return 0
 

@@ -46,6 +46,7 @@ from autograder import (
     manual,
     report,
     shard,
+    shown,
     trusted,
 )
 from autograder import course as courses
@@ -610,7 +611,7 @@ def load_result(path: Path, key: bytes | None = None, student_id: str | None = N
 def _setup_logging(out: Path) -> logging.Handler:
     out.mkdir(parents=True, exist_ok=True)
     h = logging.FileHandler(out / "grade_log.txt", encoding="utf-8")
-    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    h.setFormatter(shown.LogFormatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     log.addHandler(h)
     log.setLevel(logging.INFO)
     return h
@@ -744,7 +745,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
     except LabkitError as e:
         log.error("run stopped: %s", e)
         with contextlib.suppress(OSError), (out / "summary.txt").open("a", encoding="utf-8") as f:
-            f.write(f"{_now()} run stopped before grading: {e}\n")
+            f.write(f"{_now()} run stopped before grading: {shown.line(e)}\n")
         raise
     finally:
         log.removeHandler(handler)

@@ -33,6 +33,7 @@ import nbformat
 from autograder import lmsnames
 from autograder.feedback import MAX_CELLS, MAX_OUTPUTS
 from autograder.sandbox import MAX_JSON_VALUES, json_values
+from autograder.shown import name as shown  # noqa: F401 (also intake.shown, for callers)
 from autograder.spool import Spool, TooLarge
 from labkit.env import LabkitError
 
@@ -79,12 +80,6 @@ def safe_id(raw: str) -> str:
     """A student id usable as a folder name and nbgrader id (letters, digits, '_', '.', '-')."""
     s = re.sub(r"[^A-Za-z0-9_.\-]+", "_", raw.strip()).strip("._-")
     return s[:64] or "unnamed"
-
-
-def shown(name: str) -> str:
-    """A student-chosen file name as it may appear in a report line: quoted and escaped when it holds line breaks
-    or other control characters (a name must not start a forged line in summary.txt)."""
-    return name if name.isprintable() else repr(name)
 
 
 def extract_zip(archive: Path, dest: Path) -> list[str]:

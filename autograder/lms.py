@@ -18,7 +18,6 @@ inputs. `run_gradescope` is what the `run_autograder` entry point (autograder/de
 from __future__ import annotations
 
 import csv
-import html
 import io
 import json
 import re
@@ -27,7 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, grade, intake, late, lmsnames, manual
+from autograder import classbook, grade, intake, late, lmsnames, manual, shown
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -119,11 +118,11 @@ def canvas_csv(results: list, rows: dict[str, dict], *, title: str, points: floa
         cid = (names or {}).get(r.student_id, {}).get("canvas_id")
         hit = _roster_match(roster, r.student_id, cid) if roster else None
         if hit:
-            w.writerow([hit.get(c, "") for c in CANVAS_ID_COLUMNS] + [f"{total:g}"])
+            w.writerow(shown.csv_row([hit.get(c, "") for c in CANVAS_ID_COLUMNS] + [f"{total:g}"]))
             continue
         if roster or not cid:
             unmatched.append(r.student_id)
-        w.writerow([r.student_id, cid or "", "", r.student_id, "", f"{total:g}"])
+        w.writerow(shown.csv_row([r.student_id, cid or "", "", r.student_id, "", f"{total:g}"]))
     return buf.getvalue(), unmatched
 
 
@@ -133,7 +132,8 @@ def canvas_csv(results: list, rows: dict[str, dict], *, title: str, points: floa
 def _check_output(c: dict) -> str:
     m = {k: v for k, v in (c.get("measurements") or {}).items() if isinstance(v, (int, float, str, bool))}
     nums = "; ".join(f"{k}: {v}" for k, v in list(m.items())[:12])
-    return (c.get("message") or "") + (f"\n{nums}" if nums else "")
+    # a person reads it on Gradescope: each piece on one line, so the student's words cannot forge another
+    return shown.line(c.get("message") or "") + (f"\n{shown.line(nums)}" if nums else "")
 
 
 def gradescope_results(res, row: dict | None = None, calls: list[dict] | None = None) -> dict:
@@ -156,7 +156,7 @@ def gradescope_results(res, row: dict | None = None, calls: list[dict] | None = 
                       "visibility": "visible"})
     if row.get("late_penalty"):
         tests.append({"name": "late penalty", "score": -float(row["late_penalty"]), "max_score": 0.0,
-                      "output": row.get("late_note", ""), "visibility": "visible"})
+                      "output": shown.line(row.get("late_note", "")), "visibility": "visible"})
     output = [res.message or f"{res.score:g} / {res.max_score:g} points"]
     if res.status != "graded":
         output.append(f"not graded: {res.cause}")
@@ -165,7 +165,7 @@ def gradescope_results(res, row: dict | None = None, calls: list[dict] | None = 
         output.append(_provisional(row))
     # No execution_time: the run's wall time includes the hidden checks', which a hand-in can stretch by its inputs
     return {"score": float(row.get("total", res.score)),
-            "output": "\n".join(output), "visibility": "visible", "stdout_visibility": "hidden",
+            "output": "\n".join(map(shown.line, output)), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests, "extra_data": {"checks": res.checks, "hardware": res.hardware,
                                            "provisional": bool(row.get("provisional")),
                                            "pending_manual_points": row.get("pending_manual_points", 0.0)}}
@@ -293,7 +293,7 @@ def _gradescope_student_file(sub: Path, lab: str, aid: str, tmp: Path) -> Path |
 
 
 def _bundle_box(res, row: dict) -> str:
-    e = html.escape
+    e = shown.html
     items = [f"<li>autograded score: {res.score:g} / {res.max_score:g}</li>"]
     if row.get("extra_credit"):
         items.append(f"<li>extra credit (bonus tier): +{row['extra_credit']:g}</li>")

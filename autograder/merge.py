@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import classbook, grade, intake, manual, report
+from autograder import classbook, grade, intake, manual, report, shown
 from autograder.late import LatePolicy
 from labkit.env import LabkitError
 
@@ -163,6 +163,6 @@ def merge(folders: list[str | Path], out: str | Path, *, submissions: str | Path
     if rejected:
         lines += ["rejected done-markers:"] + [f"  {x}" for x in rejected]
     with (out / "summary.txt").open("a", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(shown.line(x) for x in lines) + "\n")
     return MergeReport(out, results, [{"folder": str(f), "shard": m.get("shard"), "students": sorted(r)}
                                       for f, _, m, r, _ in slices], missing, rejected)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook
 
-from autograder import manual
+from autograder import manual, shown
 from labkit.bench import write_json
 
 
@@ -231,7 +231,7 @@ def _measure_list(m: dict) -> str:
 
 def summary_box(res) -> str:
     """An HTML block with the final score, every re-run check with its measurements, and what the grader noticed."""
-    e = html.escape
+    e = shown.html
     rows = []
     for s in res.checks:
         verdict = {True: "passed", False: "failed", None: "not gradable here"}[s.get("passed")]
@@ -292,7 +292,7 @@ _LATE_START, _LATE_END = "<!--labkit-late-->", "<!--/labkit-late-->"
 def late_box(row: dict, *, grace_s: float = 0.0, extended: bool = False) -> str:
     """HTML for a student's late-work assessment (a classbook.final_rows row): submitted at, due date, days
     late after grace and extension, the penalty in points, and the total before and after it."""
-    e = html.escape
+    e = shown.html
     before = float(row.get("score") or 0.0) + float(row.get("extra_credit") or 0.0)
     penalty = float(row.get("late_penalty") or 0.0)
     due = e(str(row.get("due") or "?")) + (" (your extension)" if extended else "")
@@ -365,7 +365,7 @@ def write_csv(path: Path, course, results: list) -> None:
                "notes": " | ".join(r.notes), "finished_at": r.finished_at}
         for c in r.cells:
             row[c["cell"]] = "pending" if c.get("manual") and c.get("needs_manual") else f"{c['score']:g}"
-        w.writerow(row)
+        w.writerow(shown.csv_row(row))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")
     os.replace(tmp, path)
@@ -375,7 +375,7 @@ def summary_text(course, results: list, junk: list[str], hardware: list[dict]) -
     """The end-of-run table: one line per student, then failures by cause, score statistics and skipped input."""
     lines = [f"assignment {course.assignment}: {len(results)} students, max {course.max_score:g} points",
              "hardware: " + "; ".join(f"{h['card']} ({h['class']})" for h in hardware), ""]
-    w = max([len(r.student_id) for r in results] + [7])
+    w = max([len(shown.line(r.student_id)) for r in results] + [7])
     lines.append(f"{'student':<{w}}  {'score':>11}  {'status':<11} cause / message")
     for r in results:
         extra = r.cause or ""
@@ -383,7 +383,7 @@ def summary_text(course, results: list, junk: list[str], hardware: list[dict]) -
             extra = f"{r.cause}: {r.message}"
         if r.flags:
             extra += ("; " if extra else "") + "FLAGGED: " + r.flags[0]
-        lines.append(f"{r.student_id:<{w}}  {r.score:>5g} / {r.max_score:<3g}  {r.status:<11} {extra}")
+        lines.append(f"{shown.line(r.student_id):<{w}}  {r.score:>5g} / {r.max_score:<3g}  {r.status:<11} {extra}")
     causes = Counter(r.cause for r in results if r.cause)
     lines += ["", "failures by cause:" if causes else "failures by cause: none"]
     lines += [f"  {c:<24} {n}" for c, n in causes.most_common()]
@@ -399,7 +399,8 @@ def summary_text(course, results: list, junk: list[str], hardware: list[dict]) -
         lines.append("flagged for a look: " + ", ".join(flagged))
     if junk:
         lines += ["", "skipped input:"] + [f"  {j}" for j in junk]
-    return "\n".join(lines) + "\n"
+    # Every line escaped whole: ids, causes, messages, flags and skipped names are the students' (autograder.shown)
+    return "\n".join(shown.line(x) for x in lines) + "\n"
 
 
 def write_outputs(out: Path, course, results: list, junk: list[str], hardware: list[dict], write) -> None:
