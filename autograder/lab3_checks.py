@@ -219,7 +219,10 @@ def check_speedup(ctx) -> dict:
 
     Every round (warm-up included) runs both on fresh seeds and data, made ahead outside the timing, and the
     student's timed reply must match the slow script's reply of the same round: a loop that is right when
-    checked but skips or reuses work when timed gets no speed points.
+    checked but skips or reuses work when timed gets no speed points. The data is made here, on the trusted
+    side, and travels inside each timed request to both processes alike: a call into the student's process
+    before the clock starts (as a preparation step was) is time their code could spend on the timed run's
+    work, converting or moving its data, at no cost to the ratio.
     """
     t0 = time.monotonic()
     _same_result(ctx, steps=8)  # correctness gates speed
@@ -230,14 +233,14 @@ def check_speedup(ctx) -> dict:
         """One measurement of k timed runs (its warm-up first), on data made ahead for fresh seeds."""
         off = len(seeds)
         seeds.extend(_fresh_seeds() for _ in range(SPEED_WARMUP + k))
-        prep = {"n": _run_params(ctx, steps, PUBLIC_SEEDS)["n"], "data_seeds": [s["data_seed"] for s in seeds[off:]]}
-        # The student's side last: the timing starts right after its reply, with the baseline's run (student
-        # frozen). The baseline's process gets the variant's source: it times the student's own slow script.
-        ctx.baseline_call("lab3.prepare", {**prep, "slow_source": variant(ctx)[2]} if not off else prep)
-        ctx.call("lab3.prepare", prep)
+        n = _run_params(ctx, steps, PUBLIC_SEEDS)["n"]
+        made = [scen.data({"n": n, "data_seed": s["data_seed"]}) for s in seeds[off:]]  # here, untimed
+        if not off:  # the baseline's process times the student's own slow script: it gets the variant's source
+            ctx.baseline_call("lab3.prepare", {"n": n, "data_seeds": [], "slow_source": variant(ctx)[2]})
 
         def request(probe):
-            return lambda r: (probe, {**_run_params(ctx, steps, seeds[off + r]), "round": off + r})
+            return lambda r: (probe, {**_run_params(ctx, steps, seeds[off + r]), "round": off + r,
+                                      "images": made[r][0], "labels": made[r][1]})
 
         return ctx.compare(request("lab3.slow_train"), request("lab3.timed_train"), rounds=k, warmup=SPEED_WARMUP,
                            check_base=rounds.on_base, check_student=rounds.on_student)

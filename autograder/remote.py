@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from autograder import pinning
 from autograder.course_secret import ENV as SECRET_ENV
 from autograder.disk_cap import child_limits
 from autograder.jail import GRADER_ROOT, Jail
@@ -67,6 +68,9 @@ class Remote:
         self._frozen = False
         self._frozen_tasks: dict = {}
         self.disk = jail.disk_watch()
+        # the same CPU set and thread count for the student's runner and the baseline's, set from here
+        self.pin = pinning.for_device(device.split(":")[0])
+        jail.env.update(self.pin.env())
         parent, child = socket.socketpair()
         cmd = [sys.executable, "-m", "autograder.student.runner", "--fd", str(child.fileno()), "--device", device]
         if student_file is not None:
@@ -76,12 +80,13 @@ class Remote:
         # grader, it can read its parent's environment. Trusting submissions trusts them with the secret.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JPY_")) and k != SECRET_ENV}
         env.update(PYTHONPATH=str(GRADER_ROOT) if jail.trusted else jail.python_path(), PYTHONUNBUFFERED="1",
-                   PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
+                   PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg",
+                   **self.pin.env())
         self.proc = subprocess.Popen(jail.command(cmd), cwd=str(work_dir), env=jail.host_env(env),
                                      pass_fds=[child.fileno()],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True,
-                                     preexec_fn=child_limits(self.disk.limit_bytes))
+                                     preexec_fn=pinning.preexec(self.pin, child_limits(self.disk.limit_bytes)))
         child.close()
         self.sock = parent
         self.output = _Capture(self.proc.stdout, 32 * 1024)
@@ -123,6 +128,17 @@ class Remote:
                 # grader's CPU beside the other side's timing (a hand-in could plant files to make it costly).
                 self._fail("disk")
             time.sleep(0.1)
+
+    def check_pinned(self) -> None:
+        """Raise if a process of this runner left the CPU set both sides were pinned to (autograder.pinning): a
+        timing of the student's then compares more CPUs with fewer; the baseline's is the grader's fault."""
+        why = self.pin.drift(self.members())
+        if why is None:
+            return
+        if self.student_file is not None:
+            raise StudentFailed(f"the submission's code changed its CPU affinity while it was timed ({why}): "
+                                "its speed is not comparable with the baseline's")
+        raise RemoteFailed(f"the baseline's process left its CPU set ({why})", "grader")
 
     def _fail(self, cause: str) -> None:
         self.cause = self.cause or cause
@@ -319,6 +335,7 @@ def interleaved(a: Remote, req_a, b: Remote, req_b, *, rounds: int, warmup: int 
             try:
                 result, dt = remote.call(probe, params, timeout_s=timeout_s)
                 other.check_frozen()
+                remote.check_pinned()
             finally:
                 other.thaw()
             if check is not None:

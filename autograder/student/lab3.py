@@ -135,15 +135,27 @@ def probe_prepare(p, params: dict) -> dict:
 
 
 def _timed(p, train, params: dict) -> dict:
-    prepared = p.state.get("lab3_data", {}).pop(str(params["data_seed"]), None)
-    images, labels = prepared if prepared is not None else data(params)
+    if isinstance(params.get("images"), torch.Tensor):  # made by the grader, sent inside the timed request
+        images, labels = _sent_data(params)
+    else:
+        prepared = p.state.get("lab3_data", {}).pop(str(params["data_seed"]), None)
+        images, labels = prepared if prepared is not None else data(params)
     out = train_run(train, p.device, params, images, labels)
     synchronize(p.device)
     return out
 
 
+def _sent_data(params: dict):
+    images, labels = params["images"], params["labels"]
+    n = int(params["n"])
+    require(isinstance(labels, torch.Tensor) and images.dtype == torch.uint8 and tuple(images.shape) == (n, 32, 32, 3)
+            and labels.dtype == torch.int64 and tuple(labels.shape) == (n,), "the timed run's data is malformed")
+    return images, labels
+
+
 def probe_timed_train(p, params: dict) -> dict:
-    """A timed run of the student's train on data made ahead by probe_prepare; the trusted side checks it."""
+    """A timed run of the student's train on the data sent with the request (made by the grader, outside the
+    timing); the trusted side checks its result."""
     return _timed(p, _student_train(p), params)
 
 

@@ -32,7 +32,10 @@ def _setup(device: str):
 
     dev = pick_device(device)
     torch.backends.cudnn.benchmark = False
-    if dev.type == "cpu":
+    threads = os.environ.get("LABKIT_TORCH_THREADS", "")  # autograder.pinning: the baseline's and the student's
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))  # before the student's code loads: both runners start equal
+    elif dev.type == "cpu":
         # One intra-op thread: on a small or busy machine extra OpenMP threads spin-wait on each other and make
         # small ops 10-100x slower, so CPU timings would measure the machine's load, not the code.
         torch.set_num_threads(1)
