@@ -141,7 +141,7 @@ def _ref_step():
     def make_train_step(model: nn.Module, lr: float, *, momentum: float = 0.9, weight_decay: float = 5e-4,
                         label_smoothing: float = 0.1):
         dev = next(model.parameters()).device
-        model.to(memory_format=torch.channels_last)  # NHWC weights: oneDNN's and cuDNN's preferred layout
+        model = model.to(memory_format=torch.channels_last)  # NHWC weights: oneDNN's and cuDNN's layout
         sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=True,
                               weight_decay=weight_decay, fused=True)
         smooth = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -381,7 +381,7 @@ def _ref_tta():
         if not 0.0 < target <= 1.0:
             raise ValueError(f"target is an accuracy as a fraction in (0, 1], got {target}")
         epochs = log["epochs"]
-        if log["train_start"] < log["process_start"]:
+        if log["process_start"] > log["train_start"]:
             raise ValueError("train_start is before process_start")
         if any(e["train_s"] < 0 or e["eval_s"] < 0 for e in epochs):
             raise ValueError("an epoch's train_s or eval_s is negative")
