@@ -42,8 +42,9 @@ INSTRUCTOR_ONLY = ["lab3_variants.py", "course_secret.py"]
 # The labels hidden values are derived from (course_secret.seed/rng/derive("label", ...)): trusted code's words.
 HMAC_LABEL = re.compile(r"course_secret\.(?:seed|rng|derive)\(\s*f?[\"']([^\"'{]+)")
 LAB3_SLOW = "labs/lab3_profile_fix/slow_train.py"
-# Folders of recorded artifacts under benchmarks/results that a notebook reads and a CPU student needs whole.
-ARTIFACT_DIRS = ("week3_snapshot",)
+# Folders of recorded artifacts under benchmarks/results that a notebook reads and a CPU student needs whole:
+# week 3's memory snapshots, week 5's GPU traces (exercise 5.5) and nsys run.
+ARTIFACT_DIRS = ("week3_snapshot", "trace_corpus", "week5_nsys")
 SOLUTION_MARKERS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"]
 # Module-level names of the trusted checks whose values are answers or hidden cases.
 SECRET_NAME = re.compile(r"HIDDEN|ANSWER|SECRET", re.I)
@@ -135,7 +136,7 @@ labkit = "{proj["scripts"]["labkit"]}"
 include = ["labkit*", "autograder*"]
 
 [tool.setuptools.package-data]
-labkit = ["results/*.json", {json.dumps([f"results/{d}/*" for d in ARTIFACT_DIRS])[1:-1]}]
+labkit = ["results/*.json", {", ".join(json.dumps(f"results/{d}/*") for d in ARTIFACT_DIRS)}]
 '''
 
 

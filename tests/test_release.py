@@ -75,6 +75,22 @@ def test_release_holds_the_course_for_students(built):
     assert names == {f"{top}/{f}" for f in files | {"MANIFEST.json"}}
 
 
+def test_release_ships_the_weeks_with_blank_answers_and_the_recorded_artifacts_they_read(built):
+    """A CPU student reads week 3's snapshots and week 5's traces; no weekly notebook holds a worked answer."""
+    from labkit import exercises as ex
+
+    folder, _ = built
+    for d in release.ARTIFACT_DIRS:
+        src = sorted(p.name for p in (ROOT / "benchmarks" / "results" / d).iterdir() if p.is_file())
+        assert src and sorted(p.name for p in (folder / "labkit" / "results" / d).iterdir()) == src
+        assert f'"results/{d}/*"' in (folder / "pyproject.toml").read_text()  # installed with the package
+    for nb in (folder / "notebooks").glob("*.ipynb"):
+        text = nb.read_text()
+        assert ex.SOLUTION_BEGIN not in text and "BEGIN SOLUTION" not in text, nb.name
+        if ex.SOLUTION_BEGIN in (ROOT / "notebooks" / nb.name).read_text():
+            assert "raise NotImplementedError()" in text, nb.name
+
+
 def test_every_hidden_check_is_a_needle_and_none_is_public():
     hidden = _hidden_calls()
     assert hidden, "the source notebooks mark hidden tests with BEGIN HIDDEN TESTS"
