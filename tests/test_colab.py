@@ -139,7 +139,7 @@ def test_handin_cell_writes_a_zip_the_graders_intake_reads(tmp_path):
     got = intake.collect(subs, lab, scratch=tmp_path / "scratch")
     (sub,) = got.submissions
     assert sub.student_id == "alice" and sub.problem is None and sub.notebook == f"{lab}.ipynb"
-    assert set(sub.files) == {f"{lab}.ipynb", "student_scaler.py"}
+    assert set(sub.files) == {f"{lab}.ipynb", "student_scaler.py", handin.RECORD}  # the record: what it was made from
     with pytest.raises(handin.LabkitError, match="not the lab1_loss_scaling notebook"):
         handin.save(lab, work, notebook={"cells": []})
 
