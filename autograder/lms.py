@@ -236,7 +236,7 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
                       "max_score": pts, "output": manual.cell_note({"manual": True, "needs_manual": True,
                                                                     "max_score": pts}), "visibility": "visible"})
     note = (f"; provisional: {sum(pending.values()):g} points of written answers need manual grading"
-            if pending else "")
+            if pending else "") + (_gradescope_variant(sub) if lab == "lab3" else "")
     boxed = "in a sandbox (bubblewrap)" if sandbox == "bwrap" else "UNSANDBOXED (--sandbox none: submissions trusted)"
     result = {"score": round(total, 4), "output": f"{aid}: {total:g} / {sum(t['max_score'] for t in tests):g} "
                                                   f"points from the grader's own run of the checks, the student's "
@@ -244,6 +244,23 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
               "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
     write_json(results_path, result)
     return result
+
+
+def _gradescope_variant(sub: Path) -> str:
+    """Gradescope grades lab 3 against the common variant: a hand-in whose slow_train.py carries another tag
+    (a student's own handout, another course's) is said to be so, for a person, not graded silently."""
+    from autograder import course_secret, lab3_variants
+
+    root = sub.resolve()
+    slow = next((p for p in sorted(sub.rglob("slow_train.py")) if p.is_file() and root in p.resolve().parents), None)
+    if slow is None:
+        return ""
+    with slow.open("rb") as f:
+        tag = lab3_variants.read_tag(f.read(400).decode("utf-8", "replace"))
+    if tag is None or tag == lab3_variants.variant_tag(None, course_secret.load(graded=False)):
+        return ""
+    return ("; VARIANT MISMATCH: the hand-in's slow_train.py is not the course's common variant, which Gradescope "
+            "grades lab 3 against (a per-student handout or another course's): ask your instructor")
 
 
 def gradescope_sandbox(sandbox: str) -> str:

@@ -137,3 +137,16 @@ def test_lab_1_from_before_its_written_answer_gets_the_question_and_the_answer_b
     assert missing == list(gone)
     assert _ids(data) == _ids(released)
     assert [c["id"] for c in json.loads(data)["cells"]] == list(dict.fromkeys(c["id"] for c in json.loads(data)["cells"]))
+
+
+def test_gradescope_says_when_a_lab_3_hand_in_is_not_the_common_variant(tmp_path, monkeypatch):
+    from autograder import lms
+
+    monkeypatch.setenv(course_secret.ENV, COURSE.key.decode())
+    sub = tmp_path / "submission"
+    sub.mkdir()
+    assert lms._gradescope_variant(sub) == ""
+    (sub / "slow_train.py").write_text(lab3_variants.handout(None, COURSE))
+    assert lms._gradescope_variant(sub) == ""
+    (sub / "slow_train.py").write_text(lab3_variants.handout("alice", COURSE))
+    assert "VARIANT MISMATCH" in lms._gradescope_variant(sub)
