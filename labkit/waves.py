@@ -81,17 +81,18 @@ def tile_waves(m: int, n: int, sms: int, tile: tuple[int, int] = (128, 128)) -> 
             "wave_efficiency": wave_eff, "efficiency": tile_eff * wave_eff}
 
 
-_TILE_IN_NAME = re.compile(r"tilesize(\d+)x(\d+)|nvjet_\w*?_(\d+)x(\d+)_|_(\d+)x(\d+)_\d+x\d+_|gemm_(\d+)x(\d+)_")
+_TILE_IN_NAME = re.compile(r"tilesize(\d+)x(\d+)|nvjet_\w*?_(\d+)x(\d+)_|_(\d+)x(\d+)_\d+x\d+_|gemm_(\d+)x(\d+)_"
+                           r"|gemm_[a-z0-9]+_(\d+)x(\d+)_[nt]{2}_")  # the last: cutlass_75_..._gemm_bf16_256x128_nn_align1
 
 
 def kernel_tile(name: str) -> tuple[int, int] | None:
     """The output tile (rows, columns) a cuBLAS/CUTLASS kernel name states, or None: "tilesize256x128x8" in
     xmma names, the first "256x128" in nvjet names (the next pair is the k tile and stage count), "64x64_16x6"
-    in CUTLASS names. Evidence from a name, not proof."""
+    in CUTLASS names, "gemm_bf16_256x128_nn" in CUTLASS's older ones. Evidence from a name, not proof."""
     m = _TILE_IN_NAME.search(name)
     if not m:
         return None
-    a, b = next((int(m.group(i)), int(m.group(i + 1))) for i in (1, 3, 5, 7) if m.group(i))
+    a, b = next((int(m.group(i)), int(m.group(i + 1))) for i in (1, 3, 5, 7, 9) if m.group(i))
     return a, b
 
 

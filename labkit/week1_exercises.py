@@ -106,8 +106,11 @@ def check_decode(decode_bits) -> str:
                 raise AssertionError(f"decode_bits({bits}, {e}, {m}) returned {type(got).__name__}; return a Python "
                                      "float (float(...) of a tensor element, or plain arithmetic)")
             if not _same(float(got), w):
+                hint = _decode_hint(bits, e, m)
+                if not math.isnan(w) and not math.isnan(float(got)) and abs(float(got)) == abs(w):
+                    hint = "the top bit is the sign: -1 when it is set (the negative zero pattern is -0.0)"
                 raise AssertionError(f"{name} pattern {_fields(bits, e, m)} (= {bits}): torch reads {w!r}, your "
-                                     f"decode_bits({bits}, {e}, {m}) gave {got!r}. Hint: {_decode_hint(bits, e, m)}")
+                                     f"decode_bits({bits}, {e}, {m}) gave {got!r}. Hint: {hint}")
         done.append(f"{name} ({len(want):,})")
     return "same values as torch's view for " + ", ".join(done) + " patterns"
 

@@ -1,10 +1,10 @@
 """Week 2's exercises (Tensor Cores): the checks behind the notebook's self-check cells.
 
-2.1 times a matmul and returns TFLOP/s. On a CPU its timing is checked against a fake clock: the check watches
+2.2 times a matmul and returns TFLOP/s. On a CPU its timing is checked against a fake clock: the check watches
 every matmul the function runs (a TorchFunctionMode) and advances the clock by a known time per matmul, so the
 warm-up, the FLOP count, the median and the random (not zero) operands are checked exactly, on a loaded machine
 too. On a GPU the CUDA-event branch is also timed for real against labkit.matmul's measurement.
-2.2 computes a matmul's arithmetic intensity and its roofline rate from the tensors' shapes and dtypes; it is
+2.8 computes a matmul's arithmetic intensity and its roofline rate from the tensors' shapes and dtypes; it is
 checked against labkit.matmul's `arithmetic_intensity` and `roofline`.
 2.3 is a context manager for the TF32 switches; it is checked for what it sets and what it restores (on a GPU,
 also that a matmul inside it runs with TF32 inputs).
@@ -86,7 +86,7 @@ class _FakeClock:
         return False
 
 
-# ------------------------------------------------------------------------------- 2.1 timed matmul
+# ------------------------------------------------------------------------------- 2.2 timed matmul
 
 
 def _ref_tflops():
@@ -167,7 +167,7 @@ def _real_check(matmul_tflops, device: str, dtype: torch.dtype, size: int, facto
     return f"{size}^3 {kind} on {device}: {theirs:.4g} TFLOP/s, labkit's {ours:.4g}"
 
 
-@ex.exercise("2.1", "a timed matmul in TFLOP/s", reference=_ref_tflops)
+@ex.exercise("2.2", "a timed matmul in TFLOP/s", reference=_ref_tflops)
 def check_tflops(matmul_tflops) -> str:
     """The CPU branch against a fake clock (exact); the GPU branch against labkit's timing when a GPU is here."""
     verdict = _fake_clock_check(matmul_tflops)
@@ -179,7 +179,7 @@ def check_tflops(matmul_tflops) -> str:
     return verdict + "; the CUDA-event branch is not checked here (no GPU)"
 
 
-# ------------------------------------------------------------------------------ 2.2 the roofline
+# ------------------------------------------------------------------------------ 2.8 the roofline
 
 
 def _ref_roofline():
@@ -195,7 +195,7 @@ def _ref_roofline():
     return roofline_point
 
 
-@ex.exercise("2.2", "arithmetic intensity and the roofline", reference=_ref_roofline)
+@ex.exercise("2.8", "arithmetic intensity and the roofline", reference=_ref_roofline)
 def check_roofline(roofline_point) -> str:
     """Shapes from memory-bound to compute-bound, bf16, fp32 and fp8 (bf16 output), as meta tensors (no memory)."""
     peak, bw = 989.4e12, 3.35e12  # an example machine; the check varies them too
