@@ -311,3 +311,81 @@ def recorded_note(result: dict) -> str:
     env = result.get("env", {})
     return (f"recorded on {env.get('device_name', '?')}, torch {env.get('torch', '?')}, "
             f"commit {str(env.get('git_commit', '?'))[:12]}, {env.get('timestamp', '?')}: {env.get('command', '')}")
+
+
+# ------------------------------------------------------------------------------------------------ machine load
+
+# Other programs' CPU use above this share of the machine's cores makes a CPU timing untrustworthy: on 2 cores,
+# 0.2 of a core taken by something else already shifts a compute-bound rate by about a tenth.
+LOADED_SHARE = 0.10
+
+
+def _busy_cpu_s() -> float | None:
+    """Seconds of CPU time every core has spent busy since boot (/proc/stat: user, nice, system, irq, softirq,
+    steal), or None where there is no /proc/stat (macOS, Windows)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that have exited (DataLoader workers once joined)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):  # Windows has no load average
+        return None
+
+
+class MachineLoad:
+    """How much CPU other programs took while a measurement ran: start it, run, then `stop()`.
+
+    Other programs' cores = (all cores' busy seconds - this process's own CPU seconds) / wall seconds, from
+    /proc/stat and getrusage. Workers still alive at `stop()` count as others, so stop after they are joined.
+    Without /proc/stat only the load averages are known (they count this process's threads too), and the
+    verdict is None.
+    """
+
+    def __init__(self):
+        self.cores = os.cpu_count() or 1
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_cpu_s(), _own_cpu_s()
+        self.loadavg_before = _loadavg()
+
+    def stop(self) -> dict:
+        """{"cores", "wall_s", "own_cores" (this process's CPU seconds / wall seconds), "other_cores" (None
+        without /proc/stat), "loadavg_before"/"loadavg_after" (1, 5, 15 minutes), "trustworthy" (other
+        programs under LOADED_SHARE of the cores; None where unknown), "why" (a line saying so)}."""
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        busy = _busy_cpu_s()
+        own = (_own_cpu_s() - self.own0) / wall
+        other = None if busy is None or self.busy0 is None else max(0.0, (busy - self.busy0) / wall - own)
+        rec = {"cores": self.cores, "wall_s": wall, "own_cores": own, "other_cores": other,
+               "loadavg_before": self.loadavg_before, "loadavg_after": _loadavg(), "limit_share": LOADED_SHARE}
+        return {**rec, **verdict(rec)}
+
+
+def verdict(load: dict) -> dict:
+    """{"trustworthy": bool | None, "why": str} for a `MachineLoad.stop()` record (or several merged)."""
+    other, cores = load.get("other_cores"), load["cores"]
+    avg = load.get("loadavg_before")
+    if other is None:
+        return {"trustworthy": None, "why": f"other programs' CPU use is unknown here (no /proc/stat); load "
+                                            f"average before: {avg[0] if avg else 'unknown'}"}
+    ok = other <= LOADED_SHARE * cores
+    why = (f"other programs used {other:.2f} of the {cores} CPU cores on average while it ran "
+           f"({'within' if ok else 'above'} the {100 * LOADED_SHARE:.0f}% that a trustworthy timing allows)")
+    if avg:
+        why += f"; load average {avg[0]:.1f} before, {(load.get('loadavg_after') or avg)[0]:.1f} after"
+    return {"trustworthy": ok, "why": why}

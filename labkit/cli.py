@@ -38,7 +38,7 @@ COMMANDS: dict[str, Command] = {
     "doctor": Command("labkit.env", "print the environment, capabilities and what the course can run here",
                       {"json": "file"}),
     "ladder": Command("labkit.train", "run the ResNet-18 optimization ladder and write a table, JSON and chart",
-                      {"out": "dir"}, ("list",)),
+                      {"json": "file", "out": "dir"}, ("list",)),
     "train": Command("labkit.train", "train ResNet-18 with one ladder preset (and overrides)", {"json": "file"}),
     "compile-cache": Command("labkit.warmstart", "save torch.compile's work once per card and torch "
                                                          "version, or show whether this machine has it"),

@@ -164,3 +164,20 @@ def test_the_labkit_command_leaves_through_leave():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["labkit"] == "labkit.cli:console"
     assert "console()" in (ROOT / "labkit" / "__main__.py").read_text()
+
+
+def test_ladder_json_writes_the_record_where_asked(tmp_path, monkeypatch, capsys):
+    # `labkit ladder --quick --json benchmarks/results/ladder_quick_cpu.json` is how the CPU record is made
+    from labkit import train as T
+
+    seen = {}
+
+    def fake_run_ladder(dev, **kw):
+        seen.update(kw)
+        return {"kind": "ladder", "rungs": [], "machine_load": {"trustworthy": True}}
+
+    monkeypatch.setattr(T, "run_ladder", fake_run_ladder)
+    record = tmp_path / "results" / "ladder_quick_cpu.json"
+    assert cli.main(["ladder", "--quick", "--device", "cpu", "--out", str(tmp_path / "l"), "--json", str(record)]) == 0
+    assert json.loads(record.read_text())["machine_load"]["trustworthy"] is True
+    assert seen["out"] == str(tmp_path / "l") and f"wrote {record}" in capsys.readouterr().out

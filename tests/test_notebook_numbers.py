@@ -200,3 +200,121 @@ def test_every_quoted_figure_is_tied_to_its_record_or_measures_nothing(path):
     for shown, expected in ties.items():
         assert shown in text, f"{path.name}: the tie for {shown!r} no longer matches any prose: remove it"
         assert expected() == shown, f"{path.name} says {shown}, its record says {expected()}"
+
+
+# ------------------------------------------------------------------------------------------------ directions
+# A sentence can be wrong with no number in it: "A beats B", "JPEG decodes at about PNG's speed", "gains several
+# times". Each entry below names two things a record measures and the phrases that claim a direction between
+# them; whatever direction the prose claims now is checked against the record's ratio A/B. Parsing prose in
+# general is too brittle, so the entities and phrases are listed; a comparison of two recorded things that
+# the prose newly makes belongs here too.
+
+SENTENCE = r"[^.!?]{0,120}?"  # the rest of one sentence, lazily: a claim never spans a full stop
+FASTER = r"(?:beats?|outruns?|outpaces?|wins? over|(?:is|are|was|were|runs?|decodes?) faster than)"
+SLOWER = r"(?:loses? to|trails?|(?:is|are|was|were|runs?|decodes?) slower than)"
+SAME = r"(?:(?:at )?about (?:the speed of|as fast as)|as fast as|on par with|matches|about (?:the )?same (?:speed|rate) as)"
+FASTEST = r"(?:is|was) the fastest"
+
+# what each direction word says about the ratio A/B; "little" and "several" are the prose's sizes of a gain
+DIRECTIONS = {
+    "A>B": (lambda r: r > 1.0, "A faster than B"),
+    "B>A": (lambda r: r < 1.0, "B faster than A"),
+    "A~B": (lambda r: abs(r - 1.0) <= 0.10, "A within 10% of B"),
+    "several": (lambda r: r >= 2.0, "a gain of 2x or more"),
+    "little": (lambda r: r < 1.3, "a gain under 1.3x"),
+}
+
+
+def pair_phrases(a: str, b: str) -> list[tuple[str, str]]:
+    """(pattern, direction) for the usual ways prose says that A or B is faster, or that they are alike."""
+    return [(rf"\b{a}{SENTENCE}{FASTER}{SENTENCE}{b}", "A>B"), (rf"\b{b}{SENTENCE}{SLOWER}{SENTENCE}{a}", "A>B"),
+            (rf"\b{b}{SENTENCE}{FASTER}{SENTENCE}{a}", "B>A"), (rf"\b{a}{SENTENCE}{SLOWER}{SENTENCE}{b}", "B>A"),
+            (rf"\b{a}{SENTENCE}{SAME}{SENTENCE}{b}", "A~B"), (rf"\b{b}{SENTENCE}{SAME}{SENTENCE}{a}", "A~B")]
+
+
+def padding_rate(strategy: str) -> float:
+    return next(r["tokens_per_s"] for r in load("week4_loaders")["padding"] if r["strategy"] == strategy)
+
+
+def jpeg_over_png() -> list[float]:
+    """JPEG's decode rate over PNG's, one ratio per CPU decoder in the record (PIL, torchvision.io)."""
+    dec = {(r["image_format"], r["decoder"]): r["img_per_s"] for r in load("week4_loaders")["decoders"]}
+    return [dec["jpg", d] / dec["png", d] for d in ("pil", "torchvision")]
+
+
+def amp_gain(model: str, batch: int) -> float:
+    """The best 16-bit autocast speedup over strict fp32 (fp16 or bf16) of `model` at `batch` in week3_amp.json."""
+    return max(r["speedup_vs_fp32"] for r in load("week3_amp")["speed"]
+               if r["model"] == model and r["batch"] == batch and r["precision"] in ("fp16", "bf16"))
+
+
+def mlp_batches() -> list[int]:
+    return sorted({r["batch"] for r in load("week3_amp")["speed"] if r["model"] == "mlp"})
+
+
+MLP = r"68M[- ]parameter model"
+LITTLE = r"(?:little or nothing|little|nothing|no gain|below 1x)"
+SMALL = r"(?:its smaller(?: batch)?|(?:the )?batch 1,?024)"
+LARGE = r"(?:its larger(?: one| batch)?|(?:the )?batch 8,?192)"
+# (notebook, what is compared, the ratios A/B from the record (every one must fit), [(pattern, direction)])
+DIRECTION_CLAIMS = [
+    ("04_data_loading.ipynb", "bucketing (A) against dynamic padding (B), tokens/s",
+     lambda: [padding_rate("bucket") / padding_rate("dynamic")],
+     [*pair_phrases(r"(?:length[- ])?bucketing", r"dynamic padding"),
+      (rf"\bbucketing{SENTENCE}{FASTEST}", "A>B"), (rf"\bdynamic padding{SENTENCE}{FASTEST}", "B>A")]),
+    ("04_data_loading.ipynb", "JPEG (A) against PNG (B), decoded img/s with PIL and with torchvision.io",
+     jpeg_over_png, pair_phrases(r"JPEGs?", r"(?:the speed of )?PNGs?(?:'s)?")),
+    ("03_mixed_precision.ipynb", "the 68M-parameter MLP with 16-bit autocast over strict fp32, at every batch",
+     lambda: [amp_gain("mlp", b) for b in mlp_batches()],
+     [(rf"{MLP}{SENTENCE}gains several times(?![^.!?]*(?:larger|bigger|8,?192))", "several")]),
+    ("03_mixed_precision.ipynb", "the 68M-parameter MLP with 16-bit autocast over strict fp32, smaller batch",
+     lambda: [amp_gain("mlp", mlp_batches()[0])],
+     [(rf"{MLP}{SENTENCE}{LITTLE} at {SMALL}", "little"), (rf"{MLP}{SENTENCE}several times at {SMALL}", "several")]),
+    ("03_mixed_precision.ipynb", "the 68M-parameter MLP with 16-bit autocast over strict fp32, larger batch",
+     lambda: [amp_gain("mlp", mlp_batches()[-1])],
+     [(rf"{MLP}{SENTENCE}several times at {LARGE}", "several"), (rf"{MLP}{SENTENCE}{LITTLE} at {LARGE}", "little")]),
+]
+
+
+def wrong_directions(text: str, ratios: list[float], phrases: list[tuple[str, str]]) -> list[str]:
+    """The claims in `text` (folded prose) that the record's `ratios` (A/B) contradict, each with its words."""
+    wrong = []
+    for pattern, direction in phrases:
+        holds, says = DIRECTIONS[direction]
+        for m in re.finditer(pattern, text, re.I):
+            if not all(holds(r) for r in ratios):
+                wrong.append(f"{m[0]!r} claims {says}, the record's A/B is "
+                             + ", ".join(f"{r:.2f}" for r in ratios))
+    return wrong
+
+
+@pytest.mark.parametrize("notebook,what,ratios,phrases", DIRECTION_CLAIMS, ids=lambda v: v if isinstance(v, str)
+                         and not v.endswith(".ipynb") else None)
+def test_directions_the_prose_claims_agree_with_the_record(notebook, what, ratios, phrases):
+    text = markdown(ROOT / "notebooks" / notebook)
+    if not any(re.search(p, text, re.I) for p, _ in phrases):
+        pytest.skip(f"{notebook} claims no direction for {what} now")
+    wrong = wrong_directions(text, ratios(), phrases)
+    assert not wrong, f"{notebook}, {what}: " + "; ".join(wrong)
+
+
+# the wordings the record contradicted (issue 47), and the fixed ones: the checker must tell them apart
+OLD_AND_FIXED = [
+    (0, "Yet tokens/s barely follows the waste, and dynamic padding can even beat bucketing (the executed copy).",
+     "On the recorded H100 run bucketing is the fastest of the four and beats dynamic padding."),
+    (1, "JPEG halves the bytes (lossy: quality 95 here) and decodes at about the speed of PNG at this size.",
+     "On the recorded H100 host JPEG decodes faster than PNG with both PIL and torchvision."),
+    (2, "So 16 bits can come out slower, while the recorded 68M-parameter model below, whose matmuls dominate, "
+        "gains several times.",
+     "the recorded 68M-parameter model below gains little or nothing at its smaller batch and several times at "
+     "its larger one."),
+]
+
+
+@pytest.mark.parametrize("claim,old,fixed", OLD_AND_FIXED, ids=["bucketing", "jpeg", "mlp_gain"])
+def test_the_direction_check_catches_the_old_wording(claim, old, fixed):
+    _, _, ratios, phrases = DIRECTION_CLAIMS[claim]
+    assert wrong_directions(old, ratios(), phrases), f"the old wording passed: {old}"
+    same_text = [c for c in DIRECTION_CLAIMS if c[0] == DIRECTION_CLAIMS[claim][0]]
+    for _, what, r, p in same_text:
+        assert not wrong_directions(fixed, r(), p), f"the fixed wording fails {what}: {fixed}"

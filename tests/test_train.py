@@ -254,9 +254,9 @@ def test_ladder_writes_its_files_after_every_rung_and_says_what_it_is(tmp_path, 
     base = T.with_changes(TINY, epochs=1)
     out = tmp_path / "ladder"
     lines = []
-    res = T.run_ladder("cpu", quick=True, names=["no_sync", "resident_data", "bf16"], out=out, base=base,
+    res = T.run_ladder("cpu", quick=True, names=["loader", "resident_data", "bf16"], out=out, base=base,
                        show_progress=False, log=lines.append)
-    assert [r["name"] for r in res["rungs"]] == ["no_sync", "resident_data"]
+    assert [r["name"] for r in res["rungs"]] == ["loader", "resident_data"]
     saved = json.loads((out / "ladder.json").read_text())
     assert saved["env"]["torch"] and len(saved["rungs"]) == 2 and saved["complete"] and saved["stopped"] is None
     assert saved["mode"].startswith("quick") and saved["skipped"][0]["rung"] == "bf16"
@@ -275,14 +275,14 @@ def test_an_interrupt_or_a_crash_keeps_the_finished_rungs(tmp_path, monkeypatch,
     out = tmp_path / "ladder"
     lines = []
     with pytest.raises(type(exc)):
-        T.run_ladder("cpu", quick=True, names=["baseline", "no_sync", "resident_data"], out=out,
+        T.run_ladder("cpu", quick=True, names=["baseline", "loader", "resident_data"], out=out,
                      base=T.with_changes(TINY, epochs=1), show_progress=False, log=lines.append)
-    assert calls == ["baseline", "no_sync"]
+    assert calls == ["baseline", "loader"]
     saved = json.loads((out / "ladder.json").read_text())
     assert [r["name"] for r in saved["rungs"]] == ["baseline"] and saved["complete"] is False
     assert saved["stopped"] == ("interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else "LabkitError: boom")
     md = (out / "ladder.md").read_text()
-    assert "| baseline |" in md and "not run: no_sync, resident_data" in md
+    assert "| baseline |" in md and "not run: loader, resident_data" in md
     assert (out / "ladder.png").stat().st_size > 1000
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left behind
     assert any("the 1 rung(s) with a finished run are saved in" in line for line in lines)
@@ -292,7 +292,7 @@ def test_ladder_progress_is_a_line_per_rung_off_a_terminal(tmp_path, monkeypatch
     monkeypatch.setattr(T, "train", _fake_train([], 0, None))
     monkeypatch.setattr("labkit.progress._bars_work", lambda: False)  # output piped, as under make demo > log
     lines = []
-    T.run_ladder("cpu", quick=True, names=["baseline", "no_sync"], base=T.with_changes(TINY, epochs=1), log=lines.append,
+    T.run_ladder("cpu", quick=True, names=["baseline", "loader"], base=T.with_changes(TINY, epochs=1), log=lines.append,
                  repeats=1)
     starts = [x for x in lines if "steps, started at" in x]
     ends = [x for x in lines if ": done in " in x]
@@ -442,7 +442,7 @@ def test_a_batch_larger_than_the_images_is_refused_before_work_and_quick_gpu_run
         T.check_config(T.with_changes(T.preset("batch_fused"), n_train=256), cpu)
     T.check_config(T.with_changes(T.preset("batch_fused"), n_train=512), cpu)
     monkeypatch.setattr(T, "native_bf16", lambda device: True)  # the GPU's side of fit_rung, without a GPU
-    base = T.ladder_plan(cpu, True).base  # what quick mode trains each run on
+    base = T.with_changes(T.ladder_plan(cpu, True).base, n_train=2048)  # fewer images than the top batch
     top = T.fit_rung(T.preset("muon", base), torch.device("cuda"), quick=True)
     assert top.batch_size == base.n_train < T.preset("muon").batch_size and top.precision == "bf16"
     assert T.fit_rung(T.preset("muon"), torch.device("cuda"), quick=False).batch_size == 4096  # full size untouched
