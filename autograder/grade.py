@@ -37,6 +37,7 @@ from pathlib import Path
 from autograder import (
     classbook,
     course_secret,
+    faults,
     feedback,
     gpu_policy,
     intake,
@@ -780,7 +781,7 @@ def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outpu
             stale.unlink(missing_ok=True)
         done = load_result(sdir / "result.json", key, sub.student_id)
         fresh = done is not None and done.digest == sub.digest and done.source_digest == course.source_digest \
-            and done.grader == grader
+            and done.grader == grader and faults.kept(done)  # the grader's own failure is graded again
         if done is not None and done.grader != grader and not cfg.only:
             log.info("%s: graded by another version of the grader; regrading", sub.student_id)
         keep = done is not None and ((cfg.only and sub.student_id not in cfg.only) or (fresh and not cfg.force))
@@ -821,6 +822,7 @@ def _run_all(todo, course: Course, cfg: GradeConfig, outputs: Outputs, hardware,
             log.exception("%s: grader error", sub.student_id)
             res = _not_graded(sub, course, "grader error", f"{type(e).__name__}: {e}",
                               {"class": slots[slot_i]["class"], "card": slots[slot_i]["card"]})
+        res = faults.classify(res)  # a full disk or the grader's memory: the machine's fault, retried on resume
         res.finished_at = _now()
         res.grader = grader
         rel = f"students/{sub.student_id}/result.json"

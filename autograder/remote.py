@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from autograder import pinning
+from autograder import cgroups, pinning
 from autograder.course_secret import ENV as SECRET_ENV
 from autograder.disk_cap import child_limits
 from autograder.jail import GRADER_ROOT, Jail
@@ -71,6 +71,9 @@ class Remote:
         # the same CPU set and thread count for the student's runner and the baseline's, set from here
         self.pin = pinning.for_device(device.split(":")[0])
         jail.env.update(self.pin.env())
+        # a cgroup of its own where the machine delegates cgroup v2: memory (tmpfs included) and tasks capped by
+        # the kernel; else None and the watchdog alone
+        self.cg = None if jail.trusted else cgroups.box_for(memory_bytes, max_processes)
         parent, child = socket.socketpair()
         cmd = [sys.executable, "-m", "autograder.student.runner", "--fd", str(child.fileno()), "--device", device]
         if student_file is not None:
@@ -86,7 +89,8 @@ class Remote:
                                      pass_fds=[child.fileno()],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True,
-                                     preexec_fn=pinning.preexec(self.pin, child_limits(self.disk.limit_bytes)))
+                                     preexec_fn=cgroups.then_join(self.cg, pinning.preexec(
+                                         self.pin, child_limits(self.disk.limit_bytes))))
         child.close()
         self.sock = parent
         self.output = _Capture(self.proc.stdout, 32 * 1024)
@@ -123,6 +127,8 @@ class Remote:
                 self._fail("memory")
             elif too_many(procs, self.max_processes, self.max_threads):
                 self._fail("processes")
+            elif self.cg is not None and self.cg.cause():
+                self._fail(self.cg.cause())
             elif not self._frozen and self.disk.over([p.pid for p in procs]):
                 # Not while frozen: a stopped side writes nothing, and walking its folders then would spend the
                 # grader's CPU beside the other side's timing (a hand-in could plant files to make it costly).
@@ -206,6 +212,9 @@ class Remote:
         self.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+        if self.cg is not None:
+            self.cause = self.cause or self.cg.cause()
+            self.cg.close()
 
     def __enter__(self):
         return self

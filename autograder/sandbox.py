@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from autograder import cgroups
 from autograder.disk_cap import child_limits
 
 TOKEN_VAR = "LABKIT_GRADER_TOKEN"
@@ -239,12 +240,17 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
             return Outcome(None, 0.0, error=str(e))
         env = jail.host_env(env)
     disk = jail.disk_watch() if jail is not None else None
+    # where cgroup v2 is delegated, the kernel caps the sandbox's memory (tmpfs and page cache included) and tasks
+    cg = cgroups.box_for(limits.memory_bytes, limits.max_processes) if jail is not None else None
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_preexec(limits, child_limits(disk.limit_bytes) if disk else None))
+                                preexec_fn=cgroups.then_join(cg, _preexec(
+                                    limits, child_limits(disk.limit_bytes) if disk else None)))
     except OSError as e:
+        if cg is not None:
+            cg.close()
         return Outcome(None, 0.0, error=f"{type(e).__name__}: {e}")
     cap = _Capture(proc.stdout, limits.keep_output_bytes)
     out = Outcome(None, 0.0)
@@ -284,6 +290,11 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
             out.returncode = None
         if disk is not None and disk.over([], now=True):  # a last look: what it left, however it ended
             out.out_of_disk = disk.why
+        if cg is not None:  # the kernel's own count of the caps it enforced
+            hit = cg.cause()
+            out.out_of_memory = out.out_of_memory or hit == "memory"
+            out.too_many_processes = out.too_many_processes or hit == "processes"
+            cg.close()
         if out.timed_out or out.out_of_memory or out.too_many_processes or out.out_of_disk:
             out.returncode = -signal.SIGKILL  # psutil may have reaped it first and left 0 behind
         out.wall_s = time.monotonic() - t0
