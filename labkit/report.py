@@ -436,6 +436,27 @@ def _range(vals, fmt: str = ".1f", scale: float = 100.0, unit: str = "%") -> str
     return f"{lo:{fmt}}–{hi:{fmt}}{unit}" if f"{lo:{fmt}}" != f"{hi:{fmt}}" else f"{lo:{fmt}}{unit}"
 
 
+def cold_time_to_accuracy(rec: dict, fast: str = "cuda_graphs", top: str = "muon") -> dict:
+    """The cold whole-process time to accuracy (benchmarks/time_to_accuracy.py's record), formatted: the target
+    (the baseline's median final accuracy), the baseline's and `fast`'s median seconds from spawning the process
+    to the first evaluation at the target with their spread, how many runs got there, their ratio of medians,
+    and `top`'s final accuracies when it never gets there. Strings and counts."""
+    summ, target = rec["summary"], rec["target_accuracy"]
+    out = {"tta_target": f"{100 * target:.2f}%", "tta_rounds": rec["rounds"],
+           "tta_card": rec["env"]["device_name"], "tta_torch": rec["env"]["torch"]}
+    for key, name in (("tta_base", "baseline"), ("tta_fast", fast), ("tta_top", top)):
+        v = summ[name]
+        t, a = v["to_target_s"], v["accuracy"]
+        out |= {f"{key}_reached": f"{v['reached_target']} of {v['runs']}",
+                f"{key}_accs": _range([a["min"], a["max"]], fmt=".2f")}
+        if t:
+            out |= {f"{key}_s": f"{t['median']:.1f} s", f"{key}_spread": _range([t["min"], t["max"]], scale=1.0,
+                                                                                  unit=" s")}
+    out["tta_sooner"] = f"{summ[fast]['ratio_vs_baseline']:.1f}x"
+    out["tta_top_never"] = summ[top]["reached_target"] == 0
+    return out
+
+
 def headline(ablation: dict, ladder: dict, cold: dict, fast: str = "without_muon",
              eager_job: str = "whole run batch_fused", top_job: str = "whole run muon, cold") -> dict:
     """The headline's figures as the README, the results page and week 6 print them, from their records: time to
