@@ -118,7 +118,10 @@ def preset(name: str, base: TrainConfig | None = None) -> TrainConfig:
 def quick_base() -> TrainConfig:
     """CPU demo size: width-16 ResNet-18, 4,096 training images, 2 epochs, batch 64 (batch rung: 256).
 
-    128 steps is about the least that reliably lifts test accuracy far above chance (~50% vs 10%).
+    128 steps is about the least that reliably lifts test accuracy far above chance: the loss sits near ln 10
+    for the first 30-odd steps, and with the warm-up and decay squeezed into 64 steps (2,048 images) the
+    resident_data rung ended at 10.5% where 128 steps reach 77.7%. `labkit ladder --quick` trains every rung on
+    all of these images, once.
     """
     return TrainConfig(width=16, n_train=4096, n_test=512, epochs=2, batch_size=64)
 

@@ -864,7 +864,8 @@ def ladder_plan(dev: torch.device, quick: bool, names: list[str] | None = None, 
 
 def _log_plan(plan: LadderPlan, env: dict, base: TrainConfig, data: str, quick: bool, repeats: int, what: str,
               log) -> None:
-    log(f"{what} on {env['device_name']}: {len(plan.rungs)} rungs x {repeats} runs (interleaved rounds), "
+    log(f"{what} on {env['device_name']}: {len(plan.rungs)} rungs x {repeats} run{'s' if repeats > 1 else ''}"
+        + (" (interleaved rounds), " if repeats > 1 else ", ") +
         f"{base.epochs} epochs each, ResNet-18 width {base.width}, {data} data" + (" (quick mode)" if quick else ""))
     if quick and repeats == QUICK_REPEATS:
         log(f"  quick mode runs each rung {QUICK_REPEATS} time{'s' if QUICK_REPEATS > 1 else ''} (not {REPEATS}) "
@@ -908,7 +909,7 @@ def accuracy_band(rungs: list[dict]) -> tuple[dict | None, list[str]]:
     accs = [a for a in accs if a is not None]
     if not accs:
         return None, []
-    n_test = base["config"].get("n_test") or 10_000
+    n_test = (base.get("config") or {}).get("n_test") or 10_000
     p = sum(accs) / len(accs)
     tol = 2 * math.sqrt(p * (1 - p) / n_test)
     band = {"low": max(0.0, min(accs) - tol), "high": min(1.0, max(accs) + tol), "tolerance": tol,
@@ -920,8 +921,9 @@ def accuracy_band(rungs: list[dict]) -> tuple[dict | None, list[str]]:
         acc = float(np.median([x["accuracy"] for x in (r.get("runs") or [r]) if x.get("accuracy") is not None]))
         if acc >= band["low"]:
             continue
-        why = (f"its batch of {r['config']['batch_size']} takes {r['steps']} optimizer steps in "
-               f"{r['config']['epochs']} epochs against the baseline's {base['steps']}, too few to catch up"
+        cfg = r.get("config") or {}
+        why = (f"its batch of {cfg.get('batch_size')} takes {r['steps']} optimizer steps in "
+               f"{cfg.get('epochs')} epochs against the baseline's {base['steps']}, too few to catch up"
                if r.get("steps") and base.get("steps") and r["steps"] < base["steps"] else
                "the same steps as the baseline: this change costs accuracy here, or the runs vary more than "
                "the test set's sampling error")
@@ -957,10 +959,11 @@ def quick_ladder_summary(result: dict) -> str:
     base = rows[0]
     parts = [f"{r['rung']} {r['speedup']:.2f}x ({100 * r['accuracy']:.1f}%)" for r in rows[1:]]
     load = result.get("machine_load") or {}
-    trust = {True: "on idle cores", False: "on cores other programs shared, so not trustworthy",
+    trust = {True: "on idle cores", False: f"while other programs took {load.get('other_cores') or 0:.1f} of its "
+                                           f"{load.get('cores')} cores, so the timings are not trustworthy",
              None: "machine load unknown"}[load.get("trustworthy")]
     return (f"the baseline {base['img_per_s']:,.0f} img/s ({100 * base['accuracy']:.1f}% test accuracy), then "
-            + ", ".join(parts) + f" ({trust})")
+            + ", ".join(parts) + f"; the whole ladder took {fmt_duration(result['wall_s'])} {trust}")
 
 
 def _mfu_peak(dev: torch.device) -> tuple[float | None, str | None]:
@@ -997,8 +1000,11 @@ def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peaks: tu
     rec["mfu_datasheet"] = rec["achieved_tflops"] / sheet if sheet else None
     acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.1f}%"
     power = GP.describe(rec.get("gpu_power"))
+    busy = rec["machine_load"]["other_cores"] if rec["machine_load"]["trustworthy"] is False else None
     log(f"  {label:<24} {rec['img_per_s']:>10,.0f} img/s  loss {rec['final_loss']:.3f}  acc {acc}"
-        + (f"  ({power})" if power else ""))
+        + (f"  ({power})" if power else "")
+        + (f"  (other programs took {busy:.1f} of {rec['machine_load']['cores']} cores: timing not trustworthy)"
+           if busy is not None else ""))
     return rec
 
 
