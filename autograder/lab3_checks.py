@@ -72,6 +72,7 @@ def check_answers(ctx) -> dict:
     """Grade the written findings: what bottlenecks() declares (read in the sandbox) against the answer key of
     the student's variant."""
     answer_key = lab3_variants.answer_key(variant(ctx)[0])
+    neutral = lab3_variants.neutral_sites(variant(ctx)[0])
     got = ctx.call("lab3.answers", {})
     kind = got.get("type") if isinstance(got, dict) else None
     require(kind == "dict", f"bottlenecks() must return a dict {{site letter: kind}}, got {str(kind)[:40]}")
@@ -89,16 +90,19 @@ def check_answers(ctx) -> dict:
     for site, kinds in answer_key.items():
         if site in ans:
             points += 1.0 if ans[site] in kinds else 0.5
-    false_alarms = sorted(set(ans) - set(answer_key))
+    neutral_named = sorted(s for s in set(ans) - set(answer_key) if ans[s] in neutral.get(s, ()))
+    false_alarms = sorted(set(ans) - set(answer_key) - set(neutral_named))
     points = max(0.0, points - len(false_alarms))
     frac = points / len(answer_key)
     found = sorted(set(ans) & set(answer_key))
     m = {"found": found, "right_kind": sorted(s for s in found if ans[s] in answer_key[s]),
-         "false_alarms": false_alarms, "planted": len(answer_key)}
+         "false_alarms": false_alarms, "neutral": neutral_named, "planted": len(answer_key)}
     if frac == 0:
         raise CheckFailed("none of the named sites is a planted bottleneck (or false alarms cancel them)", **m)
     return {"fraction": frac, "message": f"{len(found)} of {len(answer_key)} bottlenecks found, "
-                                         f"{len(m['right_kind'])} with the right kind, {len(false_alarms)} false alarm(s)",
+                                         f"{len(m['right_kind'])} with the right kind, {len(false_alarms)} false alarm(s)"
+                                         + (f"; {', '.join(neutral_named)} (the per-batch copy, never planted) "
+                                            "neither counted nor cost" if neutral_named else ""),
             "measurements": m}
 
 

@@ -242,6 +242,23 @@ def answer_key(spec: Spec) -> dict[str, tuple[str, ...]]:
             and FORMS[s][spec.forms[s]] is not None}
 
 
+# A marked line every loop has, that a GPU profile honestly shows as a cost, with the kinds it honestly has: the
+# per-batch copy `x.to(device)` is a blocking copy, after which PyTorch synchronizes the stream. Naming it is
+# neither credit (it is never planted) nor a false alarm, so an honest student who profiled on a GPU loses nothing.
+NEUTRAL = {"to_device": ("sync", "data")}
+
+
+def neutral_sites(spec: Spec) -> dict[str, tuple[str, ...]]:
+    """{site letter: kinds} of the variant's marked lines that score nothing either way (NEUTRAL); a neutral
+    line named with another kind is a false alarm."""
+    letters, out = iter(LETTERS), {}
+    for s in [s for s in dict.fromkeys(x for _, _, x in _render_lines(spec) if x is not None) if s in _marked(spec)]:
+        letter = next(letters)
+        if s in NEUTRAL:
+            out[letter] = NEUTRAL[s]
+    return out
+
+
 def load(spec: Spec) -> types.ModuleType:
     """The variant as a module (its `train` is the baseline and the reference the student's run is held to)."""
     from autograder.student import lab3_slow

@@ -296,9 +296,10 @@ def test_lab3s_profile_cell_lists_every_marked_site(tmp_path):
     assert "gpuGetDeviceCount" not in out.stderr  # the profiler's CUDA probe is silenced on a CPU
 
 
-def test_lab3_says_what_is_expected_of_the_per_batch_copy_as_the_answer_key_scores_it():
+def test_lab3_says_what_is_expected_of_the_per_batch_copy_as_the_answer_key_scores_it(monkeypatch):
     """`x.to(device)` is a host sync on a GPU (a blocking copy synchronizes the stream): the notebook says so, and
-    says how bottlenecks() scores it, which must be what the variants' answer key does (a decoy: a false alarm)."""
+    says how bottlenecks() scores it, which must be what the checks do: named "sync" or "data" it neither counts
+    nor costs (an honest GPU profile shows it), named anything else it is a false alarm."""
     from autograder import lab3_variants
 
     assert "to_device" in lab3_variants.DECOYS and "to_device" not in lab3_variants.FORMS
@@ -308,4 +309,20 @@ def test_lab3_says_what_is_expected_of_the_per_batch_copy_as_the_answer_key_scor
     assert copy_site not in key
     flat = " ".join(_notebook_text("lab3_profile_fix").split())
     assert "synchronizes the stream" in flat and 'set_sync_debug_mode("warn")' in flat
-    assert "a marked line of that kind counts as a false alarm" in flat
+    assert "naming the copy's marked line as `\"sync\"` or `\"data\"` neither earns nor costs a point" in flat
+    assert lab3_variants.neutral_sites(lab3_variants.CLASSIC) == {copy_site: ("sync", "data")}
+    from types import SimpleNamespace
+
+    from autograder import lab3_checks
+
+    monkeypatch.setattr(lab3_checks, "variant", lambda _ctx: (lab3_variants.CLASSIC,))
+
+    def graded(answers):
+        ctx = SimpleNamespace(call=lambda *_: {"type": "dict", "pairs": [list(p) for p in answers.items()]})
+        return lab3_checks.check_answers(ctx)
+
+    full = {k: v[0] for k, v in key.items()}
+    assert graded(full)["fraction"] == 1.0
+    assert graded({**full, copy_site: "sync"})["fraction"] == 1.0
+    assert graded({**full, copy_site: "sync"})["measurements"]["neutral"] == [copy_site]
+    assert graded({**full, copy_site: "compute"})["fraction"] == 0.75
