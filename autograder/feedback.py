@@ -212,12 +212,18 @@ MAX_CELLS = 5000  # cells in a notebook formgrader is given (a course notebook h
 MAX_OUTPUTS = 20000  # outputs in all its cells
 
 
+# The bidi controls (embeddings, overrides, isolates, marks): in a page or in formgrader they reorder what a reader
+# sees, so a student's "1 of 4" can read as "4 of 1" and code can show other than it runs (Trojan Source).
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 def _text(v) -> str:
-    """A notebook string field's text ('' for anything else), with lone surrogates replaced: they make the page
-    that shows it fail to encode."""
+    """A notebook string field's text ('' for anything else), with lone surrogates replaced (they make the page
+    that shows it fail to encode) and each bidi control shown as its escape (`\\u202e`), as shown.line does."""
     if isinstance(v, list):
         v = "".join(x for x in v if isinstance(x, str))
-    return v.encode("utf-8", "replace").decode() if isinstance(v, str) else ""
+    v = v.encode("utf-8", "replace").decode() if isinstance(v, str) else ""
+    return _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", v)
 
 
 # MathJax typesets $...$ anywhere in a page's text; these macros make links, markup or new macros from it.
@@ -245,9 +251,15 @@ def _page_safe(notebook: str) -> str:
         c["metadata"] = {"nbgrader": meta["nbgrader"]} if "nbgrader" in meta else {}  # tags become CSS classes
         if c.get("cell_type") in ("markdown", "raw"):
             c["source"] = inert_tex(_text(c.get("source")))
+        elif "source" in c:
+            c["source"] = _text(c.get("source"))
         for o in c.get("outputs", []) if c.get("cell_type") == "code" else []:
             if "metadata" in o:
                 o["metadata"] = {}
+            if o.get("output_type") == "stream":
+                o["text"] = _text(o.get("text"))
+            if isinstance(o.get("data"), dict) and "text/plain" in o["data"]:
+                o["data"]["text/plain"] = _text(o["data"]["text/plain"])
             for mime in ("text/latex", "text/markdown", "text/html"):
                 if isinstance(o.get("data"), dict) and mime in o["data"]:
                     o["data"][mime] = inert_tex(_text(o["data"][mime]))

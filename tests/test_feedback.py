@@ -134,3 +134,23 @@ def test_a_renderer_that_dies_is_reported_and_replaced(tmp_path):
         assert r.render(tmp_path, "lab", "amy", timeout_s=120)[2] is None
     finally:
         r.stop()
+
+
+def test_bidi_controls_in_a_students_notebook_are_shown_as_escapes_on_the_page_and_in_formgrader():
+    """A right-to-left override in a written answer, a code cell or an output would reorder what the instructor
+    reads ("1 of 4" read as "4 of 1"; code shown other than it runs): each is shown as its escape."""
+    import json
+
+    from autograder import feedback
+
+    rlo = "\u202e"
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": f"score {rlo}4 of 1"},
+        {"cell_type": "code", "metadata": {}, "execution_count": 1, "source": f"x = 1  # {rlo}", "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": f"ok{rlo}"},
+            {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+             "data": {"text/plain": f"{rlo}1"}}]}]}
+    for text in (feedback._page_safe(json.dumps(nb)), feedback.plain_notebook(json.dumps(nb).encode()).decode()):
+        shown = json.loads(text)
+        flat = json.dumps(shown, ensure_ascii=False)
+        assert rlo not in flat and "\\\\u202e" in flat, flat
