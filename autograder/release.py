@@ -151,11 +151,14 @@ package and the public checks of each lab. Nothing here holds an answer: the cou
   archive, published at https://github.com/{slug}), nothing else.
 - **Your own machine** (Python 3.11+): `pip install .` in this folder (`pip install ".[course]"` adds
   JupyterLab), then `jupyter lab`.
-- **A machine without an NVIDIA GPU**: install the CPU-only PyTorch first, then this release:
-  `pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu`, then `pip install .`.
-  The default torch wheel on Linux carries the CUDA libraries, several GB that a CPU never uses; every lab's
-  public checks run on a CPU (lab 4's speed needs a CUDA GPU).
-- **Checks**: a lab's test cells run its public checks on your `student_*.py`; the same from a shell in the
+- **A machine without an NVIDIA GPU** (optional, it saves a download): install the CPU-only PyTorch first, then
+  this release: `pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu`, then
+  `pip install .`. The default torch wheel on Linux carries the CUDA libraries, several GB that a CPU never uses.
+  Where download.pytorch.org cannot be reached (a network that allows only PyPI), stop that command and run
+  `pip install .` alone: the default wheel works on a CPU too. Every lab's public checks run on a CPU (lab 4's
+  speed needs a CUDA GPU).
+- **Checks**: a lab's test cells run its public checks on your `student_*.py` (the `%%writefile` cell above
+  them writes it from your code: run that cell first); the same from a shell in the
   lab's folder: `python -m autograder.harness lab1 student_scaler.py` (`--list` names them). Lab 3's compare
   with the `slow_train.py` beside your notebook: if your instructor handed you your own, put it there.
 - **Hand-in**: the last cell of each lab writes `<lab>_handin.zip` (your notebook and the files beside it);
