@@ -8,10 +8,16 @@
   `labkit.amp.measured_bytes_per_param` in fp32, under bf16 autocast, in pure fp16 and with SGD + momentum;
 * 3.10 a reader of a CUDA memory snapshot (peak bytes in use, largest allocations with their stacks): checked against
   `labkit.memory_snapshot` on hand-made snapshots, and on the recorded GPU snapshots when they are present;
-* 3.11 gradient accumulation equal to the big batch: checked against the full batch's gradient.
+* 3.11 gradient accumulation equal to the big batch: checked against the full batch's gradient;
+* 3.12 naive attention (plain and causal): checked against `F.scaled_dot_product_attention`, outputs and gradients;
+* 3.13 the score matrix's bytes: checked by formula and against the softmax output naive attention saves;
+* 3.14 the bytes one transformer layer saves for backward: checked within 1% against `amp.SavedTensorMeter` on
+  `labkit.attention.build_blocks`;
+* 3.15 attention under bf16 autocast with the softmax in float32: every op's dtypes read below autocast;
+* 3.16 profiling a training step with torch.profiler and a schedule: checked on the profile it returns.
 
-Everything runs on a CPU in a few seconds. The exercises 3.1-3.3, 3.6, 3.8 and 3.9 of the notebook are predictions,
-checked in the notebook itself.
+Everything runs on a CPU in a few seconds. The exercises 3.1-3.3, 3.6, 3.8, 3.9 and 3.17 of the notebook are predictions
+or readings, checked in the notebook itself.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import random
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from labkit import amp, memory_snapshot
+from labkit import amp, attention, memory_snapshot
 from labkit import exercises as ex
+from labkit.errors import LabkitError
 from labkit.loss_scaling import crafted_sequences, drive_scaler
 
 # ---------------------------------------------------------------------------------- 3.4 a dynamic loss scaler
@@ -359,3 +367,258 @@ def check_accumulate(fn) -> str:
         assert abs(loss - loss_full) < 1e-5, (
             f"with micro_batches={k} you return loss {loss:.6f}, the batch's mean loss is {loss_full:.6f}")
     return "the accumulated gradients equal the full batch's (relative difference below 1e-5) for 1, 4 and 7 slices"
+
+
+# ------------------------------------------------------------------------------ 3.12-3.16 an attention step
+
+ATTN_ATOL, ATTN_RTOL = 1e-5, 1e-4  # fp32 naive vs fp32 SDPA: same arithmetic, different order of summation
+BF16_ATOL = 3e-2  # bf16 attention vs fp32: bf16 keeps 8 significant bits (eps 2^-7 = 0.0078), outputs are O(1)
+LAYER_RTOL = 0.01  # 3.14: within 1% of the measured bytes, so LayerNorm's per-token statistics may be left out
+ATTN_CASES = ((2, 3, 17, 8), (1, 4, 64, 16))  # (batch, heads, seq_len, head_dim): odd length, then a round one
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Every aten op that ran below autocast: (name, input dtypes, output dtype)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = [a.dtype for a in args if isinstance(a, torch.Tensor)]
+        self.ops.append((func.overloadpacket.__name__, ins, out.dtype if isinstance(out, torch.Tensor) else None))
+        return out
+
+
+def _ran_sdpa(rec: _OpRecorder) -> bool:
+    return any("scaled_dot_product" in name for name, _, _ in rec.ops)
+
+
+def _attention_hint(fn, q, k, v, causal: bool, got) -> str:
+    """Why `got` differs from SDPA's output: the usual slips, tried one by one."""
+    close = lambda want: torch.allclose(got, want, atol=1e-4, rtol=1e-3)  # noqa: E731
+    if close(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0)):
+        return "divide the scores by sqrt(head_dim) (q.shape[-1]) before the softmax"
+    if close(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / q.shape[-1])):
+        return "divide by the square root of head_dim, not by head_dim itself"
+    if causal:
+        if close(F.scaled_dot_product_attention(q, k, v)):
+            return "causal=True changed nothing: mask every key after its query before the softmax"
+        past = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(-1)
+        if close(F.scaled_dot_product_attention(q, k, v, attn_mask=~past)):
+            return ("you masked the past: query i may look at keys 0..i, so mask where the key index is larger "
+                    "(torch.ones(L, L, dtype=torch.bool).triu(1))")
+        return ("set the masked scores to -inf before the softmax (masked_fill): zeroing them after the softmax "
+                "leaves rows that no longer sum to 1")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if close(scores.softmax(-2) @ v):
+        return "take the softmax over the keys, the last dimension (dim=-1)"
+    return "compute softmax(q @ k.transpose(-2, -1) / sqrt(head_dim), dim=-1) @ v"
+
+
+@ex.exercise("3.12", "naive attention", reference=lambda: attention.naive_attention)
+def check_naive_attention(fn) -> str:
+    """fn(q, k, v, causal=False) -> softmax(q k^T / sqrt(d)) v, as F.scaled_dot_product_attention."""
+    worst = 0.0
+    for i, shape in enumerate(ATTN_CASES):
+        q, k, v = attention.random_qkv(*shape, seed=i, requires_grad=True)
+        for causal in (False, True):
+            with _OpRecorder() as rec:
+                got = fn(q, k, v, causal=causal)
+            assert not _ran_sdpa(rec), ("your function called scaled_dot_product_attention: write it from a matmul, "
+                                        "a softmax and another matmul, so that you see the score matrix")
+            want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            assert isinstance(got, torch.Tensor) and got.shape == want.shape, (
+                f"for q, k, v of shape {tuple(shape)} return a tensor of that shape, got "
+                f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
+            err = (got - want).abs().max().item()
+            if not torch.allclose(got, want, atol=ATTN_ATOL, rtol=ATTN_RTOL):
+                with torch.no_grad():
+                    hint = _attention_hint(fn, q, k, v, causal, got)
+                raise AssertionError(f"with causal={causal} on shape {tuple(shape)} your output is up to {err:.1e} "
+                                     f"away from scaled_dot_product_attention's (tolerance atol {ATTN_ATOL:g}, rtol "
+                                     f"{ATTN_RTOL:g}): {hint}")
+            worst = max(worst, err)
+            assert got.requires_grad, ("the output carries no gradient: build it from differentiable torch ops on q, "
+                                       "k and v (no .detach(), no torch.no_grad())")
+            g = torch.randn_like(want)
+            mine = [torch.zeros_like(t) if d is None else d
+                    for t, d in zip((q, k, v), torch.autograd.grad(got, (q, k, v), g, allow_unused=True), strict=True)]
+            ref = torch.autograd.grad(want, (q, k, v), g)
+            assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-3) for a, b in zip(mine, ref, strict=True)), (
+                f"with causal={causal} the output is right but its gradients differ from SDPA's: build it from "
+                "differentiable torch ops (no .detach(), no in-place writes to the scores after the softmax)")
+    return (f"matches F.scaled_dot_product_attention, plain and causal, within atol {ATTN_ATOL:g} / rtol "
+            f"{ATTN_RTOL:g} (largest difference {worst:.1e}), gradients too")
+
+
+def _reference_score_bytes(batch, heads, seq_len, dtype=torch.float32):
+    """Bytes of one (batch, heads, seq_len, seq_len) score matrix in `dtype`."""
+    return batch * heads * seq_len * seq_len * torch.empty((), dtype=dtype).element_size()
+
+
+SCORE_CASES = ((1, 3, 128, torch.float32), (2, 8, 1000, torch.bfloat16), (3, 1, 7, torch.float16),
+               (1, 1, 1, torch.float64))
+
+
+@ex.exercise("3.13", "the score matrix's bytes", reference=lambda: _reference_score_bytes)
+def check_score_bytes(fn) -> str:
+    """fn(batch, heads, seq_len, dtype) -> bytes of the (batch, heads, L, L) score matrix; checked by formula
+    and against the bytes naive attention saves for backward (minus q, k and v)."""
+    for b, h, n, dt in SCORE_CASES:
+        want, got = _reference_score_bytes(b, h, n, dt), fn(b, h, n, dt)
+        size = torch.empty((), dtype=dt).element_size()
+        elements = b * h * n * n
+        hint = ("one score per (query, key) pair: seq_len * seq_len per head" if got == b * h * n * size else
+                f"{dt} takes {size} bytes per element (torch.empty((), dtype=dtype).element_size())"
+                if got in (elements, 4 * elements) else "every batch element and every head has its own L x L matrix")
+        assert got == want, (f"batch {b}, heads {h}, seq_len {n}, {dt}: the score matrix is {want:,} bytes, you "
+                             f"found {got!r}: {hint}")
+    lines = []
+    for dt in (torch.float32, torch.bfloat16):
+        q, k, v = attention.random_qkv(2, 4, 96, 16, dtype=dt, requires_grad=True)
+        saved = attention.saved_bytes(lambda q=q, k=k, v=v: attention.naive_attention(q, k, v))
+        scores = saved - 3 * q.untyped_storage().nbytes()
+        assert scores == fn(2, 4, 96, dt), (f"in {dt} naive attention saved {scores:,} bytes beyond q, k and v (its "
+                                            f"softmax output), your formula says {fn(2, 4, 96, dt):,}")
+        lines.append(f"{dt}: {scores:,}")
+    return ("exact on 4 shapes and dtypes, and equal to the softmax output naive attention saves for backward "
+            f"(batch 2, 4 heads, L 96: {', '.join(lines)} bytes)")
+
+
+def _reference_layer_bytes(batch, seq_len, d_model, heads, mlp_ratio=4, elem_bytes=4):
+    """Bytes one labkit.attention.Block with naive attention saves for backward: every (batch, seq_len,
+    d_model) tensor it saves, the MLP's two wide ones, the attention probabilities, LayerNorm's statistics."""
+    tokens = batch * seq_len
+    per_token = (1 + 1 + 3 + 1 + 1 + 1) * d_model + 2 * mlp_ratio * d_model  # ln1 in, qkv in, q k v, proj in,
+    # ln2 in, fc1 in; gelu in and fc2 in, each mlp_ratio * d_model wide
+    probs = batch * heads * seq_len * seq_len  # softmax's output, saved once for softmax and for probs @ v
+    stats = 2 * 2 * tokens * 4  # mean and 1/std per token for each of two LayerNorms, always float32
+    return elem_bytes * (tokens * per_token + probs) + stats
+
+
+LAYER_CASES = ((attention.TinyConfig(128, 4, 2), 2, 64), (attention.TinyConfig(256, 8, 3), 1, 160),
+               (attention.TinyConfig(64, 2, 2, mlp_ratio=2), 4, 32))  # (config, batch, seq_len)
+
+
+def _measured_layer_bytes(cfg, batch, seq_len) -> float:
+    model = attention.build_blocks(cfg)
+    x = torch.randn(batch, seq_len, cfg.d_model)
+    return attention.saved_bytes(lambda: model(x), model) / cfg.layers
+
+
+@ex.exercise("3.14", "activation memory of a transformer layer", reference=lambda: _reference_layer_bytes)
+def check_layer_bytes(fn) -> str:
+    """fn(batch, seq_len, d_model, heads, mlp_ratio=4, elem_bytes=4) -> bytes one block (naive attention) saves
+    for backward in fp32; within 1% of amp.SavedTensorMeter's measurement of labkit.attention.build_blocks."""
+    lines = []
+    for cfg, b, n in LAYER_CASES:
+        measured = _measured_layer_bytes(cfg, b, n)
+        got = float(fn(b, n, cfg.d_model, cfg.heads, mlp_ratio=cfg.mlp_ratio, elem_bytes=4))
+        off = got / measured - 1
+        if abs(off) > LAYER_RTOL:
+            probs = 4 * b * cfg.heads * n * n
+            mlp = 4 * 2 * cfg.mlp_ratio * cfg.d_model * b * n
+            hint = ("the attention probabilities (batch * heads * L * L) are saved once: softmax and the matmul "
+                    "after it keep the same tensor" if abs(got - probs - measured) < LAYER_RTOL * measured else
+                    "count the attention probabilities, batch * heads * L * L elements" if
+                    abs(got + probs - measured) < LAYER_RTOL * measured else
+                    "GELU saves its input and fc2 its input: 2 * mlp_ratio * d_model per token" if
+                    abs(got + mlp - measured) < 2 * LAYER_RTOL * measured else
+                    "per token: the inputs of ln1, qkv, proj, ln2 and fc1 (d_model each), q, k and v (3 * d_model), "
+                    "the inputs of GELU and fc2 (mlp_ratio * d_model each); plus batch * heads * L * L")
+            raise AssertionError(f"d_model {cfg.d_model}, {cfg.heads} heads, batch {b}, L {n}: one layer saves "
+                                 f"{measured:,.0f} bytes, you counted {got:,.0f} ({off:+.1%}; tolerance "
+                                 f"{LAYER_RTOL:.0%}): {hint}")
+        lines.append(f"{off:+.2%}")
+    return (f"within {LAYER_RTOL:.0%} of the saved bytes measured per layer on {len(LAYER_CASES)} configurations "
+            f"({', '.join(lines)})")
+
+
+MATMULS = ("mm", "bmm", "baddbmm", "addmm", "matmul")
+
+
+def _reference_attention_bf16(q, k, v, causal=False):
+    """Naive attention under bf16 autocast, the softmax cast up to float32 (autocast does that on CUDA only)."""
+    with torch.autocast(q.device.type, dtype=torch.bfloat16):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        probs = scores.float().softmax(dim=-1).to(torch.bfloat16)
+        return probs @ v
+
+
+@ex.exercise("3.15", "bf16 attention with the softmax in float32", reference=lambda: _reference_attention_bf16)
+def check_attention_bf16(fn) -> str:
+    """fn(q, k, v, causal=False) on fp32 inputs: matmuls in bf16 under autocast, every softmax out in float32,
+    the output in bf16 and within atol 3e-2 of fp32 attention; dtypes read op by op below autocast."""
+    worst = 0.0
+    for causal in (False, True):
+        q, k, v = attention.random_qkv(2, 4, 48, 16, seed=3)
+        with _OpRecorder() as rec:
+            got = fn(q, k, v, causal=causal)
+        assert not _ran_sdpa(rec), ("scaled_dot_product_attention hides its softmax: write the attention out (scores, "
+                                    "softmax, @ v) so that you choose the softmax's dtype")
+        mm = [ins for name, ins, _ in rec.ops if name in MATMULS]
+        soft = [(ins, out) for name, ins, out in rec.ops if name in ("_softmax", "softmax")]
+        assert len(mm) >= 2 and all(torch.bfloat16 in ins for ins in mm), (
+            f"the matmuls ran in {sorted({str(d) for ins in mm for d in ins})}: run q @ k^T and probs @ v under "
+            "torch.autocast(q.device.type, dtype=torch.bfloat16), which casts their inputs to bf16")
+        assert soft, "no softmax ran: compute scores.softmax(dim=-1) yourself"
+        assert all(out == torch.float32 for _, out in soft), (
+            "the softmax came out in bfloat16: on a CPU autocast's lists leave softmax in the dtype that arrives "
+            "(on CUDA they would cast it up): cast the scores up yourself, scores.float().softmax(dim=-1)")
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16, (
+            f"the output is {getattr(got, 'dtype', type(got).__name__)}: the last matmul (probs @ v) should run under "
+            "autocast too, so the output is bf16 like every other matmul's")
+        want = attention.naive_attention(q, k, v, causal=causal)
+        err = (got.float() - want).abs().max().item()
+        assert err <= BF16_ATOL, (f"with causal={causal} the output is up to {err:.3f} away from fp32 attention "
+                                  f"(tolerance {BF16_ATOL:g}): the arithmetic is not the attention's")
+        worst = max(worst, err)
+    return (f"matmuls in bf16, the softmax in float32, output bf16 within {worst:.1e} of fp32 attention (tolerance "
+            f"{BF16_ATOL:g}), plain and causal")
+
+
+def _reference_profile_step(step_fn, active=2):
+    """torch.profiler around `step_fn` with a schedule (skip 1 step, warm up 1, record `active`)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=active)) as prof:
+        for _ in range(2 + active):
+            step_fn()
+            prof.step()
+    return prof
+
+
+@ex.exercise("3.16", "profiling one training step", reference=lambda: _reference_profile_step)
+def check_profile_step(fn) -> str:
+    """fn(step_fn, active=2) -> a finished torch.profiler.profile whose schedule recorded `active` steps."""
+    from labkit import profiling
+
+    profiling.quiet_cpu_profiler()
+    model = attention.build_blocks(attention.TinyConfig(64, 2, 1))
+    x = torch.randn(1, 32, 64)
+    calls = []
+
+    def step():
+        calls.append(1)
+        model.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+
+    with profiling._quiet_profiler():
+        prof = fn(step, active=2)
+    assert len(calls) >= 3, (f"step_fn ran {len(calls)} times: run it in a loop, wait + warmup + active times, "
+                             "with prof.step() after each call")
+    assert hasattr(prof, "key_averages"), f"return the profiler object itself, not {type(prof).__name__}"
+    try:
+        read = profiling.read_key_averages(prof)
+    except LabkitError as e:
+        raise AssertionError(str(e)) from None
+    assert read["steps"] == 2, (f"the profile recorded {read['steps']} steps, asked for 2: use "
+                                "torch.profiler.schedule(wait=1, warmup=1, active=active) and call prof.step() "
+                                "after every step")
+    return f"2 steps recorded; the top op by self CPU time in this check's tiny step: {read['top_op']}"

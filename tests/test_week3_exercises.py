@@ -262,3 +262,138 @@ def test_the_bytes_check_wants_every_state_tensor_per_parameter():
         ex.check("3.7", counter(skip_step=True), quiet=True)
     with pytest.raises(ex.Wrong, match="divide by the number of model parameters"):
         ex.check("3.7", counter(per_param=False), quiet=True)
+
+
+# ------------------------------------------------------------------------------------- 3.12-3.16 an attention step
+
+def _attn(q, k, v, causal=False, *, scale=None, dim=-1, mask="triu", after=False):
+    """Naive attention with one thing changeable, for the wrong answers below."""
+    scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if scale is None else scale)
+    n = q.shape[-2]
+    if causal and mask:
+        drop = torch.ones(n, n, dtype=torch.bool).triu(1) if mask == "triu" else torch.ones(n, n, dtype=torch.bool).tril(-1)
+        if not after:
+            scores = scores.masked_fill(drop, float("-inf"))
+    probs = scores.softmax(dim)
+    if causal and after:
+        probs = probs.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), 0.0)
+    return probs @ v
+
+
+def test_naive_attention_passes_and_each_slip_is_named():
+    assert "plain and causal" in ex.check("3.12", _attn, quiet=True)
+    cases = [(lambda q, k, v, causal=False: _attn(q, k, v, causal, scale=1.0), "divide the scores by sqrt"),
+             (lambda q, k, v, causal=False: _attn(q, k, v, causal, scale=q.shape[-1]), "not by head_dim itself"),
+             (lambda q, k, v, causal=False: _attn(q, k, v, causal, dim=-2), "last dimension"),
+             (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask=None), "causal=True changed nothing"),
+             (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask="tril"), "you masked the past"),
+             (lambda q, k, v, causal=False: _attn(q, k, v, causal, after=True), "-inf before the softmax"),
+             (lambda q, k, v, causal=False: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+              "called scaled_dot_product_attention"),
+             (lambda q, k, v, causal=False: _attn(q.detach(), k.detach(), v.detach(), causal), "no gradient")]
+    for fn, message in cases:
+        with pytest.raises(ex.Wrong, match=message):
+            ex.check("3.12", fn, quiet=True)
+
+
+def test_the_score_bytes_check_wants_l_squared_the_dtype_and_every_head():
+    assert "saves for backward" in ex.check("3.13", ex.reference("3.13"), quiet=True)
+    size = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
+    for fn, message in ((lambda b, h, n, dt: b * h * n * size(dt), "seq_len \\* seq_len"),
+                        (lambda b, h, n, dt: b * h * n * n * 4, "bytes per element"),
+                        (lambda b, h, n, dt: b * n * n * size(dt), "every head")):
+        with pytest.raises(ex.Wrong, match=message):
+            ex.check("3.13", fn, quiet=True)
+
+
+def test_the_layer_count_check_names_the_missing_term():
+    ref = ex.reference("3.14")
+    assert "within 1%" in ex.check("3.14", ref, quiet=True)
+
+    def no_probs(b, n, d, h, mlp_ratio=4, elem_bytes=4):
+        return ref(b, n, d, h, mlp_ratio, elem_bytes) - elem_bytes * b * h * n * n
+
+    def probs_twice(b, n, d, h, mlp_ratio=4, elem_bytes=4):
+        return ref(b, n, d, h, mlp_ratio, elem_bytes) + elem_bytes * b * h * n * n
+
+    def no_mlp(b, n, d, h, mlp_ratio=4, elem_bytes=4):
+        return ref(b, n, d, h, mlp_ratio, elem_bytes) - elem_bytes * 2 * mlp_ratio * d * b * n
+
+    for fn, message in ((no_probs, "count the attention probabilities"), (probs_twice, "saved once"),
+                        (no_mlp, "GELU saves its input"), (lambda *a, **k: 1.0, "tolerance 1%")):
+        with pytest.raises(ex.Wrong, match=message):
+            ex.check("3.14", fn, quiet=True)
+    # LayerNorm's statistics are within the stated tolerance: leaving them out still passes
+    ex.check("3.14", lambda b, n, d, h, mlp_ratio=4, elem_bytes=4: ref(b, n, d, h, mlp_ratio, elem_bytes) - 16 * b * n,
+             quiet=True)
+
+
+def test_the_bf16_attention_check_reads_each_ops_dtype():
+    assert "softmax in float32" in ex.check("3.15", ex.reference("3.15"), quiet=True)
+
+    def autocast_only(q, k, v, causal=False):  # softmax left to autocast: bf16 on a CPU
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _attn(q, k, v, causal)
+
+    def fp32_out(q, k, v, causal=False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        return _attn_tail(scores, v)
+
+    def fused(q, k, v, causal=False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    for fn, message in ((_attn, "the matmuls ran in"), (autocast_only, "came out in bfloat16"),
+                        (fp32_out, "the matmuls ran in"), (fused, "hides its softmax")):
+        with pytest.raises(ex.Wrong, match=message):
+            ex.check("3.15", fn, quiet=True)
+
+
+def _attn_tail(scores, v):
+    return scores.float().softmax(-1) @ v
+
+
+def test_the_profile_check_wants_a_schedule_and_the_profiler_back():
+    from torch.profiler import profile
+
+    assert "top op by self CPU time" in ex.check("3.16", ex.reference("3.16"), quiet=True)
+
+    def no_schedule(step_fn, active=2):
+        with profile() as prof:
+            for _ in range(4):
+                step_fn()
+                prof.step()
+        return prof
+
+    def returns_nothing(step_fn, active=2):
+        for _ in range(4):
+            step_fn()
+
+    def once(step_fn, active=2):
+        with profile() as prof:
+            step_fn()
+        return prof
+
+    for fn, message in ((no_schedule, "inside a profile with a schedule"), (returns_nothing, "profiler object itself"),
+                        (once, "step_fn ran 1 times")):
+        with pytest.raises(ex.Wrong, match=message):
+            ex.check("3.16", fn, quiet=True)
+
+
+def test_attention_meters_see_the_quadratic_term_and_refuse_bad_input():
+    from labkit import attention as A
+
+    rows = A.attention_sweep({"naive": A.naive_attention, "sdpa": A.sdpa}, [64, 128], repeats=1)
+    by = {(r["name"], r["seq_len"]): r for r in rows}
+    score = lambda n: 4 * 4 * n * n  # noqa: E731  (batch 1, 4 heads, fp32)
+    for n in (64, 128):
+        assert by["naive", n]["saved_bytes"] - 3 * 4 * 4 * n * 32 == score(n)
+        assert by["naive", n]["peak_bytes"] >= score(n) > by["sdpa", n]["peak_bytes"]
+    assert A.top_ops(ex.reference("3.16")(lambda: A.naive_attention(*A.random_qkv())))[0]["share"] == 1.0
+    with pytest.raises(LabkitError, match="multiple of heads"):
+        A.build_blocks(A.TinyConfig(d_model=130, heads=4))
+    with pytest.raises(LabkitError, match="positive"):
+        A.random_qkv(seq_len=0)
+    with pytest.raises(LabkitError, match="at least one"):
+        A.attention_sweep({}, [64])
