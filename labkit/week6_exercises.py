@@ -13,6 +13,11 @@ on a CPU there is nothing to capture, so the check runs the eager fallback again
 code for the capture's parts, and says that it skipped the capture.
 6.4 is time to accuracy from a training log: the whole process's seconds (start-up and evaluations included) and
 the training seconds until the first evaluation at or above a target, or None; checked on edge cases.
+6.6-6.9 are data parallelism written by hand on 2 CPU processes (gloo): gradients averaged with one all_reduce per
+tensor, then in flat buckets, then overlapped with backward through post-accumulate-grad hooks, then ZeRO-1
+(optimizer state sharded: reduce-scatter, a shard's step, all-gather). Each check trains a small MLP with the answer
+and under DistributedDataParallel from the same weights on the same shards (labkit.dp_scratch) and compares the
+parameters (bit for bit where nothing reorders the arithmetic); a right answer is then timed against DDP.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -452,3 +458,349 @@ def check_tta(time_to_accuracy) -> str:
         raise AssertionError(f"{what}: should raise ValueError with a clear message before any work (a wrong "
                              f"log or target gives a number that looks right and is not)")
     return f"{len(TTA_CASES)} logs right (first-hit, equality, never, NaN, dips) and {len(TTA_BAD)} bad inputs refused"
+
+
+# --------------------------------------------------------------- 6.6-6.9 data parallelism, written by hand
+# Each check forks 2 CPU processes in a gloo group (labkit.dp_scratch), trains the same tiny MLP with the answer
+# and under DistributedDataParallel from the same weights on the same data shards, compares, then times both.
+
+BUCKET_BYTES = 300_000  # the checks' bucket budget: 3 buckets of the check's MLP in either order, not 8 tensors
+DP_TOL = 1e-6  # how far (a fraction of how far DDP moved the weights) an answer may land from DDP's parameters
+ZERO_TOL = 1e-5  # the same for ZeRO-1: its optimizer steps one flat shard instead of each parameter tensor
+LAST_TIMING: dict[str, list] = {}  # exercise id -> the last check's [(your s/step, DDP's s/step), ...] per round
+
+
+def buckets(params: list, bucket_bytes: int) -> list[list]:
+    """Greedy buckets in the given order: a new bucket when the next tensor would pass bucket_bytes (bytes)."""
+    out, size = [], 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        if not out or size + nbytes > bucket_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += nbytes
+    return out
+
+
+def _ref_naive():
+    def average_gradients(model: nn.Module) -> None:
+        import torch.distributed as dist
+
+        n = dist.get_world_size()
+        for p in model.parameters():
+            if p.grad is None:
+                continue
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= n
+
+    return average_gradients
+
+
+def _copy_back(flat: torch.Tensor, grads: list[torch.Tensor], scale: float) -> None:
+    from torch._utils import _unflatten_dense_tensors
+
+    flat.mul_(scale)
+    for g, part in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        g.copy_(part)
+
+
+def _ref_buckets():
+    def allreduce_buckets(params: list, bucket_bytes: int) -> None:
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors
+
+        live = [p for p in params if p.grad is not None]
+        for group in buckets(live, bucket_bytes):
+            grads = [p.grad for p in group]
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            _copy_back(flat, grads, 1.0 / dist.get_world_size())
+
+    return allreduce_buckets
+
+
+def _ref_overlap():
+    def overlap_gradients(model: nn.Module, bucket_bytes: int):
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors
+
+        order = [p for p in model.parameters() if p.requires_grad][::-1]  # backward reaches the last layer first
+        groups = buckets(order, bucket_bytes)
+        home = {p: i for i, group in enumerate(groups) for p in group}
+        waiting = [len(group) for group in groups]
+        launched: list = []
+
+        def ready(p):
+            i = home[p]
+            waiting[i] -= 1
+            if waiting[i] == 0:  # the bucket's last gradient just landed: send it while backward goes on
+                grads = [q.grad for q in groups[i]]
+                flat = _flatten_dense_tensors(grads)
+                launched.append((dist.all_reduce(flat, async_op=True), flat, grads))
+
+        for p in order:
+            p.register_post_accumulate_grad_hook(ready)
+
+        def finish():
+            for work, flat, grads in launched:
+                work.wait()
+                _copy_back(flat, grads, 1.0 / dist.get_world_size())
+            launched.clear()
+            waiting[:] = [len(group) for group in groups]
+
+        return finish
+
+    return overlap_gradients
+
+
+def _collective(name: str):
+    """torch.distributed's function by its newer name where this torch has it (2.14 renamed two of them)."""
+    import torch.distributed as dist
+
+    new = {"reduce_scatter_tensor": "reduce_scatter_single", "all_gather_into_tensor": "all_gather_single"}[name]
+    return getattr(dist, new, None) or getattr(dist, name)
+
+
+def _ref_zero1():
+    def zero1(params, make_optimizer):
+        import torch.distributed as dist
+
+        params = list(params)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        total = sum(p.numel() for p in params)
+        per = -(-total // world)  # ceil: the last shard is padded with zeros
+        whole = torch.zeros(per * world)
+        torch.cat([p.detach().reshape(-1) for p in params], out=whole[:total])
+        mine = whole[rank * per:(rank + 1) * per].clone().requires_grad_(True)
+        opt = make_optimizer([mine])  # state for this rank's shard only
+
+        def step():
+            flat_grad = torch.zeros(per * world)
+            torch.cat([p.grad.reshape(-1) for p in params], out=flat_grad[:total])
+            shard_grad = torch.empty(per)
+            _collective("reduce_scatter_tensor")(shard_grad, flat_grad)
+            mine.grad = shard_grad.div_(world)
+            opt.step()
+            _collective("all_gather_into_tensor")(whole, mine.detach())
+            with torch.no_grad():
+                at = 0
+                for p in params:
+                    p.copy_(whole[at:at + p.numel()].view_as(p))
+                    at += p.numel()
+
+        return step, opt
+
+    return zero1
+
+
+def _split(flat: torch.Tensor, numels: list[int]) -> list[torch.Tensor]:
+    return list(torch.split(flat, numels))
+
+
+def _grad_hint(r: dict, world: int) -> str:
+    """Which parameter's gradient differs from DDP's, and the likely slip: summed, never reduced, or other."""
+    names, numels = r["names"], r["numels"]
+    for name, g, d, own in zip(names, _split(r["grads"], numels), _split(r["ddp_grads"], numels),
+                               _split(r["local_grads"], numels), strict=True):
+        if torch.equal(g, d) or torch.allclose(g, d, rtol=1e-5, atol=1e-8):
+            continue
+        if torch.allclose(g, world * d, rtol=1e-5, atol=1e-8):
+            return (f"{name}'s gradient is {world}x DDP's: the sum over the ranks, not the mean. Divide by the "
+                    f"world size (dist.get_world_size()) after the all_reduce")
+        if torch.allclose(g, own, rtol=1e-5, atol=1e-8):
+            return (f"{name}'s gradient is still this rank's own: it was never all-reduced (a bucket skipped, or a "
+                    f"reduced copy that never went back into .grad)")
+        return f"{name}'s gradient differs from DDP's by up to {float((g - d).abs().max()):.3g}"
+    return ""
+
+
+def _dp_compare(results: list[dict], tol: float, what: str, drift_hint: str | None = None) -> str:
+    """Raise with what differed, rank by rank; return how close the answer came to DDP's parameters.
+
+    drift_hint: what to say when the ranks' parameters disagree (None: find the gradient that differs)."""
+    world = len(results)
+    if not torch.equal(results[0]["params"], results[-1]["params"]):
+        diff = float((results[0]["params"] - results[-1]["params"]).abs().max())
+        hint = drift_hint or _grad_hint(results[0], world)
+        raise AssertionError(f"after {what}, rank 0's and rank {world - 1}'s parameters differ (up to {diff:.3g}): "
+                             f"the ranks' replicas drifted apart. {hint}".rstrip())
+    worst = 0.0
+    for r in results:
+        moved = float((r["ddp_params"] - r["start"]).abs().max()) or 1.0
+        worst = max(worst, float((r["params"] - r["ddp_params"]).abs().max()) / moved)
+    if worst > tol:
+        hint = _grad_hint(results[0], world) or ("the first step's gradients agree with DDP's, so look at what changes "
+                                                "after it: is everything reset between steps?")
+        raise AssertionError(f"after {what}, your parameters are {worst:.3g} (of how far DDP moved them) away from "
+                             f"DDP's, more than the tolerance {tol:g}: {hint}")
+    if worst == 0.0:
+        return "parameters bit-identical to DDP's"
+    return f"parameters within {worst:.2g} of DDP's (tolerance {tol:g} of how far DDP moved them)"
+
+
+DP_TIMEOUT_S = 20.0  # seconds for one 2-process run: a rank stuck in a collective is reported, never waited on
+
+
+def _on_ranks(fn) -> list:
+    from labkit import dp_scratch as D
+
+    D.preload()
+    try:
+        return D.run_ranks(fn, timeout_s=DP_TIMEOUT_S)
+    except D.RankFailed as e:
+        if e.not_implemented:
+            raise NotImplementedError() from None
+        out_of_step = e.kind in ("RuntimeError", "DistBackendError") and any(
+            k in e.message for k in ("Gloo", "gloo", "Connection closed", "Timed out", "timed out"))
+        why = (". The ranks' collectives went out of step: every rank must make the same collectives, in the same "
+               "order, with the same sizes" if out_of_step else "")
+        raise AssertionError(f"on rank {e.rank} your code raised {e.kind}: {e.message} (at {e.where}){why}") from None
+    except TimeoutError as e:
+        raise AssertionError(str(e)) from None
+
+
+def _launch(make_sync, *, adam: bool = False) -> list[dict]:
+    """The answer and DDP trained side by side in 2 forked gloo processes: each rank's findings."""
+    from labkit import dp_scratch as D
+
+    return _on_ranks(lambda rank, world: D.train_side_by_side(rank, world, D.Recipe(), make_sync, adam=adam))
+
+
+def _timed(eid: str, make_sync, *, adam: bool = False) -> str:
+    """Only a right answer is timed: yours and DDP's steps in interleaved rounds, in 2 fresh processes."""
+    from labkit import dp_scratch as D
+
+    pairs = _on_ranks(lambda rank, world: D.time_side_by_side(rank, world, D.Recipe(), make_sync, adam=adam))[0]
+    LAST_TIMING[eid] = pairs
+    return D.ratio_summary(pairs)
+
+
+def _no_fork(eid: str) -> str | None:
+    from labkit import dp_scratch as D
+
+    if D.can_fork():
+        return None
+    return (f"skipped: {sys.platform} cannot fork safely, and the check runs your function in 2 forked processes "
+            f"(a notebook's function cannot be imported by a spawned one). Run exercise {eid} on Linux or Colab")
+
+
+COUNTED = (" (none seen: the check counts calls made through the module, so write dist.all_reduce(...), not a "
+           "name imported from torch.distributed before the check ran)")
+
+
+def _counts(r: dict) -> tuple[int, int]:
+    """How many buckets the check's MLP makes in forward and in reverse parameter order."""
+    sizes = [torch.empty(n) for n in r["numels"]]
+    return len(buckets(sizes, BUCKET_BYTES)), len(buckets(sizes[::-1], BUCKET_BYTES))
+
+
+@ex.exercise("6.6", "gradients averaged by hand, one all_reduce per tensor", reference=_ref_naive)
+def check_naive(average_gradients) -> str:
+    """2 gloo processes, 3 SGD steps on each rank's shard: the parameters against DDP's, then both timed."""
+    if skip := _no_fork("6.6"):
+        return skip
+
+    def sync(model, make_opt):
+        return make_opt(model.parameters()), lambda: average_gradients(model)
+
+    results = _launch(sync)
+    calls = [c for c in results[0]["calls"] if c.name == "all_reduce"]
+    close = _dp_compare(results, DP_TOL, "3 SGD steps")
+    return f"2 processes: {close}, {len(calls)} all_reduce calls per step; {_timed('6.6', sync)}"
+
+
+@ex.exercise("6.7", "gradients in flat buckets, one all_reduce per bucket", reference=_ref_buckets)
+def check_buckets(allreduce_buckets) -> str:
+    """As 6.6, and the number of all_reduce calls must be that of greedy buckets of BUCKET_BYTES."""
+    if skip := _no_fork("6.7"):
+        return skip
+
+    def sync(model, make_opt):
+        params = list(model.parameters())
+        return make_opt(params), lambda: allreduce_buckets(params, BUCKET_BYTES)
+
+    results = _launch(sync)
+    close = _dp_compare(results, DP_TOL, "3 SGD steps")
+    calls = [c for c in results[0]["calls"] if c.name == "all_reduce"]
+    want = set(_counts(results[0]))
+    if len(calls) not in want:
+        raise AssertionError(f"{len(calls)} all_reduce calls in one step, of {[c.numel for c in calls]} elements; "
+                             f"buckets of at most {BUCKET_BYTES:,} bytes (a tensor larger than that alone) make "
+                             f"{' or '.join(map(str, sorted(want)))} for these {len(results[0]['numels'])} tensors. "
+                             f"Fill a bucket until the next tensor would overflow it, then start a new one"
+                             + (COUNTED if not calls else ""))
+    return (f"2 processes: {close}, {len(calls)} buckets of {[c.numel for c in calls]} elements; "
+            f"{_timed('6.7', sync)}")
+
+
+@ex.exercise("6.8", "all_reduce overlapped with backward through gradient hooks", reference=_ref_overlap)
+def check_overlap(overlap_gradients) -> str:
+    """As 6.7, and every bucket's all_reduce must be launched asynchronously from inside backward."""
+    if skip := _no_fork("6.8"):
+        return skip
+
+    def sync(model, make_opt):
+        return make_opt(model.parameters()), overlap_gradients(model, BUCKET_BYTES)
+
+    results = _launch(sync)
+    calls = [c for c in results[0]["calls"] if c.name == "all_reduce"]
+    if not calls:
+        raise AssertionError("no all_reduce ran in the last step: launch one per bucket from the hooks" + COUNTED)
+    if not all(c.in_backward for c in calls):
+        late = sum(not c.in_backward for c in calls)
+        raise AssertionError(f"{late} of {len(calls)} all_reduce calls started after backward returned, where "
+                             f"nothing is left to overlap with: launch each bucket's from the hook of its last "
+                             f"gradient (Tensor.register_post_accumulate_grad_hook)")
+    if not all(c.async_op for c in calls):
+        raise AssertionError("an all_reduce ran with async_op=False, so backward stopped until it finished: pass "
+                             "async_op=True and keep its Work, then wait() on it in finish()")
+    close = _dp_compare(results, DP_TOL, "3 SGD steps")
+    want = set(_counts(results[0]))
+    if len(calls) not in want:
+        raise AssertionError(f"{len(calls)} all_reduce calls in one step; buckets of {BUCKET_BYTES:,} bytes make "
+                             f"{' or '.join(map(str, sorted(want)))}")
+    return f"2 processes: {close}, {len(calls)} buckets launched during backward; {_timed('6.8', sync)}"
+
+
+class _ShardedOpt:
+    """6.9's answer dressed as an optimizer for the check's loop: zero_grad, then step() runs the answer's step."""
+
+    def __init__(self, params, step, optimizer):
+        self.params, self._step, self.optimizer = list(params), step, optimizer
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self._step()
+
+
+@ex.exercise("6.9", "ZeRO-1: optimizer state sharded over the ranks", reference=_ref_zero1)
+def check_zero1(zero1) -> str:
+    """3 Adam steps against DDP with an unsharded Adam; each rank's state bytes measured against the unsharded."""
+    if skip := _no_fork("6.9"):
+        return skip
+
+    def sync(model, make_opt):
+        params = list(model.parameters())
+        out = zero1(params, make_opt)
+        if not (isinstance(out, tuple) and len(out) == 2 and callable(out[0])):
+            raise TypeError("zero1 should return (step, optimizer): a function and the shard's torch optimizer")
+        return _ShardedOpt(params, *out), lambda: None
+
+    results = _launch(sync, adam=True)
+    close = _dp_compare(results, ZERO_TOL, "3 Adam steps",
+                        drift_hint="Each rank steps only its own shard: after the step, all-gather every rank's "
+                                   "updated shard and copy the whole flat vector back into the parameters")
+    full = results[0]["ddp_state_bytes"]
+    mine = [r["state_bytes"] for r in results]
+    if max(mine) >= full:
+        raise AssertionError(f"each rank's optimizer holds {max(mine):,} bytes of state, the unsharded Adam "
+                             f"{full:,}: nothing is sharded. Give the optimizer this rank's slice of the flat "
+                             f"parameters only")
+    names = sorted({c.name for c in results[0]["calls"]})
+    return (f"2 processes: {close}; Adam state per rank {', '.join(f'{b:,}' for b in mine)} bytes against "
+            f"{full:,} unsharded ({max(mine) / full:.2f} of it), collectives {', '.join(names)}; "
+            f"{_timed('6.9', sync, adam=True)}")

@@ -201,3 +201,141 @@ def test_tiny_model_step_is_capturable_shape():
     loss = step(torch.randn(8, 24), torch.randint(0, 5, (8,)))
     assert calls == [1] and loss.dim() == 0 and not loss.requires_grad
     assert isinstance(w6._Tiny().body[1], nn.BatchNorm1d)
+
+
+# ------------------------------------------------------------- 6.6-6.9 data parallelism, by hand, on 2 processes
+
+needs_fork = pytest.mark.skipif(not __import__("labkit.dp_scratch").dp_scratch.can_fork(),
+                                reason="the 2-process checks fork (Linux)")
+
+
+@needs_fork
+def test_6_6_naive_average_matches_ddp_bit_for_bit_and_a_missing_division_is_named():
+    assert "bit-identical" in ex.check("6.6", ex.reference("6.6"), quiet=True)
+
+    def summed(model):
+        import torch.distributed as dist
+
+        for p in model.parameters():
+            dist.all_reduce(p.grad)  # the sum over the ranks, never divided
+
+    _wrong("6.6", summed, "not the mean", "Divide by the world size")
+
+    def blank(model):
+        raise NotImplementedError()
+
+    with pytest.raises(ex.NotDone):
+        ex.check("6.6", blank, quiet=True)
+
+
+@needs_fork
+def test_6_7_buckets_right_and_a_skipped_bucket_or_no_bucketing_caught():
+    assert "3 buckets" in ex.check("6.7", ex.reference("6.7"), quiet=True)
+
+    def skips_last(params, bucket_bytes):
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        for group in w6.buckets(params, bucket_bytes)[:-1]:  # the last bucket is never sent
+            grads = [p.grad for p in group]
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            for g, f in zip(grads, _unflatten_dense_tensors(flat / dist.get_world_size(), grads), strict=True):
+                g.copy_(f)
+
+    _wrong("6.7", skips_last, "never all-reduced")
+
+    def per_tensor(params, bucket_bytes):
+        w6._ref_naive()(nn.ParameterList(params))
+
+    _wrong("6.7", per_tensor, "8 all_reduce calls", "3")
+
+
+@needs_fork
+def test_6_8_overlap_right_and_synchronous_or_late_launches_caught():
+    assert "during backward" in ex.check("6.8", ex.reference("6.8"), quiet=True)
+
+    def after_backward(model, bucket_bytes):  # right numbers, nothing overlapped
+        params = list(model.parameters())
+        return lambda: w6._ref_buckets()(params, bucket_bytes)
+
+    _wrong("6.8", after_backward, "after backward returned")
+
+    def blocking(model, bucket_bytes):
+        import torch.distributed as dist
+
+        def hook(p):
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(hook)
+        return lambda: None
+
+    _wrong("6.8", blocking, "async_op=True")
+
+
+@needs_fork
+def test_6_9_zero1_matches_ddp_measures_the_state_and_catches_a_missing_all_gather():
+    verdict = ex.check("6.9", ex.reference("6.9"), quiet=True)
+    assert "unsharded" in verdict and "reduce_scatter" in verdict and "all_gather" in verdict
+
+    def unsharded(params, make_optimizer):  # right numbers, the whole state on every rank
+        params = list(params)
+        opt = make_optimizer(params)
+
+        def step():
+            w6._ref_naive()(nn.ParameterList(params))
+            opt.step()
+
+        return step, opt
+
+    _wrong("6.9", unsharded, "nothing is sharded")
+
+    def no_gather(params, make_optimizer):
+        import torch.distributed as dist
+
+        params = list(params)
+        step, opt = w6._ref_zero1()(params, make_optimizer)
+        real = dist.all_gather_single if hasattr(dist, "all_gather_single") else dist.all_gather_into_tensor
+
+        def without():
+            saved = {n: getattr(dist, n) for n in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, n)}
+            for n in saved:  # the updated shards never travel: each rank keeps its stale copy of the others'
+                setattr(dist, n, lambda out, inp, **kw: out[: inp.numel()].copy_(inp) if dist.get_rank() == 0
+                        else out[-inp.numel():].copy_(inp))
+            try:
+                step()
+            finally:
+                for n, f in saved.items():
+                    setattr(dist, n, f)
+            assert real
+
+        return without, opt
+
+    _wrong("6.9", no_gather, "drifted apart")
+
+
+@needs_fork
+def test_ranks_whose_collectives_go_out_of_step_are_named(monkeypatch):
+    monkeypatch.setattr(w6, "DP_TIMEOUT_S", 6.0)  # gloo gives up 3 s before the check would
+
+    def only_rank_one(model):
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:  # rank 0 never makes this call
+            dist.all_reduce(next(model.parameters()).grad)
+
+    _wrong("6.6", only_rank_one, "out of step")
+
+
+@needs_fork
+def test_a_rank_that_hangs_is_killed_and_named_within_the_timeout():
+    import time
+
+    from labkit import dp_scratch as D
+
+    t = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] gave no answer"):
+        D.run_ranks(lambda rank, world: rank == 0 or time.sleep(60), timeout_s=2.0)
+    assert time.monotonic() - t < 10
