@@ -181,13 +181,19 @@ def attention_sweep(fns: dict[str, Callable], seq_lens: Sequence[int], *, batch:
     return rows
 
 
-def top_ops(prof, k: int = 5) -> list[dict]:
-    """The `k` aten operators with the most self CPU time in a finished torch.profiler profile: rows of op,
-    self_ms (summed over the recorded steps) and share (of the top op's self time, 1.0 for the top op)."""
-    rows = sorted(((r.key, r.self_cpu_time_total) for r in prof.key_averages() if r.key.startswith("aten::")),
-                  key=lambda kv: -kv[1])
+def top_ops(prof, k: int = 5, by: str = "cpu") -> list[dict]:
+    """The `k` rows with the most self time in a finished torch.profiler profile: rows of op, self_ms (summed
+    over the recorded steps) and share (of the top row's self time, 1.0 for the top one).
+
+    by="cpu" ranks by self CPU time, by="device" by self device time (on a GPU: the kernels); every row but the
+    ProfilerStep ranges, so the ranking is the key-averages table's sorted by the same column."""
+    if by not in ("cpu", "device"):
+        raise LabkitError(f"top_ops ranks by 'cpu' or 'device' self time, not {by!r}")
+    attr = "self_cpu_time_total" if by == "cpu" else "self_device_time_total"
+    pairs = [(r.key, getattr(r, attr, 0.0)) for r in prof.key_averages() if not r.key.startswith("ProfilerStep")]
+    rows = sorted(((key, us) for key, us in pairs if us > 0), key=lambda kv: -kv[1])
     if not rows:
-        raise LabkitError("the profile recorded no aten operators: profile a step that runs torch ops")
+        raise LabkitError(f"the profile recorded no operators with self {by} time: profile a step that runs torch ops")
     top = rows[0][1] or 1.0
     return [{"op": key, "self_ms": us / 1e3, "share": us / top} for key, us in rows[:k]]
 
@@ -210,7 +216,7 @@ def plot_sweep(rows: list[dict], expected: Callable[[int], float] | None = None,
         axes[1].plot(xs, [r["peak_bytes"] / 2**20 for r in mine], "o-", color=color, label=f"{name}: peak")
     if expected is not None:
         axes[1].plot(lens, [expected(n) / 2**20 for n in lens], "--", color=series_colors(len(names) + 1)[-1],
-                     label="expected score matrix")
+                     label="one score matrix (expected)")
     axes[0].set_ylabel("forward time (ms, median)")
     axes[1].set_ylabel("peak memory above start (MiB)")
     for ax in axes:
