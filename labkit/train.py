@@ -1080,7 +1080,7 @@ def add_cli(sub) -> None:
     p.add_argument("--full", action="store_true", help="full size even on CPU (slow)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--rungs", help="comma-separated rung names to run (default: all that fit the device)")
-    p.add_argument("--epochs", type=int, help="epochs per rung (default 5; quick: 2)")
+    p.add_argument("--epochs", type=int, help="epochs per rung (default 5; quick: 3)")
     p.add_argument("--repeats", type=int,
                    help=f"runs per rung, in interleaved rounds (default {REPEATS}; quick: {QUICK_REPEATS})")
     p.add_argument("--data", default="synthetic", choices=["synthetic", "digits", "cifar10"], help="dataset")
