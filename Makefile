@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 PORT   ?=
 
-.PHONY: setup demo test lint lab student clean clean-all FORCE
+.PHONY: setup demo test check lint lab student clean clean-all FORCE
 
 # Before any target: refuse a Python older than 3.11 in one clear line, and note whether an existing .venv was
 # made by another Python (or is broken), so that setup rebuilds it instead of reusing it. Cleaning needs neither.
@@ -47,6 +47,11 @@ lint: setup
 
 test: setup lint  ## everything CI runs
 	$(BIN)/python -m pytest -q
+
+# The fast tier, before each commit: the tests in tests/slow_tests.txt (notebook runs, whole-class grading, the
+# sandboxed hostile class, ...) are left to `make test`.
+check: setup lint  ## lint plus every module's fast tests: a few minutes
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The venv's kernels win over a user-level "python3" kernel, so notebooks run on the venv's python
 # ("Python 3 (labkit)"); root (a container) needs --allow-root. PORT=8899 picks the port (default: Jupyter's).

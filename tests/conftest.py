@@ -82,3 +82,17 @@ def active_markup(page: str) -> list[str]:
 
     Scan().feed(page)
     return found
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: in tests/slow_tests.txt; `make check` skips it, `make test` runs it")
+
+
+def pytest_collection_modifyitems(config, items):
+    spec = importlib.util.spec_from_file_location("slow_tier", Path(__file__).with_name("slow_tier.py"))
+    tier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tier)
+    ids = tier.listed()
+    for item in items:
+        if tier.is_listed(item.nodeid, ids):
+            item.add_marker(pytest.mark.slow)
