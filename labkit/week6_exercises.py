@@ -468,6 +468,7 @@ BUCKET_BYTES = 300_000  # the checks' bucket budget: 3 buckets of the check's ML
 DP_TOL = 1e-6  # how far (a fraction of how far DDP moved the weights) an answer may land from DDP's parameters
 ZERO_TOL = 1e-5  # the same for ZeRO-1: its optimizer steps one flat shard instead of each parameter tensor
 LAST_TIMING: dict[str, list] = {}  # exercise id -> the last check's [(your s/step, DDP's s/step), ...] per round
+LAST_STATE: dict[str, dict] = {}  # "6.9" -> {"per_rank": [bytes, ...], "unsharded": bytes} from its last check
 
 
 def buckets(params: list, bucket_bytes: int) -> list[list]:
@@ -800,6 +801,7 @@ def check_zero1(zero1) -> str:
         raise AssertionError(f"each rank's optimizer holds {max(mine):,} bytes of state, the unsharded Adam "
                              f"{full:,}: nothing is sharded. Give the optimizer this rank's slice of the flat "
                              f"parameters only")
+    LAST_STATE["6.9"] = {"per_rank": mine, "unsharded": full}
     names = sorted({c.name for c in results[0]["calls"]})
     return (f"2 processes: {close}; Adam state per rank {', '.join(f'{b:,}' for b in mine)} bytes against "
             f"{full:,} unsharded ({max(mine) / full:.2f} of it), collectives {', '.join(names)}; "
