@@ -122,6 +122,8 @@ def add_commands(sub) -> None:
     y.add_argument("--min-similarity", type=float, default=None, help="flag only pairs at least this alike (0.6)")
     y.add_argument("--z", type=float, default=None, help="... and this many spreads above the median (3)")
     y.add_argument("--lms-regex", default=None)
+    y.add_argument("--roster", default=None, metavar="CSV",
+                   help="class list (column student_id), as for grade: names matched to its ids")
     y.add_argument("--no-progress", action="store_true")
     y.set_defaults(func=_cli_similarity)
 
@@ -187,7 +189,7 @@ def _cli_similarity(args) -> int:
     cfg = replace(cfg, **{k: v for k, v in (("min_similarity", args.min_similarity), ("z", args.z)) if v is not None})
     pairs, txt = similarity.run(args.assignment, args.submissions, course=args.course,
                                 out=args.out or default_out(args.assignment), starter=args.starter, cfg=cfg,
-                                lms_regex=args.lms_regex, progress=not args.no_progress)
+                                lms_regex=args.lms_regex, progress=not args.no_progress, roster=args.roster)
     print(shown.block(txt.read_text()), end="")
     print(f"wrote {txt} and {txt.with_suffix('.json')}")
     return 0

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import classbook, grade, intake, manual, report, shown
+from autograder import classbook, grade, intake, lmsnames, manual, report, shown
 from autograder.late import LatePolicy
 from labkit.env import LabkitError
 
@@ -69,7 +69,10 @@ def expected_students(submissions: str | Path | None = None, roster: str | Path 
     (column student_id, else the first column)."""
     ids: set[str] = set()
     if submissions is not None:
-        found = intake.collect(submissions, assignment, scratch=scratch or Path(".merge-intake"), lms_regex=lms_regex)
+        # the class list reads the names as grading did: an id with `_` in it is matched whole, never cut
+        listed = lmsnames.load_roster(roster) if roster is not None and _has_id_column(roster) else None
+        found = intake.collect(submissions, assignment, scratch=scratch or Path(".merge-intake"), lms_regex=lms_regex,
+                               roster=listed)
         ids |= {s.student_id for s in found.submissions}
     if roster is not None:
         with Path(roster).open(newline="", encoding="utf-8-sig") as f:
@@ -79,6 +82,17 @@ def expected_students(submissions: str | Path | None = None, roster: str | Path 
         col = rows[0].index("student_id") if "student_id" in rows[0] else 0
         ids |= {intake.safe_id(r[col]) for r in rows[1:] if len(r) > col and r[col].strip()}
     return ids
+
+
+def _has_id_column(roster: str | Path) -> bool:
+    """Whether the roster CSV is one lmsnames reads (a student_id column, or Canvas's Student and ID): a bare
+    first-column list still names who is missing, but cannot tell intake how to read the names."""
+    try:
+        with Path(roster).open(newline="", encoding="utf-8-sig") as f:
+            head = {c.strip() for c in next(csv.reader(f), [])}
+    except OSError as e:
+        raise LabkitError(f"cannot read the roster {roster}: {e}") from None
+    return "student_id" in head or {"Student", "ID"} <= head
 
 
 def _copy_student(src: Path, out: Path, sid: str, assignment: str) -> None:

@@ -303,13 +303,14 @@ def starter_code(course: str | Path, assignment: str) -> str | None:
     return None
 
 
-def class_files(submissions: str | Path, assignment: str, scratch: Path, lms_regex: str | None = None
-                ) -> tuple[dict[str, str], list[str]]:
-    """student id -> the module their %%writefile cell writes (or a handed-in student_*.py); and notes."""
+def class_files(submissions: str | Path, assignment: str, scratch: Path, lms_regex: str | None = None,
+                roster=None) -> tuple[dict[str, str], list[str]]:
+    """student id -> the module their %%writefile cell writes (or a handed-in student_*.py); and notes.
+    `roster`: the class list (path or lmsnames.Roster) the names are matched to, as grading matches them."""
     from autograder import harness, intake
 
     kw = {"lms_regex": lms_regex} if lms_regex else {}
-    found = intake.collect(submissions, assignment, scratch=scratch / "intake", **kw)
+    found = intake.collect(submissions, assignment, scratch=scratch / "intake", roster=roster, **kw)
     files, notes = {}, list(found.junk)
     for sub in found.submissions:
         text = None
@@ -375,19 +376,24 @@ def report_text(assignment: str, pairs: list[Pair], stats: dict, notes: list[str
 
 def run(assignment: str, submissions: str | Path, *, course: str | Path = "assignments", out: str | Path,
         starter: str | Path | None = None, cfg: SimilarityConfig | None = None, lms_regex: str | None = None,
-        progress: bool = True) -> tuple[list[Pair], Path]:
-    """Compare a class's hand-ins; writes similarity.txt and similarity.json into `out`; returns (pairs, txt)."""
+        progress: bool = True, roster: str | Path | None = None) -> tuple[list[Pair], Path]:
+    """Compare a class's hand-ins; writes similarity.txt and similarity.json into `out`; returns (pairs, txt).
+    `roster`: the class list CSV grading used (ids with `_` in them are read whole, as there)."""
     from autograder.progress import stage
 
     if not Path(submissions).exists():
         raise LabkitError(f"submissions folder {submissions} does not exist")
     if starter is not None and not Path(starter).is_file():
         raise LabkitError(f"starter file {starter} does not exist")
+    if roster is not None:
+        from autograder import lmsnames
+
+        roster = lmsnames.load_roster(roster)  # a clear error on a bad class list, before any work
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     stage(f"reading the hand-ins of {assignment}", progress)
     with tempfile.TemporaryDirectory(prefix="labkit-sim-") as tmp:
-        files, notes = class_files(submissions, assignment, Path(tmp), lms_regex)
+        files, notes = class_files(submissions, assignment, Path(tmp), lms_regex, roster)
     start = Path(starter).read_text() if starter else starter_code(course, assignment)
     if start is None:
         notes.append("no starter code found (pass --starter or --course): shared starter lines count as similar")

@@ -610,3 +610,14 @@ def test_without_the_class_list_the_run_stops_naming_the_file_and_its_candidates
     stop = lms_class["stop"]
     assert f"jane_doe_{AID}_handin.zip" in stop and "'jane'" in stop and "'jane_doe'" in stop and "--roster" in stop
     assert not (lms_class["base"] / "no-roster" / "students").exists()  # nobody was graded
+
+
+def test_similarity_and_merge_read_the_names_against_the_class_list_as_grading_did(lms_class, tmp_path):
+    """The report a person reads beside the grades, and merge's list of who is missing, name jane_doe whole."""
+    from autograder import merge, similarity
+
+    base = lms_class["base"]
+    files, notes = similarity.class_files(base / "subs", AID, tmp_path / "s", roster=base / "roster.csv")
+    assert set(files) <= {"jane_doe", "old_timer2"} and "jane_doe" in files, (files.keys(), notes)
+    got = merge.expected_students(base / "subs", base / "roster.csv", assignment=AID, scratch=tmp_path / "m")
+    assert got == {"jane", "jane_doe", "old_timer2"}
