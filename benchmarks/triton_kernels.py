@@ -113,27 +113,7 @@ def cases(dev, b: int, n: int) -> list[dict]:
     return out
 
 
-def agreement(got, want, tol: float) -> dict:
-    """How far `got` is from `want` (tuples compared part by part): the worst relative error, and the worst share
-    of elements off by more than `tol` (relative to 1 + |want|; for a per-channel vector, to 1 + its largest |want|).
-
-    A share, not a maximum, gates the timing: a fused kernel rounds x * scale + shift once (a fused multiply-add)
-    where eager rounds twice, so among millions of elements a pre-activation a rounding away from 0 can take the
-    other side of the ReLU, and its gradient differs by a whole value."""
-    pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
-    worst, share = 0.0, 0.0
-    for a, b in pairs:
-        a, b = a.float(), b.float()
-        scale = 1 + (b.abs().max() if b.numel() <= 1024 else b.abs())
-        rel = (a - b).abs() / scale
-        worst = max(worst, float(rel.max()))
-        share = max(share, float((rel > (SMALL_TOL if b.numel() <= 1024 else tol)).float().mean()))
-    return {"max_rel_error": worst, "share_off": share}
-
-
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}  # a bf16 output keeps 8 bits of the float32 result
-SMALL_TOL = 1e-2  # per-channel sums over half a million terms, added in another order
-MAX_SHARE = 1e-5  # elements beyond tolerance that still count as agreeing (see agreement)
 
 
 def measure(case: dict, mine, dev, rounds: int) -> dict:
@@ -144,14 +124,14 @@ def measure(case: dict, mine, dev, rounds: int) -> dict:
     dtype = str(case["dtype"]).removeprefix("torch.")
     # the reference in float32 from the same inputs: the kernels compute in float32 and round their outputs once
     up = [a.float() if hasattr(a, "is_floating_point") and a.is_floating_point() else a for a in case["args"]]
-    agree = agreement(mine(*case["args"]), case["ref"](*up), TOLERANCE[dtype])
+    agree = w7.agreement(mine(*case["args"]), case["ref"](*up), TOLERANCE[dtype])
     row = {"kernel": case["kernel"], "dtype": dtype, "shape": list(case["args"][0].shape),
            "residual": case["residual"], **agree}
     itemsize = case["args"][0].element_size() if case["kernel"] != "augment_normalize" else 4
     nbytes = w7.bytes_moved(case["kernel"], case["numel"], itemsize, case["residual"])
     flop = w7.flops(case["kernel"], case["numel"], case["residual"])
     row |= {"bytes": nbytes, "flop": flop}
-    if agree["share_off"] > MAX_SHARE:
+    if agree["share_off"] > w7.MAX_SHARE:
         row["skipped"] = (f"{agree['share_off']:.3g} of the elements differ from the PyTorch composition by more "
                           f"than {TOLERANCE[dtype]:g}: not timed")
         return row

@@ -256,3 +256,18 @@ def test_the_interpreter_works_after_torch_imported_triton():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_agreement_forgives_a_few_relu_flips_in_millions_but_not_a_wrong_kernel():
+    want = torch.randn(50_000)
+    few = want.clone()
+    few[7] += 1.0  # one pre-activation on the other side of the ReLU
+    assert w7.agrees(few, want, 1e-4) is False  # one in 50,000 is over MAX_SHARE
+    big = torch.randn(2_000_000)
+    one = big.clone()
+    one[3] += 1.0
+    assert w7.agrees(one, big) and not w7.agrees(big * 1.01, big)
+    sums = torch.randn(64) * 700
+    assert w7.agrees((one, sums + 0.5), (big, sums)) and not w7.agrees((one, sums * 1.1), (big, sums))
+    assert not w7.agrees((big, None), (big, sums)) and w7.agrees((big, None), (big, None))
+    assert w7.agreement(big[:10], big[:5], 1e-4)["share_off"] == 1.0
