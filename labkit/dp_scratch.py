@@ -47,7 +47,7 @@ class Recipe:
 
 def preload() -> None:
     """Import in this process what DistributedDataParallel's constructor imports (torch._dynamo): forked
-    children then inherit it instead of each importing it again (about 2 s apiece on a laptop-class CPU)."""
+    children then inherit it instead of each importing it again (seconds apiece on a small CPU)."""
     import torch._dynamo  # noqa: F401
     from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 
@@ -289,6 +289,7 @@ def train_side_by_side(rank: int, world: int, recipe: Recipe, make_sync: Callabl
 
 
 def mlp_at_seed(recipe: Recipe):
+    """The parameters every run of `recipe` starts from (the same seed, the same MLP)."""
     torch.manual_seed(recipe.seed)
     return mlp(recipe.sizes).parameters()
 

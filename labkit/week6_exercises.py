@@ -616,10 +616,12 @@ def _grad_hint(r: dict, world: int) -> str:
     return ""
 
 
-def _dp_compare(results: list[dict], tol: float, what: str, drift_hint: str | None = None) -> str:
+def _dp_compare(results: list[dict], tol: float, what: str, drift_hint: str | None = None,
+                far_hint: str | None = None) -> str:
     """Raise with what differed, rank by rank; return how close the answer came to DDP's parameters.
 
-    drift_hint: what to say when the ranks' parameters disagree (None: find the gradient that differs)."""
+    drift_hint, far_hint: what to say when the ranks' parameters disagree, and when they agree but differ from
+    DDP's (None: find the parameter whose .grad differs from DDP's, which fits answers that reduce the .grads)."""
     world = len(results)
     if not torch.equal(results[0]["params"], results[-1]["params"]):
         diff = float((results[0]["params"] - results[-1]["params"]).abs().max())
@@ -631,8 +633,9 @@ def _dp_compare(results: list[dict], tol: float, what: str, drift_hint: str | No
         moved = float((r["ddp_params"] - r["start"]).abs().max()) or 1.0
         worst = max(worst, float((r["params"] - r["ddp_params"]).abs().max()) / moved)
     if worst > tol:
-        hint = _grad_hint(results[0], world) or ("the first step's gradients agree with DDP's, so look at what changes "
-                                                "after it: is everything reset between steps?")
+        hint = far_hint or _grad_hint(results[0], world) or (
+            "the first step's gradients agree with DDP's, so look at what changes after it: is everything reset "
+            "between steps?")
         raise AssertionError(f"after {what}, your parameters are {worst:.3g} (of how far DDP moved them) away from "
                              f"DDP's, more than the tolerance {tol:g}: {hint}")
     if worst == 0.0:
@@ -794,7 +797,11 @@ def check_zero1(zero1) -> str:
     results = _launch(sync, adam=True)
     close = _dp_compare(results, ZERO_TOL, "3 Adam steps",
                         drift_hint="Each rank steps only its own shard: after the step, all-gather every rank's "
-                                   "updated shard and copy the whole flat vector back into the parameters")
+                                   "updated shard and copy the whole flat vector back into the parameters",
+                        far_hint="the ranks agree with each other, not with DDP's Adam. Check that the "
+                                 "reduce-scattered gradient is divided by the world size, that rank r's slice "
+                                 "starts at r x the shard's length in the flat vector of both the parameters and "
+                                 "the gradients, and that the slices go back to the parameters they came from")
     full = results[0]["ddp_state_bytes"]
     mine = [r["state_bytes"] for r in results]
     if max(mine) >= full:

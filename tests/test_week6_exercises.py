@@ -315,6 +315,21 @@ def test_6_9_zero1_matches_ddp_measures_the_state_and_catches_a_missing_all_gath
 
     _wrong("6.9", no_gather, "drifted apart")
 
+    def summed(params, make_optimizer):
+        import torch.distributed as dist
+
+        params = list(params)
+        step, opt = w6._ref_zero1()(params, make_optimizer)
+
+        def doubled():  # the reference divides by the world size: undo it, as if the division were forgotten
+            for p in params:
+                p.grad.mul_(dist.get_world_size())
+            step()
+
+        return doubled, opt
+
+    _wrong("6.9", summed, "divided by the world size")
+
 
 @needs_fork
 def test_ranks_whose_collectives_go_out_of_step_are_named(monkeypatch):
@@ -339,3 +354,14 @@ def test_a_rank_that_hangs_is_killed_and_named_within_the_timeout():
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] gave no answer"):
         D.run_ranks(lambda rank, world: rank == 0 or time.sleep(60), timeout_s=2.0)
     assert time.monotonic() - t < 10
+
+
+def test_without_fork_the_data_parallel_checks_say_what_they_skip(monkeypatch):
+    from labkit import dp_scratch as D
+
+    monkeypatch.setattr(D, "can_fork", lambda: False)
+    for eid in ("6.6", "6.7", "6.8", "6.9"):
+        verdict = ex.check(eid, ex.reference(eid), quiet=True)
+        assert "skipped" in verdict and "2 forked processes" in verdict and eid in verdict
+    with pytest.raises(RuntimeError, match="cannot fork"):
+        D.run_ranks(lambda rank, world: rank)
