@@ -271,3 +271,16 @@ def test_agreement_forgives_a_few_relu_flips_in_millions_but_not_a_wrong_kernel(
     assert w7.agrees((one, sums + 0.5), (big, sums)) and not w7.agrees((one, sums * 1.1), (big, sums))
     assert not w7.agrees((big, None), (big, sums)) and w7.agrees((big, None), (big, None))
     assert w7.agreement(big[:10], big[:5], 1e-4)["share_off"] == 1.0
+
+
+def test_the_benchmark_records_a_failing_or_wrong_kernel_instead_of_timing_it():
+    bench = _bench_module()
+    case = bench.cases(torch.device("cpu"), 2, 1)[1]  # bn_relu, float32
+
+    def broken(*args):
+        raise RuntimeError("no such instruction")
+
+    row = bench.measure(case, broken, torch.device("cpu"), rounds=1)
+    assert "failed: RuntimeError: no such instruction" in row["skipped"] and "contenders" not in row
+    row = bench.measure(case, lambda x, s, t, r: w7.torch_bn_relu(x, s, t), torch.device("cpu"), rounds=1)
+    assert "differ from the PyTorch composition" in row["skipped"] and row["share_off"] > 0.1
