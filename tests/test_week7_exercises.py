@@ -284,3 +284,12 @@ def test_the_benchmark_records_a_failing_or_wrong_kernel_instead_of_timing_it():
     assert "failed: RuntimeError: no such instruction" in row["skipped"] and "contenders" not in row
     row = bench.measure(case, lambda x, s, t, r: w7.torch_bn_relu(x, s, t), torch.device("cpu"), rounds=1)
     assert "differ from the PyTorch composition" in row["skipped"] and row["share_off"] > 0.1
+
+
+def test_plot_points_draws_measured_points_and_intensity_lines():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = kb.plot_points([{"label": "a", "intensity": 0.4, "tflops": 0.5}, {"label": "b", "intensity": 0.6,
+                                                                          "tflops": None}], 67.0, 4e12)
+    assert ax.get_xscale() == "log" and len(ax.collections) == 1 and len(ax.lines) == 3  # roof, b's line, ridge
