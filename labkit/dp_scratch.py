@@ -95,6 +95,7 @@ def _child(fn, rank: int, world: int, port: int, timeout_s: float, out) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # two processes on shared cores: one thread each, or they fight over the cores
+    _forget_the_gpu()
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -107,6 +108,20 @@ def _child(fn, rank: int, world: int, port: int, timeout_s: float, out) -> None:
         where = f"line {tb[-1].lineno} of {tb[-1].name}" if tb else "?"
         ni = isinstance(e, NotImplementedError) or isinstance(e.__cause__ or e.__context__, NotImplementedError)
         out.put((rank, "error", (type(e).__name__, str(e)[:500], where, ni)))
+
+
+def _forget_the_gpu() -> None:
+    """In a child forked from a process that had started CUDA, tell torch there is no accelerator.
+
+    CUDA does not survive a fork: the child cannot use its parent's context, yet Adam's step asks the accelerator
+    whether a graph capture is under way, and that call fails there. The child runs on the CPU alone, so it
+    answers for torch instead. Only this process sees the change, and it exits when its rank is done."""
+    if not getattr(torch._C, "_cuda_isInBadFork", lambda: False)():
+        return
+    torch.cuda.is_available = lambda: False
+    if hasattr(torch, "accelerator"):
+        torch.accelerator.current_accelerator = lambda check_available=False: None
+        torch.accelerator.is_available = lambda: False
 
 
 def _portable(value, back: bool = False):
