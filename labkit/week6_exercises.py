@@ -568,7 +568,8 @@ def _ref_zero1():
         import torch.distributed as dist
 
         params = list(params)
-        rank, world = dist.get_rank(), dist.get_world_size()
+        world = dist.get_world_size()
+        rank = dist.get_rank()
         total = sum(p.numel() for p in params)
         per = -(-total // world)  # ceil: the last shard is padded with zeros
         whole = torch.zeros(per * world)
