@@ -3,7 +3,7 @@
     python -m autograder.release [--out dist] [--course assignments]        (make student)
 
 Builds `<out>/student/` and `<out>/labkit-student-<version>.tar.gz` (one top folder, pip-installable) holding the
-six weekly notebooks, each lab's released notebook (nbgrader generate_assignment output) with its data files,
+seven weekly notebooks, each lab's released notebook (nbgrader generate_assignment output) with its data files,
 the public checks (`autograder.selfcheck`, run by the released test cells through a small `autograder.harness`),
 the public probes they drive (`autograder/student/`), the `labkit` package with the recorded results the
 notebooks show, a light-install pyproject.toml, a README and MANIFEST.json. The trusted checks, references,
@@ -143,7 +143,7 @@ labkit = ["results/*.json", {", ".join(json.dumps(f"results/{d}/*") for d in ART
 def _readme(ver: str, slug: str) -> str:
     return f"""# labkit {ver}: student release
 
-The course's six weekly notebooks (`notebooks/`), the graded labs (`labs/<lab>/<lab>.ipynb`), the `labkit`
+The course's seven weekly notebooks (`notebooks/`), the graded labs (`labs/<lab>/<lab>.ipynb`), the `labkit`
 package and the public checks of each lab. Nothing here holds an answer: the course's grader runs more tests
 (hidden cases, other seeds) when it grades your hand-in.
 
