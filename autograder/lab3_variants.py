@@ -329,9 +329,10 @@ def roster_ids(path: str | Path) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def write(out_dir: str | Path, students: list[str | None], secret: course_secret.Secret | None = None) -> list[Path]:
+def write(out_dir: str | Path, students: list[str | None], secret: course_secret.Secret | None = None, *,
+          per_student: bool = False) -> list[Path]:
     """Write slow_train.py for each student (`handout`: tagged): OUT/slow_train.py for one, OUT/<id>/slow_train.py
-    for several."""
+    for several, or for every one with `per_student` (a class list of one still gets its <id> folder)."""
     from labkit.errors import LabkitError
 
     secret = secret or course_secret.load()
@@ -341,7 +342,7 @@ def write(out_dir: str | Path, students: list[str | None], secret: course_secret
         raise LabkitError(f"student ids must be plain folder names, got {bad[:3]}")
     written = []
     for s in students:
-        dest = out / "slow_train.py" if len(students) == 1 else out / str(s) / "slow_train.py"
+        dest = out / "slow_train.py" if len(students) == 1 and not per_student else out / str(s) / "slow_train.py"
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(handout(s, secret))
         written.append(dest)

@@ -181,12 +181,20 @@ def _copy(src: Path, dest: Path) -> None:
     shutil.copyfile(src, dest)
 
 
-def _student_notebook(src: Path, dest: Path) -> None:
-    """A weekly notebook as students get it: every exercise's worked answer replaced by the blank."""
+def _student_notebook(src: Path, dest: Path, root: Path = ROOT) -> None:
+    """A weekly notebook as students get it: every exercise's worked answer replaced by the blank, and its Colab
+    badge opening the student release's copy (the instructor's repository may be a private fork)."""
     from labkit.exercises import blank_notebook
+    from labkit.notebooks import badge_markdown
 
+    nb = blank_notebook(json.loads(src.read_text()))
+    rel = f"notebooks/{src.name}"
+    mine, theirs = badge_markdown(rel, root), badge_markdown(rel, root, repo_branch=student_repo(root))
+    for c in nb["cells"][:1]:
+        text = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        c["source"] = text.replace(mine, theirs)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(blank_notebook(json.loads(src.read_text())), indent=1, ensure_ascii=False) + "\n")
+    dest.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
 def common_slow_train() -> str:
@@ -201,7 +209,8 @@ def handouts(out: Path, roster: Path) -> list[Path]:
     """Each roster student's own lab 3 slow_train.py, `<out>/<id>/slow_train.py`, from the course secret."""
     from autograder import course_secret, lab3_variants
 
-    return lab3_variants.write(out, lab3_variants.roster_ids(roster), course_secret.load(graded=False))
+    return lab3_variants.write(out, lab3_variants.roster_ids(roster), course_secret.load(graded=False),
+                               per_student=True)
 
 
 def _lab_files(root: Path, course: Path, stage: Path, work: Path) -> None:
@@ -219,7 +228,7 @@ def assemble(stage: Path, *, root: Path = ROOT, course: Path | None = None) -> N
     """Lay out the release's files under `stage` (an empty folder)."""
     course = Path(course or root / "assignments")
     for p in sorted((root / "notebooks").glob("*.ipynb")):
-        _student_notebook(p, stage / "notebooks" / p.name)
+        _student_notebook(p, stage / "notebooks" / p.name, root)
     for p in sorted((root / "labkit").glob("*.py")):
         _copy(p, stage / "labkit" / p.name)
     for p in _results(root):
@@ -439,8 +448,10 @@ def build(out: str | Path, *, root: Path = ROOT, course: Path | None = None,
     secret = course_secret.load(graded=False)  # a malformed secret stops here, before any work
     if roster is not None:
         if secret.open_kit:
-            raise LabkitError(f"--roster: per-student lab 3 variants need the course secret ({course_secret.ENV}); "
-                              "without it everyone has the open kit's slow_train.py, already in the release")
+            raise LabkitError(f"--roster: per-student lab 3 variants need the course secret, and none is set: "
+                              f"export {course_secret.ENV}=... (python -m autograder secret prints a new one) and "
+                              "build again, or build without --roster (everyone then gets the open kit's "
+                              "slow_train.py, which the release already holds); nothing was built")
         lab3_variants.roster_ids(roster)
     out.mkdir(parents=True, exist_ok=True)
     ver = version(root)

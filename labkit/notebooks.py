@@ -37,8 +37,9 @@ def colab_repo(root: Path = REPO_ROOT) -> tuple[str, str]:
     return cfg["colab_repo"], cfg.get("colab_branch", "main")
 
 
-def badge_markdown(rel_path: str, root: Path = REPO_ROOT) -> str:
-    repo, branch = colab_repo(root)
+def badge_markdown(rel_path: str, root: Path = REPO_ROOT, *, repo_branch: tuple[str, str] | None = None) -> str:
+    """The Colab badge opening `rel_path` in this repository (or in `repo_branch`, e.g. the student release)."""
+    repo, branch = repo_branch or colab_repo(root)
     url = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{rel_path}"
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 

@@ -156,9 +156,13 @@ def test_a_roster_needs_the_course_secret_and_is_read_before_any_work(tmp_path, 
     monkeypatch.setattr(release, "assemble", lambda *a, **k: pytest.fail("work started"))
     roster = tmp_path / "roster.csv"
     roster.write_text("student_id\nalice\n")
-    with pytest.raises(LabkitError, match="need the course secret"):
+    with pytest.raises(LabkitError, match="need the course secret") as stop:
         release.build(tmp_path / "dist", roster=roster)
+    assert f"export {course_secret.ENV}=" in str(stop.value) and "without --roster" in str(stop.value)
     monkeypatch.setenv(course_secret.ENV, SECRET)
+    one = release.handouts(tmp_path / "handouts", roster)  # a class list of one: still <out>/<id>/slow_train.py
+    assert one == [tmp_path / "handouts" / "alice" / "slow_train.py"] and one[0].read_text() == \
+        lab3_variants.handout("alice")
     (tmp_path / "bad.csv").write_text("name\nalice\n")
     with pytest.raises(LabkitError, match="student_id"):
         release.build(tmp_path / "dist", roster=tmp_path / "bad.csv")
@@ -291,3 +295,13 @@ def test_the_student_readme_says_how_to_install_the_cpu_only_torch_first():
     cpu = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
     assert cpu in text
     assert text.index(cpu) < text.index("`pip install .`.", text.index(cpu)), "CPU torch first, then the release"
+
+
+def test_the_released_weekly_notebooks_open_the_student_release_in_colab(built):
+    """The instructor's repository may be a private fork: a student's badge opens the published release's copy."""
+    folder, _ = built
+    repo, branch = release.student_repo()
+    for p in sorted((folder / "notebooks").glob("*.ipynb")):
+        first = "".join(json.loads(p.read_text())["cells"][0]["source"])
+        assert f"colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{p.name}" in first, p.name
+        assert notebooks.badge_markdown(f"notebooks/{p.name}") not in first, p.name
