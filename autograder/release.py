@@ -66,7 +66,7 @@ from autograder.selfcheck import NotHere as NotGradableHere  # noqa: F401  (note
 from autograder.selfcheck import grade, main, run_check, run_checks  # noqa: F401
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m autograder.harness"))
 '''
 
 

@@ -220,11 +220,12 @@ def alternate(base, mine, *, rounds: int, warmup: int = 1) -> dict:
             "ratio": statistics.median(a / b for a, b in zip(tb, tm, strict=True))}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m autograder.selfcheck") -> int:
+    """The command line; `prog` is the name its help shows (the release's harness passes its own)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
         return _worker(argv[1], argv[2:])
-    ap = argparse.ArgumentParser(prog="python -m autograder.selfcheck", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("check", nargs="?", help="a lab (lab1) or one public check (lab1.static_scaler)")
     ap.add_argument("student_file", nargs="?", help="the file the lab's %%writefile cell writes")
     ap.add_argument("--json", action="store_true", help="print the verdicts as JSON")

@@ -173,7 +173,8 @@ class ABResult:
 
     def __str__(self) -> str:
         lo, hi = self.ratio_range
-        return f"B is {self.ratio:.2f}x A (IQR {self.ratio_iqr:.2f}, range {lo:.2f}-{hi:.2f}, {len(self.ratios)} rounds)"
+        return (f"B (the second) is {self.ratio:.2f}x as fast as A (the first): A's time over B's, IQR "
+                f"{self.ratio_iqr:.2f}, range {lo:.2f}-{hi:.2f}, {len(self.ratios)} rounds")
 
 
 def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, device: torch.device | str | None = None,

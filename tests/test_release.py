@@ -305,3 +305,13 @@ def test_the_released_weekly_notebooks_open_the_student_release_in_colab(built):
         first = "".join(json.loads(p.read_text())["cells"][0]["source"])
         assert f"colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{p.name}" in first, p.name
         assert notebooks.badge_markdown(f"notebooks/{p.name}") not in first, p.name
+
+
+def test_the_released_harness_names_itself_in_its_help(built):
+    import subprocess
+    import sys
+
+    folder, _ = built
+    r = subprocess.run([sys.executable, "-m", "autograder.harness", "--help"], cwd=folder, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(folder)})
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m autograder.harness"), r.stdout[:200]
