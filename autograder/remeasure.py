@@ -33,6 +33,7 @@ class Policy:
     enabled: bool = True  # measure a near-boundary ratio again: once, never more (no student can make it loop)
     rounds_factor: float = 2.0  # the re-measurement's timed rounds, as a multiple of the first measurement's
     time_margin: float = 1.5  # re-measure only if the check's budget still holds this x the re-measurement's estimate
+    max_spread: float = 1.0  # a ratio whose rounds' IQR exceeds this x the ratio is not scored: the machine was too busy
 
 
 POLICY = Policy()
@@ -75,6 +76,27 @@ def measured(measure: Callable[[int], tuple], rounds: int, tiers, *, required_ra
     seconds the check has run so far, which the re-measurement's estimated time may not exceed (fewer rounds then,
     never fewer than the first measurement's).
     """
+    ab, notes, record = _measured(measure, rounds, tiers, required_ratio=required_ratio, time_left=time_left,
+                                  spent=spent, policy=policy, clock=clock)
+    too_wide(ab, record, policy)
+    return ab, notes, record
+
+
+def too_wide(ab, record: dict, policy: Policy = POLICY) -> None:
+    """Refuse to score a ratio whose rounds disagree by more than the ratio itself (the IQR above
+    `policy.max_spread` x the median): on a machine that busy a score would be a coin toss, so the check is
+    not gradable here and goes to a person or a quieter machine. A student gains nothing by jittering: a check
+    not graded scores nothing until it is timed again."""
+    if ab.ratio_iqr > policy.max_spread * ab.ratio:
+        from autograder.harness import NotGradable
+
+        raise NotGradable(f"the timing was too noisy to score here ({ab.ratio:.2f}x, but its rounds' IQR is "
+                          f"{ab.ratio_iqr:.2f} over {len(ab.ratios)} rounds: the machine was busy); time it again on "
+                          "a quiet machine", speedup=round(ab.ratio, 3), speedup_iqr=round(ab.ratio_iqr, 3),
+                          rounds=len(ab.ratios), **record)
+
+
+def _measured(measure, rounds, tiers, *, required_ratio, time_left, spent, policy, clock) -> tuple:
     t0 = clock()
     ab, notes = measure(rounds)
     excess = notes.pop(WARMUP_EXCESS_S, 0.0)
