@@ -260,8 +260,14 @@ def summary_box(res) -> str:
 
 def _pending_note(res) -> str:
     pending = manual.pending_points(res) if res.status == "graded" else 0
-    return (f"<p><b>Provisional:</b> {pending:g} points of written answers need manual grading; the total above "
+    note = (f"<p><b>Provisional:</b> {pending:g} points of written answers need manual grading; the total above "
             "does not count them yet.</p>") if pending else ""
+    here = [s["check"] for s in res.checks if s.get("passed") is None] if res.status == "graded" else []
+    if here:  # e.g. lab 4's speed on a CPU-only grader: zero here is "not graded yet", not points lost
+        note += (f"<p><b>Not graded yet:</b> {shown.html(', '.join(here))} could not be graded on this machine "
+                 f"({shown.html(res.hardware.get('class', '?'))}); the total above counts them as 0 until they are "
+                 "graded where they can be (the table says why).</p>")
+    return note
 
 
 def feedback_path(res, notebook: str) -> str:

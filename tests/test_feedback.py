@@ -154,3 +154,17 @@ def test_bidi_controls_in_a_students_notebook_are_shown_as_escapes_on_the_page_a
         shown = json.loads(text)
         flat = json.dumps(shown, ensure_ascii=False)
         assert rlo not in flat and "\\\\u202e" in flat, flat
+
+
+def test_the_feedback_box_names_checks_not_graded_on_this_machine():
+    """Lab 4's speed on a CPU-only grader scores 0 there: the box says it is not graded yet, not lost."""
+    from autograder import report
+    from autograder.grade import StudentResult
+
+    res = StudentResult("ana", "lab4_speedrun", "graded", score=8, max_score=16, hardware={"class": "cpu"},
+                        checks=[{"check": "lab4.correctness", "passed": True, "fraction": 1.0, "message": "ok"},
+                                {"check": "lab4.speed", "passed": None, "fraction": 0.0,
+                                 "message": "not gradable on this hardware (cpu): needs a CUDA GPU"}])
+    box = report.summary_box(res)
+    assert "Not graded yet:</b> lab4.speed could not be graded on this machine (cpu)" in box
+    assert "lab4.correctness could not" not in box
