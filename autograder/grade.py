@@ -353,9 +353,13 @@ def check_variants(subs: list[intake.Submission], course: Course, secret, classm
             except (OSError, LabkitError):
                 tag = None
         tag = tag or (handin_record(sub.files).get("variant_tag") or None)
+        if tag is None and getattr(secret, "open_kit", False):
+            continue  # the open kit hands everyone the same untagged slow_train.py: there is no variant to check
         if tag is None:
-            sub.notes.append("no lab 3 variant tag in the hand-in (no slow_train.py from the hand-in cell): graded "
-                             f"against {sub.student_id}'s own variant, unchecked")
+            why = ("its slow_train.py carries none" if "slow_train.py" in sub.files else
+                   "no slow_train.py from the hand-in cell")
+            sub.notes.append(f"no lab 3 variant tag in the hand-in ({why}): graded against {sub.student_id}'s own "
+                             "variant, unchecked")
             continue
         verdict = lab3_variants.tag_verdict(tag, sub.student_id, secret, classmates)
         if verdict is None:

@@ -83,6 +83,10 @@ def test_the_grader_checks_the_tag_against_the_id_it_read():
         assert sub.cause == "variant mismatch" and "waits for a person" in sub.problem, sub
         assert whose in sub.flags[0] and "sim_student1" not in sub.problem.replace(sub.student_id, "")
     assert untagged.problem is None and any("no lab 3 variant tag" in n for n in untagged.notes)
+    kit = course_secret.Secret(course_secret.OPEN_KIT_KEY, course_secret.OPEN_KIT_LABEL)
+    open_kit = _sub("bob", {"slow_train.py": lab3_variants.render(lab3_variants.spec_for("bob", kit)).encode()})
+    grade.check_variants([open_kit], LAB3, kit, ids)  # the open kit's one untagged slow_train.py: nothing to note
+    assert open_kit.problem is None and not open_kit.notes
     other_lab = _sub("sim", {"slow_train.py": lab3_variants.handout("bob", COURSE).encode()})
     grade.check_variants([other_lab], SimpleNamespace(calls=[SimpleNamespace(check="lab1.x")]), COURSE, ids)
     assert other_lab.problem is None and not other_lab.notes
