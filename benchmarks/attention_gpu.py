@@ -47,9 +47,9 @@ class SweepConfig:
     heads: int = 8
     head_dim: int = 64
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
-    reps: int = 7      # timed rounds per contender, after warm-up
-    warmup: int = 2    # untimed calls per contender before the rounds
-    profile_seq_len: int = 2048  # the profiled training step's L
+    reps: int = 15     # timed rounds per contender, after warm-up (small L is launch-bound: noisy)
+    warmup: int = 3    # untimed calls per contender before the rounds
+    profile_seq_len: int = 8192  # the profiled training step's L: long enough that the GPU, not launches, sets its time
     profile_preset: str = "small"  # labkit.attention.TINY_PRESETS name for the profiled step
     profile_batch: int = 2
 
