@@ -83,13 +83,23 @@ def render_here(root: Path, assignment: str, student: str) -> str:
     return buf.getvalue()
 
 
+HANDED_IN = "as_handed_in"  # the plain copy of each notebook as handed in (its own outputs), for the marker
+
+
 def show(root: Path, assignment: str, student: str, pages: bool = True) -> str:
     """What the child does for one student of the course copy at `root`: formgrader's copy of each graded notebook
-    (plain_notebook, into root/formgrader/), then the feedback page if `pages`. Returns its log."""
+    (plain_notebook, into root/formgrader/), the same of each notebook as handed in (root/submitted/, into
+    root/formgrader/HANDED_IN/), then the feedback page if `pages`. Returns its log."""
     try:
         text = _write_plain(root / "autograded" / student / assignment, root / "formgrader")
     except Exception as e:  # the page may still render
         text = f"no formgrader copy: {type(e).__name__}: {str(e)[:200]}\n"
+    handed = root / "submitted" / student / assignment  # as handed in: the outputs the written answers cite
+    if handed.is_dir():
+        try:
+            text += _write_plain(handed, root / "formgrader" / HANDED_IN)
+        except Exception as e:
+            text += f"no plain copy of the notebook as handed in: {type(e).__name__}: {str(e)[:200]}\n"
     return text + (render_here(root, assignment, student) if pages else "")
 
 

@@ -525,6 +525,13 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
     if manual.pending_points(res):
         res.message += f" (provisional: {manual.pending_points(res):g} points of written answers need manual grading)"
 
+    # The notebook as handed in (from intake's bytes, before any of the student's code ran): written answers are
+    # marked against the outputs the student saw, not the grader's re-run. The renderer makes its plain copy.
+    handed = taken / "submitted" / sid / aid
+    for n in course.notebooks:
+        if f"{n}.ipynb" in sub.files:
+            handed.mkdir(parents=True, exist_ok=True)
+            (handed / f"{n}.ipynb").write_bytes(sub.files[f"{n}.ipynb"])
     pages, flog, stopped = feedback.RENDERER.render(taken, aid, sid, pages=cfg.feedback,
                                                     timeout_s=cfg.feedback_timeout_s)
     (sdir / "feedback.log").write_text(flog, errors="replace")
@@ -548,6 +555,11 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                              "see feedback.log)")
             continue
         res.outputs[f"autograded/{sid}/{aid}/{rel}"] = out.write(f"autograded/{sid}/{aid}/{rel}", p.read_bytes())
+    for n in course.notebooks:  # beside the result, where no nbgrader tool looks for notebooks to grade
+        p = taken / "formgrader" / feedback.HANDED_IN / f"{n}.ipynb"
+        if p.is_file() and p.stat().st_size <= MAX_KEPT_BYTES:
+            rel = f"students/{sid}/{feedback.HANDED_IN}/{n}.ipynb"
+            res.outputs[rel] = out.write(rel, p.read_bytes())
     return res
 
 

@@ -581,6 +581,8 @@ def lms_class(tmp_path_factory):
             z.writestr("handin.json", json.dumps({"lab": AID, "release": release, "variant_tag": ""}))
 
     now = nbformat.read(base / "course" / "source" / AID / f"{AID}.ipynb", as_version=4)
+    first = next(c for c in now.cells if c.cell_type == "code")  # what jane saw: her written answer cites it
+    first.outputs = [nbformat.v4.new_output("stream", name="stdout", text="on my laptop: 52.0 ms a batch\n")]
     zipped(f"jane_doe_{AID}_handin.zip", now, "0.1.0")
     old = rehearsal.toy_notebook(written=False)
     old.cells = [c for c in old.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "test_speed"]
@@ -621,3 +623,15 @@ def test_similarity_and_merge_read_the_names_against_the_class_list_as_grading_d
     assert set(files) <= {"jane_doe", "old_timer2"} and "jane_doe" in files, (files.keys(), notes)
     got = merge.expected_students(base / "subs", base / "roster.csv", assignment=AID, scratch=tmp_path / "m")
     assert got == {"jane", "jane_doe", "old_timer2"}
+
+
+def test_the_marker_gets_each_notebook_as_handed_in_with_the_students_own_outputs(lms_class):
+    """Written answers cite the student's own run; autograde re-executes the notebook, so its copy shows the
+    grader's outputs. The plain copy as handed in sits beside the result (students/<id>/as_handed_in/)."""
+    out = lms_class["base"] / "out"
+    mine = out / "students" / "jane_doe" / "as_handed_in" / f"{AID}.ipynb"
+    assert "on my laptop: 52.0 ms a batch" in mine.read_text()
+    assert "on my laptop" not in (out / "autograded" / "jane_doe" / AID / f"{AID}.ipynb").read_text()
+    nb = json.loads(mine.read_text())  # plain: text outputs only, markdown shown as written
+    assert all(o["output_type"] in ("stream", "execute_result", "error", "display_data")
+               for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])

@@ -198,3 +198,27 @@ def test_results_a_student_could_word_are_escaped_in_every_writer(tmp_path):
     texts = [gs["output"], *(t["output"] for t in gs["tests"])]
     assert not any(_raw_in(t.replace("\n", "")) for t in texts), texts
     assert not any(ln.startswith(("nothing flagged", "14 of 14")) for t in texts for ln in t.splitlines()), texts
+
+
+def test_the_copy_as_handed_in_keeps_text_outputs_and_drops_markup_that_runs(tmp_path):
+    """The marker opens students/<id>/as_handed_in/: a hand-in's HTML, JavaScript and SVG outputs and its
+    markdown never reach it as markup, only its text outputs and its source as written."""
+    from autograder import feedback
+
+    nb = nbformat.v4.new_notebook()
+    code = nbformat.v4.new_code_cell("print('mine')")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="mine: 52.0 ms\n"),
+                    nbformat.v4.new_output("display_data", data={"text/html": "<script>steal()</script>",
+                                                                 "application/javascript": "steal()",
+                                                                 "image/svg+xml": "<svg onload='steal()'/>"})]
+    nb.cells = [nbformat.v4.new_markdown_cell("<img src=x onerror='steal()'>"), code]
+    handed = tmp_path / "submitted" / "eve" / AID
+    handed.mkdir(parents=True)
+    (handed / f"{AID}.ipynb").write_text(nbformat.writes(nb))
+    log = feedback.show(tmp_path, AID, "eve", pages=False)
+    copy = (tmp_path / "formgrader" / feedback.HANDED_IN / f"{AID}.ipynb").read_text()
+    assert "mine: 52.0 ms" in copy and "<script>" not in copy and "steal()</script>" not in copy, log
+    mimes = {k for c in json.loads(copy)["cells"] for o in c.get("outputs", []) for k in o.get("data", {})}
+    assert not mimes & {"text/html", "application/javascript", "image/svg+xml"}, mimes
+    md = next(c for c in json.loads(copy)["cells"] if "onerror" in "".join(c["source"]))
+    assert "".join(md["source"]).startswith("```") or md["cell_type"] == "code"  # shown as written, not as markup
