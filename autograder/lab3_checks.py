@@ -187,7 +187,7 @@ def check_no_host_sync(ctx) -> dict:
     where = ", ".join(f"{k} ({v}x)" for k, v in by_site.most_common(3))
     require(syncs <= allowed, f"{syncs} host syncs in {steps} steps (at most {allowed}): keep losses and counts "
             f"as tensors inside the loop and convert once at the end; they happen at {where}", **m)
-    return {"message": f"{syncs} host syncs in {steps} steps", "measurements": m}
+    return {"message": f"{syncs} host sync{'' if syncs == 1 else 's'} in {steps} steps", "measurements": m}
 
 
 # ---------------------------------------------------------------------------------- part D: speed

@@ -223,9 +223,13 @@ def _fmt(x, spec=",.0f") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else ("-" if x is None else str(x))
 
 
+# the grader's own bookkeeping: in result.json and the summary for the instructor, not in the student's table
+_NOT_SHOWN = ("score", "max_score", "gradable", "hardware", "device", "secret", "sandbox", "baseline_interference",
+              "baseline_after_student_slowdown", "warmup_excess_s")
+
+
 def _measure_list(m: dict) -> str:
-    items = [f"{k}: {v}" for k, v in m.items() if k not in ("score", "max_score", "gradable", "hardware", "device")
-             and not isinstance(v, (dict, list))]
+    items = [f"{k}: {v}" for k, v in m.items() if k not in _NOT_SHOWN and not isinstance(v, (dict, list))]
     return "; ".join(items)[:400]
 
 

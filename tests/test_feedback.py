@@ -162,9 +162,12 @@ def test_the_feedback_box_names_checks_not_graded_on_this_machine():
     from autograder.grade import StudentResult
 
     res = StudentResult("ana", "lab4_speedrun", "graded", score=8, max_score=16, hardware={"class": "cpu"},
-                        checks=[{"check": "lab4.correctness", "passed": True, "fraction": 1.0, "message": "ok"},
+                        checks=[{"check": "lab4.correctness", "passed": True, "fraction": 1.0, "message": "ok",
+                                 "measurements": {"cosine": 1.0, "secret": "open-kit default (public)",
+                                                  "sandbox": "bwrap", "baseline_interference": True}},
                                 {"check": "lab4.speed", "passed": None, "fraction": 0.0,
                                  "message": "not gradable on this hardware (cpu): needs a CUDA GPU"}])
     box = report.summary_box(res)
     assert "Not graded yet:</b> lab4.speed could not be graded on this machine (cpu)" in box
     assert "lab4.correctness could not" not in box
+    assert "cosine: 1.0" in box and "open-kit" not in box and "bwrap" not in box and "interference" not in box
