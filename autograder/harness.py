@@ -194,6 +194,9 @@ class CheckFailed(Exception):
         self.measurements = measurements
 
 
+WARMUP_EXCESS_S = "warmup_excess_s"  # Context.compare's note: warm-up seconds beyond as many timed rounds
+
+
 class NotGradable(Exception):
     """Raised by a check this hardware cannot grade (e.g. a GPU speed tier on a CPU)."""
 
@@ -316,7 +319,6 @@ class Context:
         (autograder.gpu_state): a verdict timed on a throttling card is marked to be measured again.
         """
         from autograder.gpu_state import Watch
-        from autograder.remeasure import WARMUP_EXCESS_S
         from labkit.bench import ABResult, Timing
 
         watch = Watch(self.device)  # the card's clocks, temperature, power, throttling: read here, never by them

@@ -32,6 +32,7 @@ import nbformat
 
 from autograder import lmsnames
 from autograder.feedback import MAX_CELLS, MAX_OUTPUTS
+from autograder.lmsnames import safe_id  # noqa: F401 (also intake.safe_id, for callers)
 from autograder.sandbox import MAX_JSON_VALUES, json_values
 from autograder.shown import name as shown  # noqa: F401 (also intake.shown, for callers)
 from autograder.spool import Spool, TooLarge
@@ -74,12 +75,6 @@ class Intake:
     submissions: list[Submission]
     junk: list[str]  # one line per skipped thing
     unmatched: list[str] = field(default_factory=list)  # hand-ins whose name gives no single student id, and why
-
-
-def safe_id(raw: str) -> str:
-    """A student id usable as a folder name and nbgrader id (letters, digits, '_', '.', '-')."""
-    s = re.sub(r"[^A-Za-z0-9_.\-]+", "_", raw.strip()).strip("._-")
-    return s[:64] or "unnamed"
 
 
 def extract_zip(archive: Path, dest: Path) -> list[str]:

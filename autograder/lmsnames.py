@@ -76,10 +76,13 @@ def fold(s: str) -> str:
     return re.sub(r"[^a-z0-9]", "", s.lower())
 
 
-def _safe(raw: str) -> str:
-    from autograder.intake import safe_id
+def safe_id(raw: str) -> str:
+    """A student id usable as a folder name and nbgrader id (letters, digits, '_', '.', '-')."""
+    s = re.sub(r"[^A-Za-z0-9_.\-]+", "_", raw.strip()).strip("._-")
+    return s[:64] or "unnamed"
 
-    return safe_id(raw)
+
+_safe = safe_id
 
 
 def read_roster(path: str | Path) -> Roster:
@@ -153,7 +156,7 @@ def _one(lms: str, name: str, found: list[str], *, why: str, **kw) -> Read:
 
 
 def _shown(name: str) -> str:
-    from autograder.intake import shown
+    from autograder.shown import name as shown
 
     return repr(name) if shown(name) == name else shown(name)
 

@@ -35,7 +35,7 @@ LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_spe
 PUBLIC_PROBES = ["__init__.py", "probes.py", "lab1.py", "lab2.py", "lab3.py", "lab3_slow.py", "lab4.py"]
 # The public checks, and the labkit-answer ban they apply with the grader's own words (labkit_answers holds only the
 # per-lab lists the labs' instructions state, and the reader of a submission's imports).
-PUBLIC_CHECKS = ["selfcheck.py", "selfcheck_labs.py", "labkit_answers.py"]
+PUBLIC_CHECKS = ["selfcheck.py", "selfcheck_core.py", "selfcheck_labs.py", "labkit_answers.py"]
 # New grader modules that never ship: the variant generator knows every variant's answers, and the secret's module
 # is how hidden cases are drawn (no student needs either). The scan holds their code as needles too.
 INSTRUCTOR_ONLY = ["lab3_variants.py", "course_secret.py"]

@@ -22,8 +22,7 @@ import time
 from collections.abc import Callable
 
 from autograder import review
-
-WARMUP_EXCESS_S = "warmup_excess_s"  # harness.Context.compare's note: warm-up seconds beyond as many timed rounds
+from autograder.harness import WARMUP_EXCESS_S, NotGradable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +87,6 @@ def too_wide(ab, record: dict, policy: Policy = POLICY) -> None:
     not gradable here and goes to a person or a quieter machine. A student gains nothing by jittering: a check
     not graded scores nothing until it is timed again."""
     if ab.ratio_iqr > policy.max_spread * ab.ratio:
-        from autograder.harness import NotGradable
-
         raise NotGradable(f"the timing was too noisy to score here ({ab.ratio:.2f}x, but its rounds' IQR is "
                           f"{ab.ratio_iqr:.2f} over {len(ab.ratios)} rounds: the machine was busy); time it again on "
                           "a quiet machine", speedup=round(ab.ratio, 3), speedup_iqr=round(ab.ratio_iqr, 3),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from autograder.selfcheck import Failed, NotHere, alternate, need
+from autograder.selfcheck_core import Failed, NotHere, alternate, need
 from autograder.student import lab1, lab2, lab3, lab4
 from autograder.student import lab3_slow as slow
 
