@@ -57,6 +57,33 @@ def test_labkit_import_graph_is_acyclic():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
+def dotted_graph(pkg: str) -> dict[str, set[str]]:
+    """{dotted module: the modules of `pkg` (subpackages included) it imports anywhere}, from the source alone."""
+    base = PKG.parent / pkg
+    mods = {}
+    for p in base.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {}
+    for m, p in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in mods}
+            elif isinstance(node, ast.ImportFrom) and node.module in mods and not node.level:
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                         for a in node.names}
+        graph[m] = deps - {m, pkg}  # the package's own __init__ re-exports nothing the modules need
+    return graph
+
+
+def test_autograder_import_graph_is_acyclic():
+    """The grader's phases import one way (a function-level import counts too)."""
+    graph = dotted_graph("autograder")
+    assert "autograder.intake" in graph and "autograder.lmsnames" in graph["autograder.intake"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
 def test_errors_and_outputs_import_no_torch():
     """The command line catches LabkitError and checks output paths before torch is loaded."""
     for name in ("errors", "outputs", "progress", "cli"):
