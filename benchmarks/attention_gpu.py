@@ -49,7 +49,7 @@ class SweepConfig:
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     reps: int = 15     # timed rounds per contender, after warm-up (small L is launch-bound: noisy)
     warmup: int = 3    # untimed calls per contender before the rounds
-    profile_seq_len: int = 8192  # the profiled training step's L: long enough that the GPU, not launches, sets its time
+    profile_seq_len: int = 8192  # the profiled training step's L: the sweep's longest
     profile_preset: str = "small"  # labkit.attention.TINY_PRESETS name for the profiled step
     profile_batch: int = 2
 
