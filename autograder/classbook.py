@@ -130,7 +130,8 @@ def _extend_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _write_late_feedback(out: Path, assignment: str, rows: list[dict], policy: late.LatePolicy | None) -> None:
-    """Put each student's late assessment on their feedback pages (or take it off when no policy is in force).
+    """Put each student's late assessment, and the written answers a person graded since, on their feedback pages
+    (or take them off when no policy is in force and no manual score exists).
 
     The pages were written while grading, before the class's policy was applied; a later run or merge with
     another policy (an extension added, say) rewrites the box, so the page always shows the policy of the last
@@ -140,9 +141,10 @@ def _write_late_feedback(out: Path, assignment: str, rows: list[dict], policy: l
     for row in rows:
         folder = out / "feedback" / row["student_id"] / assignment
         pages = sorted(folder.glob("*.html")) if folder.is_dir() else []
-        box = None
+        late_b = None
         if policy is not None and pages:
-            box = report.late_box(row, grace_s=policy.grace_s, extended=row["student_id"] in policy.extensions)
+            late_b = report.late_box(row, grace_s=policy.grace_s, extended=row["student_id"] in policy.extensions)
+        box = report.after_grading_box(late_b, report.manual_box(row) if pages else None)
         for p in pages:
             if p.is_symlink():
                 continue

@@ -320,6 +320,30 @@ def late_box(row: dict, *, grace_s: float = 0.0, extended: bool = False) -> str:
             f"font-family:sans-serif'><h3>Late work</h3><ul>{''.join(items)}</ul></div>{_LATE_END}")
 
 
+def manual_box(row: dict) -> str | None:
+    """HTML for the written answers a person graded after the page was written (a classbook.final_rows row), or
+    None when none was: the page's summary box and nbgrader's cell scores are from autograding, this supersedes."""
+    scores = row.get("manual_scores") or {}
+    if not scores:
+        return None
+    e = shown.html
+    items = "".join(f"<li>{e(str(cell))}: {float(score):g} points</li>" for cell, score in scores.items())
+    left = float(row.get("pending_manual_points") or 0)
+    state = f"{left:g} points of written answers still wait for a person" if left else "no longer provisional"
+    return (f"{_LATE_START}<div id='labkit-manual' style='border:2px solid #275;padding:10px;margin:10px;"
+            f"font-family:sans-serif'><h3>Written answers, graded by a person</h3><ul>{items}</ul><p>Your total is "
+            f"now {float(row.get('total') or 0):g} of {float(row.get('max_score') or 0):g} points ({state}). The box "
+            "above was written when your hand-in was autograded, and the notebook below shows each cell's score "
+            f"from then: these lines replace them.</p></div>{_LATE_END}")
+
+
+def after_grading_box(*boxes: str | None) -> str | None:
+    """The late box and the manual box (each as late_box/manual_box return it) in the one slot after the summary
+    box that the page's digest leaves out; None when neither applies."""
+    parts = [b.removeprefix(_LATE_START).removesuffix(_LATE_END) for b in boxes if b]
+    return _LATE_START + "".join(parts) + _LATE_END if parts else None
+
+
 def _late_slot(page: str) -> tuple[int, int]:
     """(start, end) of the late box's place in a feedback page; start == end when the page has none yet."""
     m = re.search(r"<body[^>]*>", page)

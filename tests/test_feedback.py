@@ -171,3 +171,22 @@ def test_the_feedback_box_names_checks_not_graded_on_this_machine():
     assert "Not graded yet:</b> lab4.speed could not be graded on this machine (cpu)" in box
     assert "lab4.correctness could not" not in box
     assert "cosine: 1.0" in box and "open-kit" not in box and "bwrap" not in box and "interference" not in box
+
+
+def test_written_answers_graded_later_reach_the_page_in_the_slot_its_digest_leaves_out():
+    """A manual-scores pass keeps the page the grader wrote: the person's scores and the new total go into the
+    slot after the summary box (beside the late box), and the page without that slot is byte for byte the old."""
+    from autograder import report
+
+    page = (b"<html><body><div id='labkit-grade-summary'><h2>lab: 12 / 14 points</h2></div>"
+            b"<p>Written response (Score: 0.0 / 2.0)</p></body></html>")
+    row = {"manual_scores": {"lab3_written_<b>": 1.5}, "pending_manual_points": 0, "total": 13.5, "max_score": 14}
+    late = report.late_box({"score": 13.5, "extra_credit": 0, "late_penalty": 0, "submitted_at": "2025-03-01",
+                            "due": "2025-03-02", "days_late": 0, "total": 13.5})
+    new = report.with_late_box(page, report.after_grading_box(late, report.manual_box(row)))
+    text = new.decode()
+    assert "graded by a person" in text and "now 13.5 of 14 points (no longer provisional)" in text
+    assert "lab3_written_&lt;b&gt;: 1.5 points" in text and "Late work" in text
+    assert text.index("labkit-grade-summary") < text.index("Late work") < text.index("graded by a person")
+    assert report.without_late_box(new) == page
+    assert report.manual_box({"manual_scores": {}}) is None and report.after_grading_box(None, None) is None
