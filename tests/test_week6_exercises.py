@@ -365,3 +365,21 @@ def test_without_fork_the_data_parallel_checks_say_what_they_skip(monkeypatch):
         assert "skipped" in verdict and "2 forked processes" in verdict and eid in verdict
     with pytest.raises(RuntimeError, match="cannot fork"):
         D.run_ranks(lambda rank, world: rank)
+
+
+@needs_fork
+def test_a_child_forked_after_cuda_started_sees_no_accelerator_and_the_parent_keeps_its_own(monkeypatch):
+    from labkit import dp_scratch as D
+
+    before = torch.cuda.is_available
+    monkeypatch.setattr(torch._C, "_cuda_isInBadFork", lambda: True, raising=False)  # what a child of a CUDA parent reads
+
+    def seen(rank, world):
+        opt = torch.optim.Adam([torch.zeros(3, requires_grad=True)])
+        opt.param_groups[0]["params"][0].grad = torch.ones(3)
+        opt.step()  # asks the accelerator about graph capture: must not reach a CUDA context inherited by fork
+        acc = torch.accelerator.current_accelerator(check_available=True) if hasattr(torch, "accelerator") else None
+        return [torch.cuda.is_available(), acc]
+
+    assert D.run_ranks(seen) == [[False, None], [False, None]]
+    assert torch.cuda.is_available is before
