@@ -684,6 +684,11 @@ def _timed(eid: str, make_sync, *, adam: bool = False) -> str:
 def _no_fork(eid: str) -> str | None:
     from labkit import dp_scratch as D
 
+    if D.can_fork() and torch.cuda.is_available() and torch.cuda.is_initialized():
+        # autograd's GPU worker threads, started by any backward on the GPU, cannot be forked (torch refuses)
+        return (f"skipped: this kernel has already used the GPU, and autograd's GPU threads cannot be forked into "
+                f"the 2 processes the check runs. Restart the kernel, run the setup cell and then exercise {eid}'s "
+                "cells before any GPU cell (the check itself runs on the CPU)")
     if D.can_fork():
         return None
     return (f"skipped: {sys.platform} cannot fork safely, and the check runs your function in 2 forked processes "

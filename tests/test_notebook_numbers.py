@@ -182,6 +182,26 @@ CONSTANTS = {
 }
 
 
+def test_the_readme_states_the_recorded_quick_cpu_ladder_per_rung():
+    """`make demo`'s paragraph quotes ladder_quick_cpu.json (made by `labkit ladder --quick --json
+    benchmarks/results/ladder_quick_cpu.json --overwrite`): every rung's speedup and accuracy, the wall time and
+    whether other programs shared the cores. Re-recorded, the sentence is T.quick_ladder_summary(record)."""
+    rec = load("ladder_quick_cpu")
+    assert rec["quick"] and rec["complete"] and rec["env"]["device_type"] == "cpu"
+    assert "trustworthy" in rec["machine_load"] and rec["timings_trustworthy"] == rec["machine_load"]["trustworthy"]
+    summary = T.quick_ladder_summary(rec)
+    assert summary in markdown(ROOT / "README.md"), f"README's demo paragraph should quote: {summary}"
+
+
+def test_every_rung_of_the_recorded_quick_ladder_learns_or_says_why():
+    rec = load("ladder_quick_cpu")
+    band = rec["accuracy_band"]
+    below = {n.split(" ended at")[0] for n in rec["accuracy_notes"]}
+    for r in rec["rungs"]:
+        assert r["accuracy"] > 0.3, f"{r['name']} ended near chance ({r['accuracy']:.1%})"
+        assert r["accuracy"] >= band["low"] or r["name"] in below, r["name"]
+
+
 def _docs():
     return [*NOTEBOOKS, ROOT / "README.md"]
 
@@ -196,6 +216,7 @@ def test_every_quoted_figure_is_tied_to_its_record_or_measures_nothing(path):
     text = markdown(path)
     if path.name == "README.md":  # test_packaging ties the README's ladder table to ladder.json, cell by cell
         text = text.replace(folded(report.ladder_table(load("ladder")["rungs"])), " ")
+        text = text.replace(folded(T.quick_ladder_summary(load("ladder_quick_cpu"))), " ")  # tied below
     ties, consts = TIES.get(path.name, {}), CONSTANTS.get(path.name, {})
     found = {m.group(1).strip() for m in FIGURE.finditer(text)}
     untied = sorted(f for f in found if f not in ties and f not in consts)

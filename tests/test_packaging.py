@@ -234,8 +234,11 @@ def test_results_page_cold_compile_times_and_executed_notebooks_match_their_reco
     runs = json.loads((res / "notebooks" / "notebook_runs.json").read_text())["notebooks"]
     notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert sorted(n["path"] for n in runs) == notebooks  # every notebook has an executed copy, and all ran clean
-    assert all(n["status"] == "ok" and not n["quick"] and n["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
-               for n in runs)
+    assert all(n["status"] == "ok" and not n["quick"] for n in runs)
+    later = {"notebooks/07_triton_kernels.ipynb"}  # written after the weeks' refresh: its own run, on an H200
+    assert all(n["env"]["device_name"] == "NVIDIA H200" for n in runs if n["path"] in later)
+    runs = [n for n in runs if n["path"] not in later]
+    assert all(n["env"]["device_name"] == "NVIDIA H100 80GB HBM3" for n in runs)
     week6 = (res / "notebooks" / "06_resnet_ladder.md").read_text()
     # the live table has a spread column: | rung | img/s | spread | img/s (all epochs) | speedup | ...
     row = re.search(r"^\| muon \| ([\d,]+) \| [\d,–]+ \| [\d,]+ \| ([\d.]+)x \|", week6, re.M)
@@ -1361,14 +1364,15 @@ def test_results_page_quick_mode_on_a_gpu_matches_its_records():
     nbs = json.loads((res / "gpu_quick_notebooks_h200.json").read_text())
     for r in (cmds, nbs):
         assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
-        assert r["env"]["git_commit"].startswith("7569b20")
+    assert cmds["env"]["git_commit"].startswith("7569b20") and nbs["env"]["git_commit"].startswith("56a19e7")
     ran = {u["command"].split()[1] for u in cmds["units"]}  # "labkit COMMAND ..."
     assert ran == set(cli.COMMANDS), ran ^ set(cli.COMMANDS)
     assert {u["name"] for u in nbs["units"]} == {p.name for p in notebook_paths()}
     failed = [u for u in cmds["units"] if not u["ok"]]
     assert [u["name"] for u in failed] == ["doctor"] and failed[0]["rc"] == 1
     assert "required package(s) missing or broken: jupyterlab, nbgrader" in failed[0]["tail"][-1]
-    assert all(u["ok"] for u in nbs["units"])
     n_ok = len(cmds["units"]) - len(failed)
-    assert (f"{n_ok} of the {len(cmds['units'])} commands and all {len(nbs['units'])} notebooks ran cleanly"
-            in page)
+    assert f"{n_ok} of the {len(cmds['units'])} commands ran cleanly" in page
+    bad = sorted(u["name"] for u in nbs["units"] if not u["ok"])
+    assert bad == ["03_mixed_precision.ipynb", "05_profiling.ipynb", "06_resnet_ladder.ipynb"]
+    assert f"{len(nbs['units']) - len(bad)} of the {len(nbs['units'])} notebooks ran cleanly" in page
