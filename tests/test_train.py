@@ -367,9 +367,10 @@ def test_train_runs_a_rung_as_the_ladder_runs_it_on_this_device_and_says_what_ch
     assert ran == []
     assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache",
                  "--set", "compile=none"]) == 0
-    assert ran[-1].precision == "default" and ran[-1].batch_size == 256  # as the quick CPU ladder runs it
-    assert "muon: bf16 -> default, as the ladder runs it here: a CPU trains bf16 rungs in its default precision" \
-        in capsys.readouterr().out
+    assert ran[-1].precision == "default" and ran[-1].batch_size == T.QUICK_CPU_BATCH  # as the quick CPU ladder runs it
+    out = capsys.readouterr().out
+    assert "muon: bf16 -> default, as the ladder runs it here: a CPU trains bf16 rungs in its default precision" in out
+    assert f"muon: batch 4096 -> {T.QUICK_CPU_BATCH}, as the ladder runs it here: 2 cores run a larger batch" in out
     assert main(["train", "--quick", "--device", "cpu", "--preset", "muon", "--no-compile-cache",
                  "--set", "precision=bf16", "batch_size=512", "compile=none"]) == 0
     assert ran[-1].precision == "bf16" and ran[-1].batch_size == 512
@@ -382,6 +383,21 @@ def test_train_runs_a_rung_as_the_ladder_runs_it_on_this_device_and_says_what_ch
         assert main(["train", "--device", "cuda", "--preset", "muon", "--no-compile-cache"]) == 0
     assert ran[-1].precision == "fp16" and ran[-1].batch_size == 4096
     assert "muon: bf16 -> fp16, as the ladder runs it here: this GPU has no bf16 tensor cores" in capsys.readouterr().out
+
+
+def test_the_quick_cpu_ladder_keeps_the_batch_rung_at_quick_batch_and_says_why():
+    """At batch 256 the quick CPU batch rung had 48 steps against the baseline's 192 and ended below the
+    baseline's accuracy band, for no speed (a CPU has nothing to fill): the quick CPU ladder keeps it at quick
+    mode's batch, and its notes say so; a full-size ladder keeps the rung's batch."""
+    import torch
+
+    cpu = torch.device("cpu")
+    plan = T.plan_ladder(cpu, quick=True)
+    fused = next(c for c in plan.rungs if c.name == "batch_fused")
+    assert fused.batch_size == T.quick_base().batch_size == T.QUICK_CPU_BATCH and fused.optimizer == "sgd-fused"
+    assert T.QUICK_CPU_BATCH_NOTE in plan.notes
+    assert T.QUICK_CPU_BATCH_NOTE not in T.plan_ladder(cpu, quick=True, names=["baseline", "loader"]).notes
+    assert next(c for c in T.plan_ladder(cpu, quick=False).rungs if c.name == "batch_fused").batch_size == 512
 
 
 def test_a_train_record_says_where_the_wall_time_went(tmp_path):
@@ -434,7 +450,7 @@ def test_ddp_settings_reach_the_wrapper(monkeypatch, tmp_path):
 def test_a_batch_larger_than_the_images_is_refused_before_work_and_quick_gpu_rungs_fit(monkeypatch):
     """`labkit ladder --quick` on a GPU trained 10 rungs, then stopped at the top one: its batch of 4096 was more
     than quick mode's 2048 images (found on an H200). Quick mode now fits each rung's batch to its images, as it
-    caps CPU batches at 256, and a config that asks for more is refused before anything loads."""
+    keeps CPU batches at quick mode's, and a config that asks for more is refused before anything loads."""
     import torch
 
     cpu = torch.device("cpu")
