@@ -193,13 +193,12 @@ def test_the_readme_states_the_recorded_quick_cpu_ladder_per_rung():
     assert summary in markdown(ROOT / "README.md"), f"README's demo paragraph should quote: {summary}"
 
 
-def test_every_rung_of_the_recorded_quick_ladder_learns_or_says_why():
+def test_every_rung_of_the_recorded_quick_ladder_ends_in_the_baselines_band():
     rec = load("ladder_quick_cpu")
     band = rec["accuracy_band"]
-    below = {n.split(" ended at")[0] for n in rec["accuracy_notes"]}
+    assert not rec["accuracy_notes"] and rec["machine_load"]["trustworthy"]
     for r in rec["rungs"]:
-        assert r["accuracy"] > 0.3, f"{r['name']} ended near chance ({r['accuracy']:.1%})"
-        assert r["accuracy"] >= band["low"] or r["name"] in below, r["name"]
+        assert r["accuracy"] >= band["low"], f"{r['name']} ended at {r['accuracy']:.1%}, below the baseline's band"
 
 
 def _docs():
