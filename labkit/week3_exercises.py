@@ -131,17 +131,19 @@ LOOP_STEPS, LOOP_BATCH, LOOP_INIT_SCALE, LOOP_GROWTH, LOOP_CLIP = 12, 32, 2.0**2
 
 def _loop_setup():
     """The week's tiny MLP with Adam, a GradScaler whose first scale overflows fp16 (so steps get skipped and the
-    scale both backs off and grows within a dozen steps), and the batches."""
-    model = amp.build_mlp("tiny")
+    scale both backs off and grows within a dozen steps), and the batches, all on the CPU: the check runs the loop
+    with device_type="cpu" beside AmpTrainer on the CPU. (On a GPU machine the default device put the model on the
+    GPU, where CPU autocast does nothing: the loop trained in fp32 and its first loss missed AmpTrainer's fp16 one.)"""
+    model = amp.build_mlp("tiny", device="cpu")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=LOOP_INIT_SCALE, growth_interval=LOOP_GROWTH)
-    batches = [amp.teacher_batch(i, LOOP_BATCH) for i in range(LOOP_STEPS)]
+    batches = [amp.teacher_batch(i, LOOP_BATCH, device="cpu") for i in range(LOOP_STEPS)]
     return model, opt, scaler, batches
 
 
 def _trainer_run():
     """labkit's AmpTrainer on the same model, data and scaler settings: losses, weights, scales."""
-    tr = amp.AmpTrainer(amp.build_mlp("tiny"), "fp16", device="cpu", max_grad_norm=LOOP_CLIP)
+    tr = amp.AmpTrainer(amp.build_mlp("tiny", device="cpu"), "fp16", device="cpu", max_grad_norm=LOOP_CLIP)
     tr.scaler = torch.amp.GradScaler("cpu", init_scale=LOOP_INIT_SCALE, growth_interval=LOOP_GROWTH)
     losses, scales = [], []
     for x, y in _loop_setup()[3]:

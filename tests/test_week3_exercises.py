@@ -123,6 +123,22 @@ def test_the_loop_check_names_the_missing_piece():
         ex.check("3.5", loop(update=False), quiet=True)
 
 
+def test_the_loop_check_runs_on_the_cpu_even_where_the_default_device_is_a_gpu(monkeypatch):
+    """On an H200 machine the check built its model and batches on the default device (the GPU), where the CPU
+    autocast it asks for does nothing, so a right loop trained in fp32 and failed against AmpTrainer's fp16 loss.
+    Here the default device is made unusable: the check must never ask for it."""
+    from labkit import amp
+
+    real = amp.pick_device
+
+    def no_default(device=None):
+        assert device is not None, "exercise 3.5's check asked for the default device"
+        return real(device)
+
+    monkeypatch.setattr(amp, "pick_device", no_default)
+    assert "bit for bit" in ex.check("3.5", loop(), quiet=True)
+
+
 # -------------------------------------------------------------------------------------------- 3.10 snapshots
 
 def reader(free_action="free_completed", count_segments=False, smallest=False):
