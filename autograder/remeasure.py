@@ -12,6 +12,12 @@ that took longer than its timed rounds (a warm-up the student made slow buys no 
 ratio still within its spread of a boundary is scored as measured and keeps the summary's "regrade recommended"
 flag (review.flags reads the pooled `speedup`/`speedup_iqr`).
 
+A ratio whose rounds' IQR exceeds the ratio itself is a coin toss; whose coin it is, the baseline's own rounds
+tell. When they spread too (the machine was busy) the check is not gradable here and waits for a quieter machine.
+When they held steady, the spread is the hand-in's own (its code, or its sleeping on purpose to dodge a low score)
+and the ratio is scored as measured, with a note to the student and a line in the summary: a hand-in's own
+jitter never buys "not graded yet", which it would carry to every machine it is regraded on.
+
 Everything here runs in the trusted grading process; the student's process only answers timed requests.
 """
 
@@ -33,6 +39,9 @@ class Policy:
     rounds_factor: float = 2.0  # the re-measurement's timed rounds, as a multiple of the first measurement's
     time_margin: float = 1.5  # re-measure only if the check's budget still holds this x the re-measurement's estimate
     max_spread: float = 1.0  # a ratio whose rounds' IQR exceeds this x the ratio is not scored: the machine was too busy
+    # ... unless the baseline's own rounds (their IQR over their median, the steadier of the two interleaved halves)
+    # spread by at most this much: then the machine was quiet, the spread is the hand-in's own, and it is scored
+    quiet_baseline: float = 0.25
 
 
 POLICY = Policy()
@@ -75,22 +84,47 @@ def measured(measure: Callable[[int], tuple], rounds: int, tiers, *, required_ra
     seconds the check has run so far, which the re-measurement's estimated time may not exceed (fewer rounds then,
     never fewer than the first measurement's).
     """
-    ab, notes, record = _measured(measure, rounds, tiers, required_ratio=required_ratio, time_left=time_left,
-                                  spent=spent, policy=policy, clock=clock)
-    too_wide(ab, record, policy)
+    ab, notes, record, parts = _measured(measure, rounds, tiers, required_ratio=required_ratio,
+                                         time_left=time_left, spent=spent, policy=policy, clock=clock)
+    too_wide(ab, record, policy, parts)
     return ab, notes, record
 
 
-def too_wide(ab, record: dict, policy: Policy = POLICY) -> None:
+def baseline_spread(parts: list) -> float:
+    """How much the machine itself moved during the timed rounds of `parts` (the measurements scored together):
+    the baseline's IQR over its median seconds, in whichever of its two interleaved halves is steadier.
+
+    The baseline runs in a process that never held student code, but every other baseline round follows a
+    student round (harness.Context.compare's ABBA order) and can carry work the student's process left queued (a
+    GPU kernel still running): a hand-in could make that half jitter to pass for a busy machine. The other half
+    follows a baseline round. Each measurement starts its rounds with the same warm-up, so an index's parity
+    means the same in each; a half of fewer than 3 rounds is not judged alone (both are used)."""
+    halves = ([t for p in parts for t in p.a.samples[0::2]], [t for p in parts for t in p.a.samples[1::2]])
+    if min(map(len, halves)) < 3:
+        halves = ([t for p in parts for t in p.a.samples],)
+    timing = type(parts[0].a)  # labkit.bench's Timing, taken from the results (this module imports no torch)
+    return min(timing(h).iqr / timing(h).median for h in halves)
+
+
+def too_wide(ab, record: dict, policy: Policy = POLICY, parts: list | None = None) -> None:
     """Refuse to score a ratio whose rounds disagree by more than the ratio itself (the IQR above
-    `policy.max_spread` x the median): on a machine that busy a score would be a coin toss, so the check is
-    not gradable here and goes to a person or a quieter machine. A student gains nothing by jittering: a check
-    not graded scores nothing until it is timed again."""
-    if ab.ratio_iqr > policy.max_spread * ab.ratio:
-        raise NotGradable(f"the timing was too noisy to score here ({ab.ratio:.2f}x, but its rounds' IQR is "
-                          f"{ab.ratio_iqr:.2f} over {len(ab.ratios)} rounds: the machine was busy); time it again on "
-                          "a quiet machine", speedup=round(ab.ratio, 3), speedup_iqr=round(ab.ratio_iqr, 3),
-                          rounds=len(ab.ratios), **record)
+    `policy.max_spread` x the median) on a busy machine: a score would be a coin toss, so the check is not
+    gradable here and goes to a quieter machine. On a quiet one (the baseline's rounds within
+    `policy.quiet_baseline`, `baseline_spread` of `parts`, default [ab]) the spread is the hand-in's own: the ratio
+    is scored as measured and `record` gets `own_spread` (the message says so), so that jittering on purpose
+    cannot turn a low score into "not graded yet" on every machine."""
+    if ab.ratio_iqr <= policy.max_spread * ab.ratio:
+        return
+    steady = round(baseline_spread(parts or [ab]), 3)
+    if steady <= policy.quiet_baseline:
+        record["own_spread"] = {"ratio": round(ab.ratio, 3), "iqr": round(ab.ratio_iqr, 3), "rounds": len(ab.ratios),
+                                "baseline_iqr_share": steady}
+        return
+    raise NotGradable(f"the timing was too noisy to score here ({ab.ratio:.2f}x, but its rounds' IQR is "
+                      f"{ab.ratio_iqr:.2f} over {len(ab.ratios)} rounds, and the baseline's own rounds spread by "
+                      f"{steady:.0%} of their median: the machine was busy); time it again on a quiet machine",
+                      speedup=round(ab.ratio, 3), speedup_iqr=round(ab.ratio_iqr, 3), rounds=len(ab.ratios),
+                      baseline_iqr_share=steady, **record)
 
 
 def _measured(measure, rounds, tiers, *, required_ratio, time_left, spent, policy, clock) -> tuple:
@@ -99,7 +133,7 @@ def _measured(measure, rounds, tiers, *, required_ratio, time_left, spent, polic
     excess = notes.pop(WARMUP_EXCESS_S, 0.0)
     why = near(ab, tiers, required_ratio)
     if why is None:
-        return ab, notes, {"remeasured": False}
+        return ab, notes, {"remeasured": False}, [ab]
     record = {"remeasured": False, "remeasure_reason": why, "first_measurement": _brief(ab, notes)}
     # seconds of the first measurement, less a warm-up slower than its timed rounds: the student's process can
     # stretch that at no cost to its ratio, and must not buy a skipped re-measurement with it (a slow warm-up in
@@ -111,10 +145,10 @@ def _measured(measure, rounds, tiers, *, required_ratio, time_left, spent, polic
     more = max(more, rounds)
     estimate = took * more / rounds
     if not policy.enabled:
-        return ab, notes, {**record, "remeasure_skipped": "re-measurement is switched off (remeasure.Policy)"}
+        return ab, notes, {**record, "remeasure_skipped": "re-measurement is switched off (remeasure.Policy)"}, [ab]
     if time_left is not None and time_left() < policy.time_margin * estimate:
         return ab, notes, {**record, "remeasure_skipped": f"the check's time budget has {time_left():.0f} s left, "
-                                                          f"a re-measurement needs ~{estimate:.0f} s"}
+                                                          f"a re-measurement needs ~{estimate:.0f} s"}, [ab]
     ab2, notes2 = measure(more)  # the one re-measurement; whatever it shows, nothing times this check again
     notes2.pop(WARMUP_EXCESS_S, None)
     pooled = _pool(ab, ab2)
@@ -125,11 +159,16 @@ def _measured(measure, rounds, tiers, *, required_ratio, time_left, spent, polic
         merged["gpu_measure_again"] = again
     if notes2.get("baseline_interference"):
         merged["baseline_interference"] = True
-    return pooled, merged, record
+    return pooled, merged, record, [ab, ab2]
 
 
 def message(record: dict) -> str:
-    """One line for the student's feedback about a re-measurement ("" when there was none)."""
+    """One line for the student's feedback about a re-measurement, and about a spread that was the hand-in's
+    own ("" when neither)."""
+    return _remeasured_line(record) + _own_spread_line(record)
+
+
+def _remeasured_line(record: dict) -> str:
     if record.get("remeasured"):
         f, p = record["first_measurement"], record["pooled"]
         return (f" Re-measured: the first {f['ratio']:.2f}x (IQR {f['iqr']:.2f}, {f['rounds']} rounds) was within "
@@ -137,3 +176,12 @@ def message(record: dict) -> str:
     if record.get("remeasure_skipped"):
         return f" Near a tier boundary, not re-measured ({record['remeasure_skipped']})."
     return ""
+
+
+def _own_spread_line(record: dict) -> str:
+    o = record.get("own_spread")
+    if not isinstance(o, dict):
+        return ""
+    return (f" Your rounds disagree by more than the ratio itself (IQR {o['iqr']:.2f} of {o['ratio']:.2f}x over "
+            f"{o['rounds']} rounds) while the baseline's held within {o['baseline_iqr_share']:.0%} of their median: "
+            "the spread is your code's own, so the ratio is scored as measured.")

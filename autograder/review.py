@@ -9,6 +9,9 @@ Two kinds, neither a failure for the student (the points stand as measured until
 A speed verdict that was measured again before it was scored (autograder.remeasure: its first ratio was near a
 boundary) is listed too, as "re-measured before scoring" (nothing to do: it was scored on the pooled rounds), and
 its "regrade recommended" line, if the pooled ratio is still near, says that it was already re-measured once.
+A speed verdict whose rounds disagreed by more than the ratio while the baseline's held steady was scored as
+measured (the spread is the hand-in's own, autograder.remeasure.too_wide): listed as "scored despite its own
+spread", for a look at what the code does between rounds (it may be sleeping on purpose).
 Everything here reads the trusted verdict's measurements; nothing comes from the student's process.
 """
 
@@ -20,6 +23,7 @@ import statistics
 MEASURE_AGAIN = "measure again"
 NEAR_BOUNDARY = "near a boundary: regrade recommended"
 REMEASURED = "re-measured before scoring"
+OWN_SPREAD = "scored despite its own spread"
 _TIER = re.compile(r">=\s*([0-9]+(?:\.[0-9]+)?)x")  # harness.Tiers.describe(): ">=1.5x: 50%, ..., bonus >=4x"
 
 
@@ -78,6 +82,11 @@ def flags(res) -> list[dict]:
             why = f"{why}; not re-measured: {m['remeasure_skipped']}"
         if why:
             out.append({"check": c["check"], "kind": NEAR_BOUNDARY, "why": why})
+        own = m.get("own_spread")
+        if isinstance(own, dict):
+            out.append({"check": c["check"], "kind": OWN_SPREAD,
+                        "why": f"{own.get('ratio')}x with an IQR of {own.get('iqr')} over {own.get('rounds')} rounds, "
+                               f"while the baseline held steady (IQR {own.get('baseline_iqr_share')} of its median)"})
     return out
 
 
@@ -89,7 +98,10 @@ def summary_lines(rows: list[dict]) -> list[str]:
                        (NEAR_BOUNDARY, "NEAR A TIER BOUNDARY: regrade recommended (the ratio is within its measured "
                                        "spread of a boundary; not a failure for the student)"),
                        (REMEASURED, "RE-MEASURED BEFORE SCORING (the first ratio was within its spread of a tier "
-                                    "boundary: measured once more and scored on the pooled rounds; nothing to do)")):
+                                    "boundary: measured once more and scored on the pooled rounds; nothing to do)"),
+                       (OWN_SPREAD, "SCORED DESPITE ITS OWN SPREAD (its rounds disagreed by more than the ratio while "
+                                    "the baseline's held steady: the hand-in's own jitter, scored as measured; look "
+                                    "at what its code does between rounds)")):
         hits = [(r["student_id"], f) for r in rows for f in r.get("review", []) if f["kind"] == kind]
         if hits:
             lines += ["", f"{head}:"] + [f"  {sid}: {f['check']}: {f['why']}" for sid, f in hits]

@@ -11,22 +11,26 @@ from labkit.bench import ABResult, Timing
 TIERS = Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0)
 
 
-def ab(ratios: list[float]) -> ABResult:
-    """Baseline 1 s a round, the student's time set by each round's ratio."""
-    return ABResult(Timing([1.0] * len(ratios)), Timing([1.0 / r for r in ratios]), list(ratios))
+BUSY = [1.0, 3.5, 2.6, 1.1, 3.0, 4.0, 1.2, 0.9, 2.8]  # a loaded machine's baseline seconds: both halves spread
+
+
+def ab(ratios: list[float], base: list[float] | None = None) -> ABResult:
+    """Baseline 1 s a round (or `base`'s seconds, cycled), the student's time set by each round's ratio."""
+    a = [(base or [1.0])[i % len(base or [1.0])] for i in range(len(ratios))]
+    return ABResult(Timing(a), Timing([x / r for x, r in zip(a, ratios, strict=True)]), list(ratios))
 
 
 class Fake:
     """A measurement that hands out the given per-round ratios, first call then second call, and counts calls."""
 
-    def __init__(self, *runs):
-        self.runs, self.calls, self.rounds = list(runs), 0, []
+    def __init__(self, *runs, base: list[float] | None = None):
+        self.runs, self.calls, self.rounds, self.base = list(runs), 0, [], base
 
     def __call__(self, rounds: int):
         self.rounds.append(rounds)
         ratios = self.runs[min(self.calls, len(self.runs) - 1)]
         self.calls += 1
-        return ab([ratios[i % len(ratios)] for i in range(rounds)]), {"gpu_state": {"call": self.calls}}
+        return ab([ratios[i % len(ratios)] for i in range(rounds)], self.base), {"gpu_state": {"call": self.calls}}
 
 
 def test_a_near_boundary_ratio_is_measured_once_more_and_scored_on_the_pooled_rounds():
@@ -66,8 +70,8 @@ def test_a_jittery_submission_cannot_buy_a_second_remeasurement():
     jitter = [1.6, 3.9, 1.7, 4.1, 1.5, 3.8, 1.6, 4.0, 1.8]
     from autograder.harness import NotGradable
 
-    fake = Fake(jitter, jitter, jitter)
-    with pytest.raises(NotGradable) as e:  # rounds that disagree by more than the ratio: not scored at all
+    fake = Fake(jitter, jitter, jitter, base=BUSY)
+    with pytest.raises(NotGradable) as e:  # rounds that disagree by more than the ratio on a busy machine: not scored
         remeasure.measured(fake, 9, TIERS)
     assert fake.calls == 2 and sum(fake.rounds) <= 3 * 9  # at most ~2x the timed rounds of one measurement
     rec = e.value.measurements
@@ -143,7 +147,7 @@ def test_a_ratio_whose_rounds_disagree_by_more_than_itself_is_not_scored():
 
     wild = [0.3, 14.0, 0.5, 1.2, 13.0, 0.4, 1.1, 12.5, 0.6]
     with pytest.raises(NotGradable) as e:
-        remeasure.measured(Fake(wild), 9, TIERS)
+        remeasure.measured(Fake(wild, base=BUSY), 9, TIERS)
     assert "too noisy to score here" in str(e.value) and "quiet machine" in str(e.value)
     assert e.value.measurements["speedup_iqr"] > e.value.measurements["speedup"]
     noisy = [2.0, 2.6, 1.8, 2.4, 2.2, 1.9, 2.7, 2.1, 2.3]  # IQR ~0.5 of a 2.2x ratio: scored as measured

@@ -1,0 +1,121 @@
+"""A cheating student (and an honest one) against the grader's newest review features: the "too noisy" rule of
+the speed re-measurement (autograder.remeasure), the copy as handed in for markers (autograder.feedback), the
+manual scores on feedback pages (autograder.manual, autograder.report) and the class tools reading names against
+a class list (autograder.merge, autograder.similarity).
+
+Most attacks use stand-ins (a fake measurement, a result object); the one that needs the real sandboxed runner
+uses the toy assignment at a tenth of its work (autograder.rehearsal), as tests/test_hostile_remeasure.py does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autograder import jail, rehearsal, remeasure, review
+from autograder.harness import CheckFailed, Context, NotGradable, Tiers
+from labkit.bench import ABResult, Timing
+
+SANDBOX = "bwrap" if jail.probe() is None else "none"
+TIERS = Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0)
+
+# ------------------------------------------------------------------------------------------------ too noisy
+
+
+def _ab(ratios: list[float], base: list[float]) -> ABResult:
+    """Rounds with the baseline's seconds `base` (cycled) and the student's set by each round's ratio."""
+    a = [base[i % len(base)] for i in range(len(ratios))]
+    return ABResult(Timing(a), Timing([x / r for x, r in zip(a, ratios, strict=True)]), list(ratios))
+
+
+class Fake:
+    """A measurement handing out the same per-round ratios and baseline seconds on every call."""
+
+    def __init__(self, ratios: list[float], base: list[float]):
+        self.ratios, self.base, self.calls = ratios, base, 0
+
+    def __call__(self, rounds: int):
+        self.calls += 1
+        return _ab([self.ratios[i % len(self.ratios)] for i in range(rounds)], self.base), {}
+
+
+# A slow hand-in (about the baseline's speed: below every tier) that sleeps through most of its timed requests:
+# its rounds alternate ~0.1x and ~1x, so their IQR exceeds the ratio and, before, the check was "not gradable"
+# on any machine, the quietest included: a 0 turned into "not graded yet" for good.
+JITTER = [0.1, 1.0, 0.12, 1.05, 0.1, 0.95, 0.11, 1.0, 0.1]
+STEADY = [1.0, 1.01, 0.99, 1.02, 1.0]  # the baseline's seconds on a quiet machine
+
+
+def test_a_hand_ins_own_jitter_on_a_quiet_machine_is_scored_as_measured():
+    ab, _, rec = remeasure.measured(Fake(JITTER, STEADY), 9, TIERS)
+    assert ab.ratio_iqr > ab.ratio and TIERS.fraction(ab.ratio) == 0  # scored: below the first tier, 0 points
+    assert rec["own_spread"]["baseline_iqr_share"] < remeasure.POLICY.quiet_baseline
+    line = remeasure.message(rec)
+    assert "your code's own" in line and line.count("\n") == 0
+
+    class Res:
+        checks = [{"check": "lab3.speed", "measurements": {"speedup": round(ab.ratio, 2),
+                                                           "speedup_iqr": round(ab.ratio_iqr, 2), **rec}}]
+
+    kinds = {f["kind"]: f["why"] for f in review.flags(Res())}
+    assert "baseline held steady" in kinds[review.OWN_SPREAD]  # the instructor sees it in the summary too
+    assert any(ln.startswith("SCORED DESPITE ITS OWN SPREAD")
+               for ln in review.summary_lines([{"student_id": "sly", "review": review.flags(Res())}]))
+
+
+def test_a_busy_machine_still_leaves_a_wild_ratio_not_gradable():
+    """The machine's noise shows in the baseline's own rounds too: then nobody is scored on a coin toss."""
+    busy = [1.0, 3.5, 2.6, 1.1, 3.0, 4.0, 1.2, 0.9, 2.8]  # both interleaved halves spread
+    with pytest.raises(NotGradable, match="too noisy") as e:
+        remeasure.measured(Fake(JITTER, busy), 9, TIERS)
+    assert e.value.measurements["baseline_iqr_share"] > remeasure.POLICY.quiet_baseline
+
+
+def test_baseline_rounds_slowed_by_the_hand_ins_queued_work_do_not_make_the_machine_look_busy():
+    """The baseline rounds that follow a student round (every other one) can carry work the student left queued
+    (a GPU kernel still running); the rounds after a baseline round cannot. The machine is judged by the
+    steadier half, so a hand-in jittering both its own rounds and those baseline rounds is still scored."""
+    dirty = [1.0, 2.5, 1.01, 0.4, 0.99, 3.0, 1.0, 0.5, 1.02]  # odd rounds: whatever the student's leftovers made
+    ab, _, rec = remeasure.measured(Fake(JITTER, dirty), 9, TIERS)
+    assert "own_spread" in rec and TIERS.fraction(ab.ratio) == 0
+
+
+# What the toy's jittery student does in its real sandbox: the slow loop (about 1x the baseline), and a sleep
+# of ten times its work in every other request, starting with the first (8 calls of total() per request; 3 calls
+# before them for the correctness probe): 4 of the 7 timed rounds are slow, so the median is one of them.
+JITTERY_SLOW = rehearsal.BODIES["slow_correct"] + '''
+import time as _time
+
+_slow, _calls = total, [0]
+
+
+def total(xs):
+    _calls[0] += 1
+    t = _time.perf_counter()
+    out = _slow(xs)
+    if _calls[0] > 3 and ((_calls[0] - 4) // 8) % 2 == 0:
+        _time.sleep(10 * (_time.perf_counter() - t))
+    return out
+'''
+
+
+def test_a_slow_hand_in_jittering_on_purpose_in_its_sandbox_fails_instead_of_going_ungraded(tmp_path, monkeypatch):
+    monkeypatch.setattr(rehearsal, "N_ELEMENTS", 20_000)  # a tenth of the work: a few seconds
+    box, work = tmp_path / "box", tmp_path / "work"
+    box.mkdir()
+    work.mkdir()
+    f = box / "pipeline.py"
+    f.write_text(JITTERY_SLOW)
+    ctx = Context(device="cpu", hardware="cpu", small=True, work_dir=work, student_file=f, sandbox=SANDBOX)
+    try:
+        ctx.baseline().wait_ready()
+        ctx.student().wait_ready()
+        ctx.deadline = time.monotonic() + 120
+        with pytest.raises(CheckFailed) as e:  # before: NotGradable ("too noisy"), on any machine
+            rehearsal.check_speed(ctx)
+    finally:
+        ctx.close()
+    m = e.value.measurements
+    assert m["ratio_iqr"] > m["ratio"] and "own_spread" in m, m
+    assert "your code's own" in str(e.value)
