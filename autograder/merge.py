@@ -66,15 +66,17 @@ def _read_slice(folder: Path) -> tuple[classbook.ClassInfo, dict, dict[str, grad
 def expected_students(submissions: str | Path | None = None, roster: str | Path | None = None, *,
                       assignment: str, lms_regex: str = intake.LMS_REGEX, scratch: Path | None = None) -> set[str]:
     """Student ids the class should have: from the submissions folder (as intake sees it) and/or a roster CSV
-    (column student_id, else the first column)."""
+    (the class list grading reads: a student_id column or a Canvas gradebook export; else the first column)."""
     ids: set[str] = set()
+    # the class list reads the names as grading did: an id with `_` in it is matched whole, never cut
+    listed = lmsnames.load_roster(roster) if roster is not None and _has_id_column(roster) else None
     if submissions is not None:
-        # the class list reads the names as grading did: an id with `_` in it is matched whole, never cut
-        listed = lmsnames.load_roster(roster) if roster is not None and _has_id_column(roster) else None
         found = intake.collect(submissions, assignment, scratch=scratch or Path(".merge-intake"), lms_regex=lms_regex,
                                roster=listed)
         ids |= {s.student_id for s in found.submissions}
-    if roster is not None:
+    if listed is not None:  # a Canvas export's first column is the students' names, and a 'Points Possible' row
+        ids |= set(listed.ids)
+    elif roster is not None:
         with Path(roster).open(newline="", encoding="utf-8-sig") as f:
             rows = list(csv.reader(f))
         if not rows:

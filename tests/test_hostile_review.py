@@ -119,3 +119,23 @@ def test_a_slow_hand_in_jittering_on_purpose_in_its_sandbox_fails_instead_of_goi
     m = e.value.measurements
     assert m["ratio_iqr"] > m["ratio"] and "own_spread" in m, m
     assert "your code's own" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------ class lists
+
+CANVAS_ROSTER = ('Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n'
+                 '"Doe, Jane",101,,jane_doe,A\n"Roe, Rick",102,,rick,A\n')
+
+
+def test_merge_reads_a_canvas_gradebook_roster_as_grading_does(tmp_path):
+    """grade --roster takes the course's Canvas gradebook export; merge --roster read its first column instead, so
+    every student's display name (and Canvas's 'Points Possible' row) was listed as MISSING, and nobody who was
+    really missing could be told from them."""
+    from autograder import merge
+
+    roster = tmp_path / "canvas.csv"
+    roster.write_text(CANVAS_ROSTER)
+    assert merge.expected_students(None, roster, assignment=rehearsal.TOY_ID) == {"jane_doe", "rick"}
+    plain = tmp_path / "plain.csv"  # a bare list, one id a line under any heading, still names who is missing
+    plain.write_text("id\nalice\nbob_2\n")
+    assert merge.expected_students(None, plain, assignment=rehearsal.TOY_ID) == {"alice", "bob_2"}
