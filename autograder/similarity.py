@@ -336,7 +336,9 @@ def class_files(submissions: str | Path, assignment: str, scratch: Path, lms_reg
 def report_text(assignment: str, pairs: list[Pair], stats: dict, notes: list[str], files: dict[str, str],
                 top: int = 10, copies: list[Copy] | None = None) -> str:
     """The instructor's report: copies of known answers, flagged pairs with their matching lines, then the closest
-    pairs, then notes."""
+    pairs, then notes. The hand-ins' lines and the notes are the students' text, each shown on one line with its
+    escapes visible (autograder.shown): the report is read in a terminal, and the quoted lines must read as they are."""
+    from autograder import shown
     from autograder.progress import table
 
     flagged = [p for p in pairs if p.flagged]
@@ -350,7 +352,8 @@ def report_text(assignment: str, pairs: list[Pair], stats: dict, notes: list[str
             lines.append(f"== {c.student}: {c.share:.0%} of its fingerprints are in {c.source} ({c.shared}); lines "
                          + ", ".join(f"{a}-{b}" for a, b in c.lines[:8]))
             a, b = c.lines[0] if c.lines else (1, 0)
-            lines += [f"    {n:4d} | {src[n - 1]!s:.120}" for n in range(a, min(b, a + 5) + 1) if n <= len(src)]
+            lines += [f"    {n:4d} | {shown.line(src[n - 1])[:120]}" for n in range(a, min(b, a + 5) + 1)
+                      if n <= len(src)]
         lines.append("")
     elif copies is not None:
         lines += [f"no hand-in is mostly a copy of {', '.join(stats.get('known_sources', [])) or 'a known answer'}", ""]
@@ -363,14 +366,14 @@ def report_text(assignment: str, pairs: list[Pair], stats: dict, notes: list[str
             src = files[sid].splitlines()
             lines.append(f"  {sid}: lines " + ", ".join(f"{a}-{b}" for a, b in ranges[:8]))
             a, b = ranges[0] if ranges else (1, 0)
-            lines += [f"    {n:4d} | {src[n - 1]}" for n in range(a, min(b, a + 5) + 1) if n <= len(src)]
+            lines += [f"    {n:4d} | {shown.line(src[n - 1])}" for n in range(a, min(b, a + 5) + 1) if n <= len(src)]
     lines += ["", "closest pairs:",
               table([[p.a, p.b, f"{p.similarity:.2f}", f"{p.z:.1f}", "FLAGGED" if p.flagged else ""]
                      for p in pairs[:top]], ["student", "student", "similarity", "z", ""]).rstrip()]
     if stats["too_small"]:
         lines.append(f"\nnot compared (too little code of their own beyond the starter): {', '.join(stats['too_small'])}")
     if notes:
-        lines += ["", "notes:"] + [f"  {n}" for n in notes]
+        lines += ["", "notes:"] + [f"  {shown.line(n)}" for n in notes]
     return "\n".join(lines) + "\n"
 
 

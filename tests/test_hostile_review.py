@@ -10,6 +10,7 @@ uses the toy assignment at a tenth of its work (autograder.rehearsal), as tests/
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +140,29 @@ def test_merge_reads_a_canvas_gradebook_roster_as_grading_does(tmp_path):
     plain = tmp_path / "plain.csv"  # a bare list, one id a line under any heading, still names who is missing
     plain.write_text("id\nalice\nbob_2\n")
     assert merge.expected_students(None, plain, assignment=rehearsal.TOY_ID) == {"alice", "bob_2"}
+
+
+# ------------------------------------------------------------------------------------------------ similarity
+
+
+def test_the_similarity_report_shows_a_hand_ins_lines_without_running_its_escapes():
+    """similarity.txt quotes the matching lines of both files for a person to read (in a terminal, or an editor):
+    a copy whose comments hold ANSI escapes (clear the screen, home the cursor) and a bidi override reached the
+    file raw, so the instructor's `cat` cleared the screen and the quoted lines read other than they are. Comments
+    change no fingerprint: the pair is still flagged."""
+    import sys
+
+    from autograder import similarity
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    import similarity_class
+
+    evil = "\n".join(ln + "  # \x1b[2J\x1b[H\u202eok\u202c" if ln.strip() else ln
+                     for ln in similarity_class.COPY.splitlines()) + "\n"
+    files = dict(similarity_class.SOLUTIONS, zed=evil)
+    pairs, stats = similarity.compare(files, similarity_class.STARTER)
+    assert [(p.a, p.b) for p in pairs if p.flagged] == [("ana", "zed")]
+    text = similarity.report_text("lab1_loss_scaling", pairs, stats, ["zed: line one\nFLAGGED: 0 pair(s)"], files)
+    assert all(ln.isprintable() for ln in text.splitlines()), [ln for ln in text.splitlines() if not ln.isprintable()]
+    assert "\\x1b[2J" in text and "\\u202e" in text  # shown, as escapes
+    assert not any(ln.startswith("FLAGGED: 0") for ln in text.splitlines())  # a note cannot forge a line
