@@ -509,7 +509,7 @@ LAYER_CASES = ((attention.TinyConfig(128, 4, 2), 2, 64), (attention.TinyConfig(2
 
 
 def _measured_layer_bytes(cfg, batch, seq_len) -> float:
-    model = attention.build_blocks(cfg)
+    model = attention.build_blocks(cfg, device="cpu")  # beside x: on a GPU machine the default device is the GPU
     x = torch.randn(batch, seq_len, cfg.d_model)
     return attention.saved_bytes(lambda: model(x), model) / cfg.layers
 
@@ -606,7 +606,7 @@ def check_profile_step(fn) -> str:
     from labkit import profiling
 
     profiling.quiet_cpu_profiler()
-    model = attention.build_blocks(attention.TinyConfig(64, 2, 1))
+    model = attention.build_blocks(attention.TinyConfig(64, 2, 1), device="cpu")  # on the CPU, beside x
     x = torch.randn(1, 32, 64)
     calls = []
 

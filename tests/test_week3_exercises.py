@@ -123,20 +123,24 @@ def test_the_loop_check_names_the_missing_piece():
         ex.check("3.5", loop(update=False), quiet=True)
 
 
-def test_the_loop_check_runs_on_the_cpu_even_where_the_default_device_is_a_gpu(monkeypatch):
-    """On an H200 machine the check built its model and batches on the default device (the GPU), where the CPU
-    autocast it asks for does nothing, so a right loop trained in fp32 and failed against AmpTrainer's fp16 loss.
-    Here the default device is made unusable: the check must never ask for it."""
-    from labkit import amp
+@pytest.mark.parametrize("exercise", ["3.5", "3.14", "3.16"])
+def test_cpu_checks_never_ask_for_the_default_device(monkeypatch, exercise):
+    """On an H200 machine these checks built their models on the default device (the GPU) beside CPU inputs:
+    3.5's right loop trained in fp32 (CPU autocast does nothing on the GPU) and missed AmpTrainer's fp16 loss;
+    3.14 and 3.16 stopped with "Expected all tensors to be on the same device". Here the default device is made
+    unusable: a check that runs on the CPU must say so."""
+    from labkit import amp, attention
 
     real = amp.pick_device
 
     def no_default(device=None):
-        assert device is not None, "exercise 3.5's check asked for the default device"
+        assert device is not None, f"exercise {exercise}'s check asked for the default device"
         return real(device)
 
     monkeypatch.setattr(amp, "pick_device", no_default)
-    assert "bit for bit" in ex.check("3.5", loop(), quiet=True)
+    monkeypatch.setattr(attention, "pick_device", no_default)
+    fn = loop() if exercise == "3.5" else ex.get(exercise).reference()
+    ex.check(exercise, fn, quiet=True)
 
 
 # -------------------------------------------------------------------------------------------- 3.10 snapshots
