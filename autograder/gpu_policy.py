@@ -60,7 +60,8 @@ def lab4_speed_tiers(device, hardware: str) -> tuple[str, Tiers] | None:
 
 # Check name -> the hardware classes (autograder.harness.hardware_class) that can grade it.
 # lab4.speed: lab4_checks.SPEED_TIERS has tiers for these classes only (a test ties the two).
-NEEDS_GPU: dict[str, tuple[str, ...]] = {"lab4.speed": ("tensor_core_gpu", "gpu")}
+# lab5.speed: lab5_checks.SPEED_TIERS likewise (the fused kernel is memory-bound: one tier set for both classes).
+NEEDS_GPU: dict[str, tuple[str, ...]] = {"lab4.speed": ("tensor_core_gpu", "gpu"), "lab5.speed": ("tensor_core_gpu", "gpu")}
 
 
 def ungradable_checks(checks: list[str], hardware: list[dict]) -> list[str]:

@@ -107,6 +107,16 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
           "ResNet-18 step vs the naive step: 3x for full marks on a tensor-core GPU (needs CUDA)", baseline=True),
     Check("lab4.correctness_hidden", "autograder.lab4_checks", "check_correctness_hidden", 2, 600,
           "same as correctness, other hyper-parameters and seed", hidden=True),
+    Check("lab5.forward", "autograder.lab5_checks", "check_forward", 3, 300,
+          "the fused kernel's loss matches F.cross_entropy(label_smoothing=0.1), contiguous fp32"),
+    Check("lab5.backward", "autograder.lab5_checks", "check_backward", 3, 300,
+          "the fused kernel's gradient of the logits matches autograd's, contiguous fp32"),
+    Check("lab5.layouts", "autograder.lab5_checks", "check_layouts", 2, 300,
+          "loss and gradient on strided views and fp16/bf16 logits"),
+    Check("lab5.speed", "autograder.lab5_checks", "check_speed", 4, 600,
+          "fused forward + backward vs the eager composition, interleaved, tiered (needs CUDA)", baseline=True),
+    Check("lab5.correctness_hidden", "autograder.lab5_checks", "check_cases_hidden", 2, 300,
+          "loss and gradient on other sizes, dtypes, layouts and smoothings", hidden=True),
     # The toy assignment the grader rehearses on (autograder.rehearsal): not part of the course.
     Check("toy.correct", "autograder.rehearsal", "check_correct", 1, 60, "toy: sum of squares on fresh inputs",
           torch=False),
@@ -119,9 +129,9 @@ CHECKS: dict[str, Check] = {c.name: c for c in [
 
 # Lab prefix -> nbgrader assignment id and the module file its %%writefile cell writes next to the notebook.
 ASSIGNMENTS = {"lab1": "lab1_loss_scaling", "lab2": "lab2_data_pipeline", "lab3": "lab3_profile_fix",
-               "lab4": "lab4_speedrun"}
+               "lab4": "lab4_speedrun", "lab5": "lab5_fused_kernel"}
 STUDENT_FILES = {"lab1": "student_scaler.py", "lab2": "student_pipeline.py", "lab3": "student_fix.py",
-                 "lab4": "student_speedrun.py"}
+                 "lab4": "student_speedrun.py", "lab5": "student_fused_ce.py"}
 
 
 def student_file_from_notebook(notebook: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:

@@ -34,6 +34,8 @@ BANNED: dict[str, tuple[str, ...]] = {
     # the ladder's engine: channels_last, autocast, torch.compile, fused optimizers, CUDA graphs, in one step
     # (train; ddp, warmstart and profiling drive it), and amp's training step
     "lab4": ("train", "amp", "ddp", "warmstart", "profiling"),
+    # week 7's Triton kernels and their checks (a fused kernel of another operation, and how to write one)
+    "lab5": ("week7_exercises",),
 }
 
 
@@ -46,7 +48,17 @@ TORCH_BANNED: dict[str, dict[str, str]] = {
     "lab1": {"GradScaler": "torch.amp.GradScaler", "grad_scaler": "torch.amp.GradScaler",
              "_amp_foreach_non_finite_check_and_unscale_": "torch._amp_foreach_non_finite_check_and_unscale_",
              "_amp_update_scale_": "torch._amp_update_scale_"},
+    # lab 5's kernel is the softmax family written by hand: torch's own ops for it are the answer
+    "lab5": {"cross_entropy": "torch.nn.functional.cross_entropy", "CrossEntropyLoss": "torch.nn.CrossEntropyLoss",
+             "log_softmax": "torch.log_softmax", "softmax": "torch.softmax", "logsumexp": "torch.logsumexp",
+             "nll_loss": "torch.nn.functional.nll_loss", "NLLLoss": "torch.nn.NLLLoss",
+             "LogSoftmax": "torch.nn.LogSoftmax", "Softmax": "torch.nn.Softmax"},
 }
+# lab -> TORCH_BANNED names that also count as a method of any object (logits.softmax(1)), or as a whole string
+# (getattr(x, "softmax")), except off triton (tl.softmax is a Triton op inside the student's own kernel). The
+# probes see these ops at torch's dispatcher however they are reached (autograder.student.lab5.torch_ops_seen).
+TORCH_METHODS: dict[str, tuple[str, ...]] = {"lab5": ("cross_entropy", "log_softmax", "softmax", "logsumexp",
+                                                      "nll_loss")}
 # lab -> torch files (from the site-packages folder) its sandbox shows as autograder.student.no_grad_scaler, so that
 # the class is not there to reach however the name is built (the reader above gives the clear message first)
 TORCH_HIDDEN: dict[str, tuple[str, ...]] = {
@@ -60,12 +72,12 @@ _SPACED = re.compile(r"\s")  # prose has spaces inside; a name handed to torch h
 
 
 def banned(lab: str) -> tuple[str, ...]:
-    """The labkit modules (names inside labkit) a submission of `lab` ('lab1'..'lab4', or a check name) may not use."""
+    """The labkit modules (names inside labkit) a submission of `lab` ('lab1'..'lab5', or a check name) may not use."""
     return BANNED.get(lab.split(".")[0], ())
 
 
 def sandbox_hides(lab: str) -> tuple[str, ...]:
-    """What the sandbox of `lab` ('lab1'..'lab4', or a check name) leaves out: its banned labkit modules by name,
+    """What the sandbox of `lab` ('lab1'..'lab5', or a check name) leaves out: its banned labkit modules by name,
     and the torch files a stub stands in for ("torch/..."), as autograder.jail.Jail.hide takes them."""
     return banned(lab) + TORCH_HIDDEN.get(lab.split(".")[0], ())
 
@@ -86,6 +98,7 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
     names = TORCH_BANNED.get(lab.split(".")[0], {})
     if not names:
         return []
+    methods = TORCH_METHODS.get(lab.split(".")[0], ())
     alias: dict[str, str] = {}  # a local name -> the torch path it was imported as
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -111,11 +124,16 @@ def torch_uses(tree: ast.AST, lab: str) -> list[str]:
                 hit(a.name.split("."), a.name.split(".")[0] == "torch")
         elif isinstance(node, (ast.Attribute, ast.Name)):
             chain = _chain(node)
+            if isinstance(node, ast.Attribute) and node.attr in methods and not (
+                    chain and chain[0] is not None and alias.get(chain[0], chain[0]).split(".")[0] == "triton"):
+                hit([node.attr], True)
             if chain and chain[0] is None:  # off a call or a subscript (import_module("torch"), sys.modules[...]):
                 hit(chain[1:], False, True)  # no name of the student's own to mistake, so a kernel counts
             elif chain:
                 root = alias.get(chain[0], chain[0]).split(".")
                 hit(root + chain[1:], root[0] == "torch")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip() in methods:
+            hit([node.value.strip()], True)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _SPACED.search(node.value.strip()):
             hit(_WORD.findall(node.value), False, True)  # the kernels alone: a class named in a string is the stub's
         elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):  # data, never prose: a pickle's

@@ -22,9 +22,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 COURSE = ROOT / "assignments"
-LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun"]
+LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun", "lab5_fused_kernel"]
 # Cells whose check needs hardware this machine may lack: on a CPU they score 0 with a clear message.
-NEEDS_CUDA = {"test_lab4_speed"}
+NEEDS_CUDA = {"test_lab4_speed", "test_lab5_speed"}
 NBGRADER = str(Path(sys.executable).with_name("nbgrader"))
 
 

@@ -1,0 +1,189 @@
+"""Lab 5 probes: drive the student's fused label-smoothed cross-entropy on inputs the trusted side names.
+
+The student's file defines `fused_cross_entropy(logits, target, label_smoothing=0.1) -> loss`: the mean over
+rows of the label-smoothed cross-entropy of logits (N, C) (float32, float16 or bfloat16, any strides) against
+int64 targets (N,), as a 0-d float32 tensor whose backward gives d loss / d logits in the logits' dtype, both
+computed by the student's own Triton kernels. The baseline is the eager composition below (`eager_cross_entropy`:
+log_softmax, gather, mean; public, like lab 4's naive step). A probe builds the case from the request's seed,
+runs forward and backward, and reports what came back: the loss, the gradient, how many Triton kernels ran in
+each pass and which of torch's softmax-family operators ran (seen at the dispatcher, so a renamed route to
+them is seen too). The count and the operators are the student process's own report (see
+autograder.student.probes); the values are checked by the trusted side against its own reference.
+
+On a machine without CUDA this module sets TRITON_INTERPRET=1 before the student's file is imported, so the
+student's kernels run in Triton's interpreter (NumPy on the CPU: right answers, meaningless times).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from autograder.student.probes import call, require, synchronize
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+SMOOTHING = 0.1  # labkit.presets.TrainConfig.label_smoothing: the course's ResNet trains with this
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+LAYOUTS = ("contiguous", "sliced", "transposed", "rows")
+# torch's operators that compute (part of) the answer: the student's file writes them as Triton kernels instead
+TORCH_OPS = ("_softmax", "_log_softmax", "softmax", "log_softmax", "_softmax_backward_data",
+             "_log_softmax_backward_data", "nll_loss", "nll_loss_forward", "nll_loss_backward", "nll_loss_nd",
+             "nll_loss2d_forward", "cross_entropy_loss", "logsumexp", "special_logsumexp", "_safe_softmax")
+
+
+def eager_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = SMOOTHING):
+    """The baseline: label-smoothed cross-entropy as the eager composition of torch ops (fp32 math), mean over rows.
+
+    loss_i = (1 - eps) * (-log p_i[y_i]) + eps * mean_c(-log p_i[c]), p_i = softmax(logits_i).
+    """
+    logp = logits.float().log_softmax(dim=-1)
+    nll = -logp.gather(1, target[:, None]).squeeze(1)
+    smooth = -logp.mean(dim=-1)
+    return ((1 - label_smoothing) * nll + label_smoothing * smooth).mean()
+
+
+def make_case(spec: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits (a leaf that requires grad, in the spec's dtype and layout, on `device`) and targets of a case.
+
+    Drawn on the CPU from spec["seed"] (the same values on every device): logits ~ N(0, spec["scale"]^2).
+    Layouts: contiguous; "sliced" x[:, :C] of a wider tensor; "transposed" the .t() of a (C, N) tensor;
+    "rows" every other row of a (2N, C) tensor.
+    """
+    n, c, layout = int(spec["n"]), int(spec["c"]), str(spec.get("layout", "contiguous"))
+    require(n >= 1 and c >= 2 and layout in LAYOUTS and spec.get("dtype", "float32") in DTYPES, f"bad case {spec}")
+    dtype, scale = DTYPES[spec.get("dtype", "float32")], float(spec.get("scale", 3.0))
+    g = torch.Generator().manual_seed(int(spec["seed"]))
+    shape = {"contiguous": (n, c), "sliced": (n, c + 7), "transposed": (c, n), "rows": (2 * n, c)}[layout]
+    base = (torch.randn(shape, generator=g) * scale).to(dtype).to(device)  # the view is taken on the device
+    x = {"contiguous": base, "sliced": base[:, :c], "transposed": base.t(), "rows": base[::2]}[layout]
+    y = torch.randint(0, c, (n,), generator=g).to(device)
+    return x.detach().requires_grad_(), y
+
+
+@contextlib.contextmanager
+def count_launches():
+    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list."""
+    import triton.runtime.jit as jit
+
+    classes = [jit.JITFunction]
+    with contextlib.suppress(ImportError):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    count, saved = [0], {cls: cls.run for cls in classes}
+
+    def counted(orig):
+        def run(self, *args, **kwargs):
+            count[0] += 1
+            return orig(self, *args, **kwargs)
+
+        return run
+
+    for cls, orig in saved.items():
+        cls.run = counted(orig)
+    try:
+        yield count
+    finally:
+        for cls, orig in saved.items():
+            cls.run = orig
+
+
+@contextlib.contextmanager
+def torch_ops_seen():
+    """The TORCH_OPS that run inside the block (at the dispatcher: however they were reached): yields a set."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class _Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name in TORCH_OPS:
+                seen.add(name)
+            return func(*args, **(kwargs or {}))
+
+    with _Seen():
+        yield seen
+
+
+def run_case(fn, spec: dict, device) -> dict:
+    """Forward and backward of `fn` on one case: what came back, and what ran in each pass."""
+    x, y = make_case(spec, device)
+    smoothing, g = float(spec.get("smoothing", SMOOTHING)), float(spec.get("grad", 1.0))
+    with count_launches() as fwd, torch_ops_seen() as ops:
+        loss = fn(x, y, smoothing)
+    require(isinstance(loss, torch.Tensor), f"fused_cross_entropy must return a tensor, got {type(loss).__name__}")
+    require(loss.numel() == 1, f"fused_cross_entropy must return the mean loss (one value), got shape "
+            f"{tuple(loss.shape)}")
+    require(loss.requires_grad, "the loss does not require grad: fused_cross_entropy must be differentiable "
+            "(return the output of your torch.autograd.Function's apply)")
+    with count_launches() as bwd, torch_ops_seen() as bops:
+        call("the backward of fused_cross_entropy", loss.backward, torch.full_like(loss, g))
+    synchronize(device)
+    grad = x.grad
+    require(grad is not None, "backward gave no gradient for the logits")
+    return {"loss": loss.detach().float().reshape(()).cpu(), "loss_dtype": str(loss.dtype).replace("torch.", ""),
+            "grad": grad.detach().contiguous().cpu(), "grad_dtype": str(grad.dtype).replace("torch.", ""),
+            "launches": [fwd[0], bwd[0]], "torch_ops": sorted(ops | bops)}
+
+
+def student_fn(p):
+    """The submission's fused_cross_entropy, its failures reported in one line."""
+    fn = p.attr("fused_cross_entropy")
+    require(callable(fn), "fused_cross_entropy must be a function")
+    return lambda x, y, eps: call("fused_cross_entropy(logits, target, label_smoothing)", fn, x, y, eps)
+
+
+def probe_case(p, params: dict) -> dict:
+    """One correctness case (see make_case) through the student's fused_cross_entropy."""
+    return run_case(student_fn(p), params, p.device)
+
+
+def round_draws(n: int, rows: int, cols: int, device, seed: int) -> list:
+    """A timed round's n inputs, drawn on `device` from `seed`, in this order: bf16 logits (rows, cols) ~ N(0, 9),
+    int64 targets, then a commitment's 64 row indices and float64 weights (64, cols). Drawn inside the timed
+    request, on both sides, so the inputs are unknown to the student's process until its clock runs."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randn(rows, cols, generator=gen, device=device, dtype=torch.bfloat16) * 3
+        y = torch.randint(0, cols, (rows,), generator=gen, device=device)
+        idx = torch.randint(0, rows, (64,), generator=gen, device=device)
+        w = torch.randn(64, cols, generator=gen, device=device, dtype=torch.float64)
+        out.append((x, y, idx, w))
+    return out
+
+
+def timed_round(fn, device, params: dict) -> dict:
+    """n forward + backward passes of `fn` on fresh inputs (round_draws); the losses and a commitment to each
+    gradient (the sum of 64 drawn rows times their weights, float64). The device is synchronized before returning."""
+    n, rows, cols = int(params["n"]), int(params["rows"]), int(params["cols"])
+    out = torch.empty(2 * n, device=device, dtype=torch.float64)
+    for j, (x, y, idx, w) in enumerate(round_draws(n, rows, cols, device, int(params["seed"]))):
+        x.requires_grad_()
+        loss = fn(x, y, SMOOTHING)
+        (gx,) = torch.autograd.grad(loss, x)
+        out[j] = loss.detach().double().reshape(-1)[0]
+        out[n + j] = (gx[idx].double() * w).sum()
+    out = out.cpu()  # one transfer, which waits for the work
+    synchronize(device)
+    return {"losses": out[:n], "commits": out[n:]}
+
+
+def probe_warm_student(p, params: dict) -> dict:
+    """Untimed: the student's function on the timed rounds' shape, so Triton compiles before the clock starts."""
+    return timed_round(student_fn(p), p.device, params)
+
+
+def probe_timed_student(p, params: dict) -> dict:
+    """One timed round of the student's fused_cross_entropy (see timed_round)."""
+    return timed_round(student_fn(p), p.device, params)
+
+
+def probe_timed_eager(p, params: dict) -> dict:
+    """One timed round of the baseline, the eager composition (never touches the student's code)."""
+    return timed_round(eager_cross_entropy, p.device, params)
