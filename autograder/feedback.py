@@ -220,6 +220,9 @@ GRADE_ID = re.compile(r"[A-Za-z0-9_-]+")  # the ids nbgrader itself accepts (its
 _NBGRADER_FLAGS = ("grade", "solution", "locked", "task")
 MAX_CELLS = 5000  # cells in a notebook formgrader is given (a course notebook has tens)
 MAX_OUTPUTS = 20000  # outputs in all its cells
+# bytes of one rebuilt copy: within what the grader keeps of a file (grade.MAX_KEPT_BYTES, 16 MiB), which intake's
+# 50 MiB notebooks outgrow (printed output; and a text escapes to up to 3x its UTF-8 bytes as ASCII JSON)
+MAX_PLAIN_BYTES = 15 * 2**20
 
 
 # The bidi controls (embeddings, overrides, isolates, marks): in a page or in formgrader they reorder what a reader
@@ -330,12 +333,13 @@ def _plain_output(o) -> dict | None:
     return out
 
 
-def plain_notebook(data: bytes) -> bytes:
+def plain_notebook(data: bytes, max_bytes: int = MAX_PLAIN_BYTES) -> bytes:
     """A graded notebook rebuilt for formgrader, which renders it in the instructor's session without sanitizing:
     code cells with text and raster-image outputs, markdown and raw cells as code blocks showing exactly what was
     written, and nbgrader's cell fields. HTML, SVG, JavaScript and LaTeX outputs, attachments and any other
-    metadata are left out. ValueError for data that is not an nbformat 4 notebook or has over MAX_CELLS cells or
-    MAX_OUTPUTS outputs."""
+    metadata are left out. A copy over `max_bytes` has its longest texts cut (`_fitted`: head and tail kept, the cut
+    said), so the grader keeps it. ValueError for data that is not an nbformat 4 notebook or has over MAX_CELLS
+    cells or MAX_OUTPUTS outputs."""
     nb = json.loads(data)
     if not isinstance(nb, dict) or nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):
         raise ValueError("not an nbformat 4 notebook")
@@ -343,6 +347,13 @@ def plain_notebook(data: bytes) -> bytes:
     outs = [c.get("outputs") if isinstance(c.get("outputs"), list) else [] for c in cells]
     if len(cells) > MAX_CELLS or sum(map(len, outs)) > MAX_OUTPUTS:
         raise ValueError(f"{len(cells)} cells, {sum(map(len, outs))} outputs (at most {MAX_CELLS}, {MAX_OUTPUTS})")
+    plain = _plain_cells(cells, outs)
+    return _fitted({"nbformat": 4, "nbformat_minor": 5, "cells": plain,
+                    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                                 "language_info": {"name": "python"}}}, max_bytes)
+
+
+def _plain_cells(cells: list[dict], outs: list[list]) -> list[dict]:
     plain, ids = [], set()
     for i, (c, o) in enumerate(zip(cells, outs, strict=True)):
         cid = c.get("id") if isinstance(c.get("id"), str) and _CELL_ID.fullmatch(c["id"]) else f"cell-{i}"
@@ -357,9 +368,40 @@ def plain_notebook(data: bytes) -> bytes:
         else:  # markdown, and raw cells, which nbconvert would print into the page as they are
             cell.update(cell_type="markdown", source=_fenced(_text(c.get("source"))))
         plain.append(cell)
-    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": plain,
-                       "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                                    "language_info": {"name": "python"}}}, indent=1).encode()
+    return plain
+
+
+def _fitted(nb: dict, max_bytes: int) -> bytes:
+    """The rebuilt notebook's bytes, within `max_bytes`: while it is larger, every output text and source longer
+    than a limit (halved each time) keeps its head and tail around a line saying how much was cut, and a raster
+    image larger than the limit is left out with a note; every cell stays, in order."""
+    data = json.dumps(nb, indent=1).encode()
+    keep = max(len(data), 1)
+    while len(data) > max_bytes and keep > 64:
+        keep //= 2
+        for cell in nb["cells"]:
+            cell["source"] = _cut(cell["source"], keep)
+            for o in cell.get("outputs", []):
+                if "text" in o:
+                    o["text"] = _cut(o["text"], keep)
+                if "traceback" in o:
+                    o["traceback"] = [_cut(t, keep) for t in o["traceback"][-20:]]
+                d = o.get("data", {})
+                for m in [m for m in _IMAGES if len(d.get(m, "")) > keep]:
+                    d["text/plain"] += f"\n[{m} of {len(d.pop(m)):,} characters not kept: this copy is capped]"
+                if "text/plain" in d:
+                    d["text/plain"] = _cut(d["text/plain"], keep)
+        data = json.dumps(nb, indent=1).encode()
+    return data
+
+
+def _cut(text: str, keep: int) -> str:
+    """`text` with all but its first and last `keep` // 2 characters replaced by a line saying how many were cut."""
+    if len(text) <= keep + 100:  # the note itself takes about that much
+        return text
+    half = keep // 2
+    return (f"{text[:half]}\n[... {len(text) - 2 * half:,} characters cut by the grader: this copy is capped at "
+            f"{MAX_PLAIN_BYTES // 2**20} MiB ...]\n{text[len(text) - half:]}")
 
 
 def _write_plain(graded: Path, dest: Path) -> str:

@@ -166,3 +166,46 @@ def test_the_similarity_report_shows_a_hand_ins_lines_without_running_its_escape
     assert all(ln.isprintable() for ln in text.splitlines()), [ln for ln in text.splitlines() if not ln.isprintable()]
     assert "\\x1b[2J" in text and "\\u202e" in text  # shown, as escapes
     assert not any(ln.startswith("FLAGGED: 0") for ln in text.splitlines())  # a note cannot forge a line
+
+
+# ------------------------------------------------------------------------------------------------ as handed in
+
+
+def _handed_in(tmp_path: Path, nb, student: str = "eve") -> tuple[str, str]:
+    """feedback.show's plain copy of `nb` as handed in by `student`: (the copy's text, the child's log)."""
+    import nbformat
+
+    from autograder import feedback
+
+    handed = tmp_path / "submitted" / student / rehearsal.TOY_ID
+    handed.mkdir(parents=True)
+    (handed / f"{rehearsal.TOY_ID}.ipynb").write_text(nbformat.writes(nb))
+    log = feedback.show(tmp_path, rehearsal.TOY_ID, student, pages=False)
+    copy = tmp_path / "formgrader" / feedback.HANDED_IN / f"{rehearsal.TOY_ID}.ipynb"
+    return (copy.read_text() if copy.is_file() else ""), log
+
+
+def test_a_notebook_whose_copy_would_outgrow_what_the_grader_keeps_is_cut_not_lost(tmp_path):
+    """Intake takes notebooks up to 50 MiB; the grader keeps a file of at most 16 MiB (grade.MAX_KEPT_BYTES) and
+    left out a larger copy as handed in without a word, so the marker had no copy at all. Printed output can get
+    there honestly, and a text of emoji grows threefold as escaped JSON. The copy keeps every cell, the written
+    answers whole and each output's head and tail, and says what it cut."""
+    import json
+
+    import nbformat
+
+    from autograder import feedback, grade
+
+    assert feedback.MAX_PLAIN_BYTES <= grade.MAX_KEPT_BYTES
+    nb = nbformat.v4.new_notebook()
+    loud = nbformat.v4.new_code_cell("for i in range(10**6): print(i, '\U0001F600' * 3)")
+    loud.outputs = [nbformat.v4.new_output("stream", name="stdout", text="step 0: loss 2.31\n" + "\U0001F600" * 2_000_000
+                                           + "\nlast step: loss 0.12\n")]
+    answer = nbformat.v4.new_markdown_cell("My answer: the loss fell from 2.31 to 0.12.")
+    nb.cells = [loud, answer]
+    copy, log = _handed_in(tmp_path, nb)
+    assert copy and len(copy.encode()) <= feedback.MAX_PLAIN_BYTES, (len(copy), log)
+    cells = json.loads(copy)["cells"]
+    text = cells[0]["outputs"][0]["text"]
+    assert text.startswith("step 0: loss 2.31") and text.endswith("last step: loss 0.12\n") and "cut by the grader" in text
+    assert "the loss fell from 2.31 to 0.12" in cells[1]["source"]
