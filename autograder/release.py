@@ -30,9 +30,9 @@ from pathlib import Path
 from labkit.errors import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]
-LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun"]
+LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun", "lab5_fused_kernel"]
 # The public probes the public checks import (the sandbox-only runner, channel and stubs are not needed).
-PUBLIC_PROBES = ["__init__.py", "probes.py", "lab1.py", "lab2.py", "lab3.py", "lab3_slow.py", "lab4.py"]
+PUBLIC_PROBES = ["__init__.py", "probes.py", "lab1.py", "lab2.py", "lab3.py", "lab3_slow.py", "lab4.py", "lab5.py"]
 # The public checks, and the labkit-answer ban they apply with the grader's own words (labkit_answers holds only the
 # per-lab lists the labs' instructions state, and the reader of a submission's imports).
 PUBLIC_CHECKS = ["selfcheck.py", "selfcheck_core.py", "selfcheck_labs.py", "labkit_answers.py"]

@@ -6,8 +6,8 @@ In the student release this module is what `autograder.harness.grade(...)` runs,
 work there as they do in the instructor's course. It holds no reference solution, no answer key and no hidden
 case: the student's file runs in a fresh process through the same public probes the grader uses
 (`autograder.student.labN`) and is compared with public references only: torch's own GradScaler (lab 1), the
-decoded images (lab 2), the student's own handed-out slow_train.py beside their file (lab 3) and the naive step
-(lab 4). A file that uses a labkit module its lab bans fails at once, with the grader's message
+decoded images (lab 2), the student's own handed-out slow_train.py beside their file (lab 3), the naive step
+(lab 4) and torch's F.cross_entropy (lab 5). A file that uses a labkit module its lab bans fails at once, with the grader's message
 (`autograder.labkit_answers`, shipped in the release). Speed is timed here in
 one process, alternating with the baseline. The course's grader checks more (other seeds and inputs, hidden
 tests, speed in a sandbox): a pass here is a good sign, not a grade.
@@ -45,6 +45,10 @@ PUBLIC = {
     "lab4.correctness": (4, "first losses and updates match the naive step within AMP rounding"),
     "lab4.no_host_sync": (2, "no host sync inside the training step"),
     "lab4.speed": (6, "your ResNet-18 step vs the naive step (needs a CUDA GPU)"),
+    "lab5.forward": (3, "your fused loss matches F.cross_entropy(label_smoothing=0.1), contiguous fp32"),
+    "lab5.backward": (3, "your fused gradient of the logits matches autograd's, contiguous fp32"),
+    "lab5.layouts": (2, "loss and gradient on strided views and fp16/bf16 logits"),
+    "lab5.speed": (4, "your fused forward + backward vs the eager composition (needs a CUDA GPU)"),
 }
 
 

@@ -3,7 +3,7 @@
 Each calls the student's code through the public probes (`autograder.student.labN`, in this process) and compares
 with a public reference: torch.amp.GradScaler (lab 1), the decoded images (lab 2), the student's own handed-out
 slow_train.py (lab 3: the file beside theirs, which may be their own variant; never a copy from this package),
-the naive step (lab 4). Inputs are the notebooks' own public ones; the course's grader uses others.
+the naive step (lab 4), torch's F.cross_entropy (lab 5). Inputs are the notebooks' own public ones; the course's grader uses others.
 A function returns {"message", "measurements", "fraction"} or raises selfcheck.Failed / selfcheck.NotHere.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from autograder.selfcheck_core import Failed, NotHere, alternate, need
-from autograder.student import lab1, lab2, lab3, lab4
+from autograder.student import lab1, lab2, lab3, lab4, lab5
 from autograder.student import lab3_slow as slow
 
 # ---------------------------------------------------------------------------------- lab 1: torch's GradScaler
@@ -315,4 +315,74 @@ def lab4_speed(p, dev) -> dict:
     if not frac:
         raise Failed(f"{t['ratio']:.2f}x the naive step (the lowest tier is 1.5x)")
     return {"message": f"{t['ratio']:.2f}x the naive step", "fraction": frac,
+            "measurements": {k: round(v, 5) for k, v in t.items()}}
+
+
+# ---------------------------------------------------------------------------------- lab 5: F.cross_entropy
+
+
+def _lab5_cases(p, dev, specs: list[dict], *, loss: bool, grad: bool) -> str:
+    """Each case through the student's function against F.cross_entropy on the same values; a line for the verdict."""
+    import torch.nn.functional as F
+
+    for spec in specs:
+        got = lab5.probe_case(p, spec)
+        x, y = lab5.make_case(spec, torch.device("cpu"))
+        eps, g = spec.get("smoothing", lab5.SMOOTHING), spec.get("grad", 1.0)
+        xr = x.detach().float().requires_grad_()
+        ref = F.cross_entropy(xr, y, label_smoothing=eps)
+        ref.backward(torch.tensor(g))
+        where = f"{spec.get('dtype', 'float32')} logits ({spec['n']}, {spec['c']}), {spec.get('layout', 'contiguous')}"
+        need(not got["torch_ops"], f"{where}: torch's {', '.join(got['torch_ops'])} ran inside fused_cross_entropy: "
+             "write the softmax, log-sum-exp and cross-entropy as your own Triton kernels")
+        need(got["launches"][0] >= 1 and (not grad or got["launches"][1] >= 1), f"{where}: no Triton kernel ran in "
+             f"the {'forward' if not got['launches'][0] else 'backward'} pass: launch your @triton.jit kernel")
+        if loss:
+            v = float(got["loss"])
+            need(got["loss_dtype"] == "float32", f"{where}: return the loss as float32, got {got['loss_dtype']}")
+            need(math.isfinite(v) and abs(v - float(ref)) <= 1e-4 * abs(float(ref)) + 1e-5,
+                 f"{where}: loss {v:.6g}, F.cross_entropy(x.float(), y, label_smoothing={eps:g}) gives {float(ref):.6g}")
+        if grad:
+            d = got["grad"]
+            need(tuple(d.shape) == tuple(x.shape) and got["grad_dtype"] == str(x.dtype).replace("torch.", ""),
+                 f"{where}: the gradient must be shaped and typed like the logits, got {got['grad_dtype']} "
+                 f"{tuple(d.shape)}")
+            rel = torch.finfo(x.dtype).eps if x.dtype != torch.float32 else 1e-5
+            want = xr.grad
+            far = float(((d.float() - want).abs() / (rel * want.abs() + 1e-5 * want.abs().max() + 1e-12)).max())
+            need(far <= 1, f"{where}: the gradient of the logits is off by up to "
+                 f"{float((d.float() - want).abs().max()):.3g} ({far:.3g}x the tolerance)")
+    return f"{len(specs)} cases"
+
+
+def lab5_forward(p, dev) -> dict:
+    specs = [{"n": 3, "c": 10, "seed": 11}, {"n": 15, "c": 100, "seed": 12}, {"n": 7, "c": 1000, "seed": 13},
+             {"n": 3, "c": 1500, "seed": 14}, {"n": 3, "c": 30, "scale": 80.0, "seed": 15}]
+    return {"message": f"the loss matches F.cross_entropy on {_lab5_cases(p, dev, specs, loss=True, grad=False)}"}
+
+
+def lab5_backward(p, dev) -> dict:
+    specs = [{"n": 3, "c": 10, "seed": 21, "grad": 0.5}, {"n": 15, "c": 100, "seed": 22, "grad": 2.0},
+             {"n": 3, "c": 1500, "seed": 23, "grad": 1.0}]
+    return {"message": f"the gradient matches autograd's on {_lab5_cases(p, dev, specs, loss=False, grad=True)}"}
+
+
+def lab5_layouts(p, dev) -> dict:
+    specs = [{"n": 5, "c": 1003, "dtype": "bfloat16", "layout": "sliced", "seed": 31},
+             {"n": 7, "c": 100, "dtype": "float16", "layout": "transposed", "seed": 32},
+             {"n": 5, "c": 10, "dtype": "float32", "layout": "rows", "seed": 33, "grad": 1.5}]
+    return {"message": f"loss and gradient right on {_lab5_cases(p, dev, specs, loss=True, grad=True)}"}
+
+
+def lab5_speed(p, dev) -> dict:
+    if dev.type != "cuda":
+        raise NotHere("the speed of lab 5 is measured on a CUDA GPU (on Colab: Runtime > Change runtime type)")
+    lab5_layouts(p, dev)
+    params = {"n": 5, "rows": 65536, "cols": 1000, "seed": 1}
+    fn = lab5.student_fn(p)
+    lab5.timed_round(fn, dev, params)  # Triton compiles before the clock
+    t = alternate(lambda: lab5.timed_round(lab5.eager_cross_entropy, dev, params), lambda: lab5.timed_round(fn, dev, params),
+                  rounds=7, warmup=2)
+    return {"message": f"{t['ratio']:.2f}x the eager composition on bf16 logits (65536, 1000), forward + backward "
+                       "(timed here in one process; the course's grader times it in two, interleaved)",
             "measurements": {k: round(v, 5) for k, v in t.items()}}

@@ -1,0 +1,141 @@
+"""Lab 5, a fused kernel: the reference solution gets full marks on a CPU (its kernels in Triton's interpreter, the
+speed check refused as lab 4's is), the released blank gets 0, and wrong answers get messages that say what is
+wrong. The wrong answers run through the probes in this process (fast); the reference and the blank through the
+real harness and its sandbox."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from autograder import gpu_policy, harness, lab5_checks, labkit_answers
+from autograder.harness import CheckFailed
+from autograder.student import lab5
+from autograder.student.probes import Probe
+
+ROOT = Path(__file__).resolve().parents[1]
+NB = ROOT / "assignments" / "source" / "lab5_fused_kernel" / "lab5_fused_kernel.ipynb"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    return harness.student_file_from_notebook(NB, tmp_path_factory.mktemp("lab5-ref"))
+
+
+def _variant(reference: Path, folder: Path, old: str, new: str) -> Path:
+    text = reference.read_text()
+    assert old in text, old
+    out = folder / "student_fused_ce.py"
+    out.write_text(text.replace(old, new))
+    return out
+
+
+def _ctx(path: Path) -> SimpleNamespace:
+    """A check's context whose student side is the probe module in this process (no sandbox: trusted files)."""
+    probe = Probe(str(path), torch.device("cpu"), {})
+    return SimpleNamespace(call=lambda name, params: getattr(lab5, "probe_" + name.split(".")[1])(probe, params),
+                           device=torch.device("cpu"), hardware="cpu", student_id=None, handin=None)
+
+
+def test_the_reference_gets_full_cpu_marks_and_the_speed_check_is_refused_as_lab_4s(reference):
+    verdicts = harness.run_checks(harness.checks_for("lab5"), reference, device="cpu")
+    by = {v["check"]: v for v in verdicts}
+    assert set(by) == {"lab5.forward", "lab5.backward", "lab5.layouts", "lab5.speed", "lab5.correctness_hidden"}
+    for name, v in by.items():
+        if name == "lab5.speed":
+            assert not v["gradable"] and v["score"] == 0 and "not gradable on this hardware (cpu)" in v["message"]
+        else:
+            assert v["ok"] and v["score"] == v["max_score"], v
+    assert by["lab5.forward"]["sandbox"] in ("bwrap", "none")
+    # the class grader refuses a CPU machine for lab 5 as for lab 4, with the same words
+    cpu = [{"card": "cpu", "class": "cpu"}]
+    with pytest.raises(Exception, match="cannot be fully graded on this machine") as lab5_err:
+        gpu_policy.refuse_ungradable("lab5_fused_kernel", ["lab5.forward", "lab5.speed"], cpu, allow=False)
+    with pytest.raises(Exception) as lab4_err:
+        gpu_policy.refuse_ungradable("lab4_speedrun", ["lab4.speed"], cpu, allow=False)
+    assert str(lab5_err.value).replace("lab5", "lab4").replace("_fused_kernel", "_speedrun") == str(lab4_err.value)
+
+
+def test_the_blank_gets_zero(tmp_path):
+    text = NB.read_text()
+    cells = json.loads(text)["cells"]
+    src = "".join(next(c for c in cells if "".join(c["source"]).startswith("%%writefile"))["source"])
+    blank = re.sub(r"### BEGIN SOLUTION.*?### END SOLUTION", "# YOUR CODE HERE\nraise NotImplementedError()", src,
+                   flags=re.S)
+    path = tmp_path / "student_fused_ce.py"
+    path.write_text(blank.partition("\n")[2])
+    verdicts = harness.run_checks(["lab5.forward", "lab5.layouts", "lab5.correctness_hidden"], path, device="cpu")
+    assert all(v["score"] == 0 and not v["ok"] for v in verdicts), verdicts
+    assert "not implemented yet" in verdicts[0]["message"]
+
+
+def test_the_speed_tiers_cover_the_classes_that_may_grade_it():
+    assert set(gpu_policy.NEEDS_GPU["lab5.speed"]) == set(lab5_checks.SPEED_TIERS)
+
+
+@pytest.mark.parametrize(("old", "new", "check", "says"), [
+    ("loss = lse - (1.0 - smoothing) * x_target - smoothing * total / C", "loss = lse - x_target", "forward",
+     "matches the cross-entropy without label smoothing"),
+    ("return loss.mean()", "return loss.sum()", "forward", "the sum over rows, not the mean"),
+    ("scale = (grad.float() / n).reshape(1)", "scale = grad.float().reshape(1)", "backward",
+     "N times the answer: scale by grad / N"),
+    ("scale = (grad.float() / n).reshape(1)", "scale = torch.ones(1, device=grad.device) / n", "backward",
+     "multiply by the incoming grad"),
+    ("d = (tl.exp(x - lse) - q) * scale", "d = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * scale",
+     "backward", "the target is the smoothed one-hot"),
+    ("new_m = tl.maximum(m, tl.max(x, axis=0))", "new_m = tl.maximum(m, 0.0)", "forward",
+     "take the row's running max out"),
+    ("cols * stride_c, mask=mask, other=float(\"-inf\")", "cols, mask=mask, other=float(\"-inf\")", "layouts",
+     "transposed"),
+])
+def test_wrong_answers_get_messages_that_say_what_is_wrong(reference, tmp_path, old, new, check, says):
+    ctx = _ctx(_variant(reference, tmp_path, old, new))
+    with pytest.raises(CheckFailed) as e:
+        getattr(lab5_checks, f"check_{check}")(ctx)
+    assert says in str(e.value), str(e.value)
+
+
+def test_a_pytorch_composition_is_told_that_no_kernel_ran(tmp_path):
+    path = tmp_path / "student_fused_ce.py"
+    path.write_text("import torch\n\n\ndef fused_cross_entropy(x, y, label_smoothing=0.1):\n"
+                    "    x = x.float()\n    m = x.max(1, keepdim=True).values\n"
+                    "    lse = (x - m).exp().sum(1).log() + m[:, 0]\n"
+                    "    nll = lse - x.gather(1, y[:, None])[:, 0]\n"
+                    "    return ((1 - label_smoothing) * nll + label_smoothing * (lse - x.mean(1))).mean()\n")
+    with pytest.raises(CheckFailed, match="no Triton kernel ran in the forward pass"):
+        lab5_checks.check_forward(_ctx(path))
+
+
+def test_the_reader_bans_torchs_softmax_family_and_week_7s_kernels_but_not_tritons_own():
+    banned = {
+        "import torch.nn.functional as F\nF.cross_entropy(x, y)": ["torch.nn.functional.cross_entropy"],
+        "def f(x):\n    return x.log_softmax(1)": ["torch.log_softmax"],
+        "from torch import nn\nloss = nn.CrossEntropyLoss()": ["torch.nn.CrossEntropyLoss"],
+        "import torch\nf = getattr(torch, 'logsumexp')": ["torch.logsumexp"],
+        "from labkit.week7_exercises import load_triton": ["week7_exercises"],
+    }
+    for src, want in banned.items():
+        assert labkit_answers.banned_uses(src, "lab5") == want, src
+    fine = ["import triton.language as tl\ny = tl.softmax(x)", '"""an online softmax, one pass"""',
+            "def my_softmax(x):\n    return x"]
+    for src in fine:
+        assert labkit_answers.banned_uses(src, "lab5") == [], src
+    assert labkit_answers.banned_uses("x.softmax(1)", "lab1") == []  # lab 1's reader is unchanged
+    text = " ".join("".join(json.loads(NB.read_text())["cells"][0]["source"]).split())
+    for name in ("`cross_entropy`", "`CrossEntropyLoss`", "`log_softmax`", "`softmax`", "`logsumexp`", "`nll_loss`",
+                 "`labkit.week7_exercises`"):
+        assert name in text, name
+
+
+def test_the_notebook_states_the_speed_tiers_the_check_uses():
+    text = " ".join("".join(json.loads(NB.read_text())["cells"][0]["source"]).split())
+    tiers = lab5_checks.SPEED_TIERS["tensor_core_gpu"]
+    points = harness.CHECKS["lab5.speed"].max_score
+    for need, share in tiers.steps:
+        assert f"{need:g}x: {share * points:g} points" in text
+    assert f"at {tiers.bonus:g}x" in text and lab5_checks.TIER_BASIS in text
