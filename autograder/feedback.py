@@ -271,6 +271,9 @@ def _page_safe(notebook: str) -> str:
                 o["metadata"] = {}
             if o.get("output_type") == "stream":
                 o["text"] = _text(o.get("text"))
+            if o.get("output_type") == "error":  # a traceback quotes the student's message: bidi controls too
+                o.update(ename=_text(o.get("ename")), evalue=_text(o.get("evalue")),
+                         traceback=[_text(t) for t in o.get("traceback") or [] if isinstance(t, str)])
             if isinstance(o.get("data"), dict) and "text/plain" in o["data"]:
                 o["data"]["text/plain"] = _text(o["data"]["text/plain"])
             for mime in ("text/latex", "text/markdown", "text/html"):
@@ -318,7 +321,7 @@ def _plain_output(o) -> dict | None:
     if kind == "error":
         tb = o.get("traceback") if isinstance(o.get("traceback"), list) else []
         return {"output_type": "error", "ename": _text(o.get("ename")), "evalue": _text(o.get("evalue")),
-                "traceback": [t for t in tb if isinstance(t, str)]}
+                "traceback": [_text(t) for t in tb if isinstance(t, str)]}
     if kind not in ("display_data", "execute_result"):
         return None
     data = o.get("data") if isinstance(o.get("data"), dict) else {}

@@ -209,3 +209,46 @@ def test_a_notebook_whose_copy_would_outgrow_what_the_grader_keeps_is_cut_not_lo
     text = cells[0]["outputs"][0]["text"]
     assert text.startswith("step 0: loss 2.31") and text.endswith("last step: loss 0.12\n") and "cut by the grader" in text
     assert "the loss fell from 2.31 to 0.12" in cells[1]["source"]
+
+
+def test_the_copy_as_handed_in_carries_escapes_markup_and_odd_names_as_inert_text(tmp_path):
+    """ANSI escapes (an OSC 8 hyperlink, a screen clear), bidi overrides, markup and a notebook named like a tag:
+    the copy a marker opens (or cats) is plain ASCII JSON, with the bidi controls shown as escapes and the markdown
+    fenced as written (held before; kept so)."""
+    import json
+    import zipfile
+
+    import nbformat
+
+    from autograder import feedback, intake
+
+    esc = "\x1b]8;;javascript:steal()\x1b\\\\click\x1b]8;;\x1b\\\\ \x1b[2J \u202eevil\u202c <script>steal()</script>"
+    nb = nbformat.v4.new_notebook()
+    code = nbformat.v4.new_code_cell(f"print({esc!r})")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text=esc),
+                    nbformat.v4.new_output("error", ename=esc, evalue=esc, traceback=[esc])]
+    nb.cells = [code, nbformat.v4.new_markdown_cell(esc)]
+    copy, log = _handed_in(tmp_path, nb)
+    assert copy.isascii() and all(ln.isprintable() for ln in copy.splitlines()), log
+    def strings(v):
+        if isinstance(v, str):
+            yield v
+        for x in v.values() if isinstance(v, dict) else v if isinstance(v, list) else ():
+            yield from strings(x)
+
+    assert not [t for t in strings(json.loads(copy)) if "\u202e" in t]  # before: the traceback kept the override
+    page = json.loads(feedback._page_safe(nbformat.writes(nb)))  # and the feedback page's error output
+    assert not [t for t in strings(page) if "\u202e" in t]
+    md = json.loads(copy)["cells"][1]
+    assert md["cell_type"] == "markdown" and md["source"].startswith("```")
+    subs = tmp_path / "subs"  # a zipped symlink standing for the notebook, and a notebook named like markup
+    subs.mkdir()
+    link = zipfile.ZipInfo(f"{rehearsal.TOY_ID}.ipynb")
+    link.external_attr = (0o120777) << 16
+    with zipfile.ZipFile(subs / f"mal_{rehearsal.TOY_ID}.zip", "w") as z:
+        z.writestr(link, "../../course/source/answers.ipynb")
+    with zipfile.ZipFile(subs / f"odd_{rehearsal.TOY_ID}.zip", "w") as z:
+        z.writestr("<img src=x onerror=steal()>.ipynb", nbformat.writes(nb))
+    got = {s.student_id: s for s in intake.collect(subs, rehearsal.TOY_ID, scratch=tmp_path / "scratch").submissions}
+    assert "not a notebook" in got["mal"].problem  # the link's target, as text: nothing is followed
+    assert got["odd"].notebook == f"{rehearsal.TOY_ID}.ipynb" and not got["odd"].problem
