@@ -25,7 +25,7 @@ ROOT = release.ROOT
 SECRET = "the release tests' course secret, 0123456789"  # as an instructor would export it
 ROSTER = ["alice", "bob"]
 PREFIX = {v: k for k, v in {"lab1": "lab1_loss_scaling", "lab2": "lab2_data_pipeline", "lab3": "lab3_profile_fix",
-                            "lab4": "lab4_speedrun"}.items()}
+                            "lab4": "lab4_speedrun", "lab5": "lab5_fused_kernel"}.items()}
 
 
 @pytest.fixture(scope="module")
