@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import logging
 import re
 import warnings
 from pathlib import Path
@@ -136,13 +137,17 @@ def read_csv(path: str | Path) -> dict[tuple[str, str], float]:
         raise LabkitError(f"cannot read the manual scores {p}: {e.strerror or e}") from e
     if not {"student_id", "cell", "score"} <= cols:
         raise LabkitError(f"{p} needs the columns student_id, cell, score (has {', '.join(sorted(cols)) or 'none'})")
-    out = {}
+    out, line_of = {}, {}
     for i, r in enumerate(rows, 2):
-        sid, cell, score = (r.get(k, "").strip() for k in ("student_id", "cell", "score"))
+        sid, cell, score = ((r.get(k) or "").strip() for k in ("student_id", "cell", "score"))
         if not sid or not cell:
             raise LabkitError(f"{p} line {i}: student_id and cell must not be empty")
         if score == "":
             continue  # not graded yet
+        if (sid, cell) in line_of:  # which of two grades counts must not depend on their order in the file
+            raise LabkitError(f"{p} line {i}: {sid}/{cell} is scored twice (line {line_of[(sid, cell)]} too); "
+                              "keep one row per answer")
+        line_of[(sid, cell)] = i
         try:
             out[(sid, cell)] = float(score)
         except ValueError:
@@ -193,7 +198,13 @@ def collect(out: Path, assignment: str, cells: list[dict], csv_path: str | Path 
 
 def apply(results: list, scores: dict[tuple[str, str], float]) -> list:
     """Copies of `results` with the instructor's scores in their written answers and totals (the done-markers
-    themselves stay as graded: a score given by a person is not the grader's measurement)."""
+    themselves stay as graded: a score given by a person is not the grader's measurement). A score is held to
+    0..its cell's points; scores for ids no result has are named in a warning (a typo changes nothing else)."""
+    stray = sorted({sid for sid, _ in scores} - {r.student_id for r in results})
+    if stray:
+        logging.getLogger("autograder").warning(
+            "manual scores for %d id(s) no student of this run has (a typo, or a student graded in another slice?): "
+            "%s", len(stray), ", ".join(stray[:20]))
     out = []
     for r in results:
         mine = {cell: v for (sid, cell), v in scores.items() if sid == r.student_id}

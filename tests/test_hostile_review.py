@@ -252,3 +252,56 @@ def test_the_copy_as_handed_in_carries_escapes_markup_and_odd_names_as_inert_tex
     got = {s.student_id: s for s in intake.collect(subs, rehearsal.TOY_ID, scratch=tmp_path / "scratch").submissions}
     assert "not a notebook" in got["mal"].problem  # the link's target, as text: nothing is followed
     assert got["odd"].notebook == f"{rehearsal.TOY_ID}.ipynb" and not got["odd"].problem
+
+
+# ------------------------------------------------------------------------------------------------ manual scores
+
+WID = rehearsal.WRITTEN_ID
+CELLS = [{"notebook": rehearsal.TOY_ID, "cell": WID, "max_score": 2.0, "manual": True}]
+
+
+def _csv(tmp_path: Path, rows: str) -> Path:
+    p = tmp_path / "scores.csv"
+    p.write_text("student_id,cell,score\n" + rows)
+    return p
+
+
+@pytest.mark.parametrize("score", ["nan", "inf", "-inf", "-0.5", "2.01", "1e400"])
+def test_a_manual_score_outside_its_cell_is_refused_before_grading(tmp_path, score):
+    """NaN compares false with everything, so a range check written the other way round would let it through and
+    make the total NaN (held: 0 <= v <= max is false for NaN)."""
+    from autograder import manual
+    from labkit.env import LabkitError
+
+    p = _csv(tmp_path, f"ann,{WID},{score}\n")
+    with pytest.raises(LabkitError, match="outside 0..2"):
+        manual.check_csv(manual.read_csv(p), CELLS, p)
+
+
+def test_two_scores_for_one_answer_are_refused_not_the_last_one_silently_kept(tmp_path):
+    """Two rows for one student's answer (a second marker's line pasted in): before, the later row won and
+    nobody was told which grade counted."""
+    from autograder import manual
+    from labkit.env import LabkitError
+
+    p = _csv(tmp_path, f"ann,{WID},2\nbob,{WID},1\nann,{WID},0\n")
+    with pytest.raises(LabkitError, match=r"line 4: ann/written_why is scored twice \(line 2 too\)"):
+        manual.read_csv(p)
+    p = _csv(tmp_path, "ann\n")  # a short row: before, an AttributeError from inside the reader
+    with pytest.raises(LabkitError, match="line 2: student_id and cell must not be empty"):
+        manual.read_csv(p)
+
+
+def test_scores_for_a_student_this_run_did_not_grade_are_named(tmp_path, caplog):
+    """A row for an id no result has (a typo, 'jane' for 'jane_doe', a student of another slice) changed nothing
+    and said nothing: the answer stayed pending with no word of why. Now the run names those ids."""
+    import logging
+
+    from autograder import grade, manual
+
+    ann = grade.StudentResult(student_id="ann", assignment=rehearsal.TOY_ID, status="graded", max_score=7.0,
+                              cells=[dict(CELLS[0], score=0.0, needs_manual=True, source="pending")])
+    with caplog.at_level(logging.WARNING, logger="autograder"):
+        out = manual.apply([ann], {("ann", WID): 7.0, ("jane", WID): 1.0})
+    assert out[0].cells[0]["score"] == 2.0 and out[0].score == 2.0  # over the cell's points: its points, no more
+    assert "jane" in caplog.text and "no student of this run" in caplog.text
