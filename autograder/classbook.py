@@ -177,8 +177,9 @@ def summary_lines(rows: list[dict], policy: late.LatePolicy | None, shard: str |
             lines.append("  nobody late")
     ungradable = [r for r in rows if r["not_gradable_here"]]
     if ungradable:
-        lines += ["", f"NOT GRADABLE ON THIS HARDWARE ({len(ungradable)} students; those checks scored 0, regrade on "
-                      "a GPU machine with --only ... --force):"]
+        lines += ["", f"NOT GRADABLE ON THIS HARDWARE ({len(ungradable)} students; those checks scored 0, regrade "
+                      "where they can be graded with --only ... --force: a GPU machine for a GPU check, a quiet one "
+                      "for a timing too noisy here):"]
         lines += [f"  {r['student_id']}: {', '.join(r['not_gradable_here'])}" for r in ungradable]
     return lines + review.summary_lines(rows) + manual.summary_lines(rows)
 
