@@ -86,7 +86,7 @@ def measured(measure: Callable[[int], tuple], rounds: int, tiers, *, required_ra
     """
     ab, notes, record, parts = _measured(measure, rounds, tiers, required_ratio=required_ratio,
                                          time_left=time_left, spent=spent, policy=policy, clock=clock)
-    too_wide(ab, record, policy, parts)
+    too_wide(ab, record, policy, parts, interfered=bool(notes.get("baseline_interference")))
     return ab, notes, record
 
 
@@ -106,19 +106,21 @@ def baseline_spread(parts: list) -> float:
     return min(timing(h).iqr / timing(h).median for h in halves)
 
 
-def too_wide(ab, record: dict, policy: Policy = POLICY, parts: list | None = None) -> None:
+def too_wide(ab, record: dict, policy: Policy = POLICY, parts: list | None = None, *, interfered: bool = False) -> None:
     """Refuse to score a ratio whose rounds disagree by more than the ratio itself (the IQR above
     `policy.max_spread` x the median) on a busy machine: a score would be a coin toss, so the check is not
     gradable here and goes to a quieter machine. On a quiet one (the baseline's rounds within
     `policy.quiet_baseline`, `baseline_spread` of `parts`, default [ab]) the spread is the hand-in's own: the ratio
     is scored as measured and `record` gets `own_spread` (the message says so), so that jittering on purpose
-    cannot turn a low score into "not graded yet" on every machine."""
+    cannot turn a low score into "not graded yet" on every machine. So it is when the hand-in's process was seen
+    slowing the baseline (`interfered`: work it left queued, harness.Context.compare): then the baseline's spread
+    may be the hand-in's doing too, and says nothing of the machine."""
     if ab.ratio_iqr <= policy.max_spread * ab.ratio:
         return
     steady = round(baseline_spread(parts or [ab]), 3)
-    if steady <= policy.quiet_baseline:
+    if steady <= policy.quiet_baseline or interfered:
         record["own_spread"] = {"ratio": round(ab.ratio, 3), "iqr": round(ab.ratio_iqr, 3), "rounds": len(ab.ratios),
-                                "baseline_iqr_share": steady}
+                                "baseline_iqr_share": steady, "baseline_interference": interfered}
         return
     raise NotGradable(f"the timing was too noisy to score here ({ab.ratio:.2f}x, but its rounds' IQR is "
                       f"{ab.ratio_iqr:.2f} over {len(ab.ratios)} rounds, and the baseline's own rounds spread by "
@@ -182,6 +184,7 @@ def _own_spread_line(record: dict) -> str:
     o = record.get("own_spread")
     if not isinstance(o, dict):
         return ""
+    why = ("your process left work that slowed the baseline" if o.get("baseline_interference") else
+           f"the baseline's held within {o['baseline_iqr_share']:.0%} of their median")
     return (f" Your rounds disagree by more than the ratio itself (IQR {o['iqr']:.2f} of {o['ratio']:.2f}x over "
-            f"{o['rounds']} rounds) while the baseline's held within {o['baseline_iqr_share']:.0%} of their median: "
-            "the spread is your code's own, so the ratio is scored as measured.")
+            f"{o['rounds']} rounds) while {why}: the spread is your code's own, so the ratio is scored as measured.")

@@ -86,7 +86,9 @@ def flags(res) -> list[dict]:
         if isinstance(own, dict):
             out.append({"check": c["check"], "kind": OWN_SPREAD,
                         "why": f"{own.get('ratio')}x with an IQR of {own.get('iqr')} over {own.get('rounds')} rounds, "
-                               f"while the baseline held steady (IQR {own.get('baseline_iqr_share')} of its median)"})
+                               + ("while its process slowed the baseline (work left queued)"
+                                  if own.get("baseline_interference") else
+                                  f"while the baseline held steady (IQR {own.get('baseline_iqr_share')} of its median)")})
     return out
 
 

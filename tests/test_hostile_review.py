@@ -82,6 +82,20 @@ def test_baseline_rounds_slowed_by_the_hand_ins_queued_work_do_not_make_the_mach
     assert "own_spread" in rec and TIERS.fraction(ab.ratio) == 0
 
 
+def test_a_hand_in_seen_slowing_the_baseline_cannot_pass_its_jitter_off_as_a_busy_machine():
+    """GPU work a hand-in leaves queued after its reply runs while the baseline is timed; queued long and at random
+    it spreads both halves of the baseline's rounds. Once the harness saw the hand-in slow the baseline
+    (baseline_interference), the baseline's spread is no witness for the machine: scored as measured."""
+    busy = [1.0, 3.5, 2.6, 1.1, 3.0, 4.0, 1.2, 0.9, 2.8]
+
+    def measure(rounds: int):
+        return _ab([JITTER[i % len(JITTER)] for i in range(rounds)], busy), {"baseline_interference": True}
+
+    ab, notes, rec = remeasure.measured(measure, 9, TIERS)
+    assert rec["own_spread"]["baseline_interference"] is True and notes["baseline_interference"] is True
+    assert "slowed the baseline" in remeasure.message(rec) and TIERS.fraction(ab.ratio) == 0
+
+
 # What the toy's jittery student does in its real sandbox: the slow loop (about 1x the baseline), and a sleep
 # of ten times its work in every other request, starting with the first (8 calls of total() per request; 3 calls
 # before them for the correctness probe): 4 of the 7 timed rounds are slow, so the median is one of them.
