@@ -319,3 +319,38 @@ def test_scores_for_a_student_this_run_did_not_grade_are_named(tmp_path, caplog)
         out = manual.apply([ann], {("ann", WID): 7.0, ("jane", WID): 1.0})
     assert out[0].cells[0]["score"] == 2.0 and out[0].score == 2.0  # over the cell's points: its points, no more
     assert "jane" in caplog.text and "no student of this run" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ honest students
+
+
+def test_a_lab_3_variant_mix_up_through_an_lms_zip_is_a_verdict_for_a_person(tmp_path, monkeypatch):
+    """End to end through an LMS-named zip and the class list: jane_doe handed in the slow_train.py handed out to
+    her classmate jane (a shared folder, say). Not graded, nothing of hers run; her page says it waits for a
+    person without naming the classmate; the summary flags whose variant it carries."""
+    import json
+    import zipfile
+
+    from autograder import course_secret, grade, lab3_variants
+
+    secret = course_secret.Secret(b"a course secret for these tests", course_secret.COURSE_LABEL)
+    monkeypatch.setenv(course_secret.ENV, secret.key.decode())
+    lab = "lab3_profile_fix"
+    root = Path(__file__).resolve().parents[1]
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    with zipfile.ZipFile(subs / f"jane_doe_{lab}_handin.zip", "w") as z:
+        z.writestr(f"{lab}.ipynb", (root / "assignments" / "source" / lab / f"{lab}.ipynb").read_text())
+        z.writestr("slow_train.py", lab3_variants.handout("jane", secret))
+        z.writestr("handin.json", json.dumps({"lab": lab, "release": "0.1.0", "variant_tag": ""}))
+    roster = tmp_path / "roster.csv"
+    roster.write_text("student_id\njane\njane_doe\n")
+    cfg = grade.GradeConfig(course=str(root / "assignments"), out=str(tmp_path / "out"), work=str(tmp_path / "work"),
+                            progress=False, roster=str(roster), allow_ungradable=True, jobs=1)
+    rep = grade.grade_class(lab, subs, cfg)
+    (r,) = rep.results
+    assert (r.student_id, r.status, r.cause) == ("jane_doe", "not graded", "variant mismatch"), (r.message, r.cause)
+    assert "waits for a person" in r.message and "jane's" not in r.message.replace("jane_doe's", "")
+    assert any("carries the tag of jane's variant" in f for f in r.flags), r.flags
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "variant mismatch" in summary and "FLAGGED" in summary
