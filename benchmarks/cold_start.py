@@ -13,7 +13,7 @@ a new Colab machine, and the runs alternate within one call so drift on the mach
                             at the start of the call in its own process, for this card and torch version
   whole run, cold/artifact  `labkit train --preset TOP` from starting the process to its result (interpreter,
                             imports, data, compile, all epochs, test accuracy): the student's wait. It starts
-                            tiered (`labkit.tiered`: eager steps until the compiled forward is loaded or, cold,
+                            tiered (`labkit.faststart.tiered`: eager steps until the compiled forward is loaded or, cold,
                             compiled beside the run); `--variant "waiting:env.LABKIT_TIERED=0"` waits for it
   whole run, eager rungs    the same command for the fastest eager rungs (default batch_fused, cudnn_benchmark)
 With --variants (or --variant LABEL:KEY=VALUE,...) each variant times the cold first step with one thing
@@ -25,7 +25,7 @@ artifact=true times the variant's first step with the artifact loaded instead of
 fields or environment variables alone also runs whole with `run` in --parts, cold and with the artifact (its own
 if it changes TrainConfig fields: another top rung). Whole runs record where their wall time went (the train
 record's stages, and what the process took after its result).
-With the artifact, a run takes the rung's forward saved whole (`labkit.precompiled`, written by the artifact's
+With the artifact, a run takes the rung's forward saved whole (`labkit.faststart.precompiled`, written by the artifact's
 build) as `labkit train` does; `--variant "artifact path:env.LABKIT_PRECOMPILED=0"` runs torch.compile on the
 artifact beside it.
 Cold means no torch.compile caches, not no Python bytecode: every process finds torch's .pyc as an install leaves
@@ -56,13 +56,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compile_time as CT  # noqa: E402  (its first_steps: the same timed first steps)
 
-from labkit import compile_artifacts as CA  # noqa: E402
-from labkit import cudnn_warmup as CW  # noqa: E402
 from labkit import data as D  # noqa: E402
-from labkit import precompiled as P  # noqa: E402
 from labkit import train as T  # noqa: E402
 from labkit.bench import save_result  # noqa: E402
 from labkit.env import LabkitError, bytecode_status, pick_device  # noqa: E402
+from labkit.faststart import compile_artifacts as CA  # noqa: E402
+from labkit.faststart import cudnn_warmup as CW  # noqa: E402
+from labkit.faststart import precompiled as P  # noqa: E402
 
 EAGER = ["batch_fused", "cudnn_benchmark"]
 # Directions of issue 26 for a faster cold compile, each a change the child applies before compiling.

@@ -14,7 +14,7 @@ them at once:
             setup (interpreter, imports, CUDA, the model), its first step (the compile), and its age at the end;
             the group's wall time runs from starting the processes to the last one's exit.
   saved     a new process starts K builders first thing, each compiling one region ahead of time and saving it
-            (torch's aot_compile, as labkit.precompiled saves the whole forward); meanwhile it sets up the model
+            (torch's aot_compile, as labkit.faststart.precompiled saves the whole forward); meanwhile it sets up the model
             and data and imports dynamo, then loads the K files and takes 3 steps through them: what a run
             compiling its forward in K children would wait for. Its first step counts from its setup's end, as
             `labkit train`'s does; every mark is the process's age. (--parts compile,saved)
@@ -30,7 +30,7 @@ them at once:
             rounds: what the cuts cost once everything is compiled.
 K=1 is the whole model: the baseline of every part, in the same call. The groups alternate over --repeats rounds,
 and the record is saved after each, so a call cut short keeps what it measured. A probe: labkit compiles the
-whole model (tiered start compiles it beside the run, labkit.tiered). Every process finds torch's bytecode as an
+whole model (tiered start compiles it beside the run, labkit.faststart.tiered). Every process finds torch's bytecode as an
 install leaves it (cold_start.py's --bytecode installed). On a machine without a CUDA GPU nothing is measured.
 """
 
@@ -122,13 +122,13 @@ def child_compile(k: int, i: int, batch: int, device: str, record: str) -> int:
 
 
 def child_build(k: int, i: int, batch: int, device: str, path: str, record: str) -> int:
-    """Region i of a k-way split compiled ahead of time and saved to `path`, as `labkit.precompiled` builds the
+    """Region i of a k-way split compiled ahead of time and saved to `path`, as `labkit.faststart.precompiled` builds the
     whole forward (torch's aot_compile, the rung's autocast inside); leaves at once once saved."""
     import torch
     import torch._dynamo.config as dynamo_config
 
-    from labkit import precompiled as P
     from labkit.env import process_age_s
+    from labkit.faststart import precompiled as P
     dev = torch.device(device)
     model = build(dev)
     region, x = regions(model, k)[i], region_input(k, i, dev, batch)
@@ -199,8 +199,8 @@ def child_saved(k: int, batch: int, device: str, record: str) -> int:
     t_built = time.perf_counter()
     out = {"k": k, "spawned_s": age(t_spawned), "setup_s": age(t_setup), "dynamo_s": age(t_dynamo),
            "built_s": age(t_built), "builders": _builder_records(folder, codes)}
-    from labkit import precompiled as P
     from labkit import train as T
+    from labkit.faststart import precompiled as P
     cfg = T.preset("muon")
     fns = []
     for i in range(k):

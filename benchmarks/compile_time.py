@@ -36,8 +36,8 @@ COMPILED = [n for n in T.RUNG_NAMES if T.preset(n).compile]
 
 def first_steps(cfg: T.TrainConfig, dev, ds: D.ImageData, steps: int, warmup=None, precompiled=None) -> dict:
     """Seconds of the first step and of the first `steps` steps (one epoch, no evaluation); `warmup`: a cuDNN
-    warm-up the caller started (`labkit.cudnn_warmup.start`), reported as `cudnn_warmup`; `precompiled`: the
-    forward loaded from its file (`labkit.precompiled.load`) instead of torch.compile."""
+    warm-up the caller started (`labkit.faststart.cudnn_warmup.start`), reported as `cudnn_warmup`; `precompiled`: the
+    forward loaded from its file (`labkit.faststart.precompiled.load`) instead of torch.compile."""
     cfg = T.with_changes(cfg, epochs=1, max_steps=steps, evaluate=False)
     synchronize(dev)
     t0 = time.perf_counter()

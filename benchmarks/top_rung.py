@@ -213,7 +213,7 @@ def conv_shape_times(dev, batch: int) -> list[dict]:
     cuDNN autotuned): forward, input gradient (where training computes it) and weight gradient, each alone, with
     how many times the step runs it.
     """
-    from labkit import cudnn_warmup as CW
+    from labkit.faststart import cudnn_warmup as CW
 
     calls = CW.conv_calls(T.with_changes(T.preset("muon"), batch_size=batch))
     rows = []

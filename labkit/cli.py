@@ -40,7 +40,7 @@ COMMANDS: dict[str, Command] = {
     "ladder": Command("labkit.train", "run the ResNet-18 optimization ladder and write a table, JSON and chart",
                       {"json": "file", "out": "dir"}, ("list",)),
     "train": Command("labkit.train", "train ResNet-18 with one ladder preset (and overrides)", {"json": "file"}),
-    "compile-cache": Command("labkit.warmstart", "save torch.compile's work once per card and torch "
+    "compile-cache": Command("labkit.faststart.warmstart", "save torch.compile's work once per card and torch "
                                                          "version, or show whether this machine has it"),
     "ddp": Command("labkit.ddp", "train a ladder rung on several processes with DistributedDataParallel",
                    {"json": "file", "profile": "dir"}),

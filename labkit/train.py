@@ -23,13 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from labkit import compile_artifacts as CA
-from labkit import cudnn_warmup as CW
 from labkit import data as D
+from labkit import faststart, report
 from labkit import gpu_power as GP
-from labkit import precompiled as P
-from labkit import report
-from labkit import tiered as TI
 from labkit.bench import MachineLoad, synchronize
 from labkit.env import LabkitError, environment, native_bf16, pick_device, process_age_s, torch_switches
 from labkit.models import resnet18, train_flops_per_image
@@ -284,14 +280,19 @@ def evaluate(model: torch.nn.Module, ds: D.ImageData, cfg: TrainConfig, device: 
     return correct.item() / len(y_all)
 
 
+def micro_batch(cfg: TrainConfig, world_size: int = 1) -> int:
+    """Images per forward call: the batch split across ranks (`world_size` processes) and accumulation steps."""
+    return cfg.batch_size // world_size // cfg.accumulation
+
+
 def peak_lr(cfg: TrainConfig) -> float:
     """The learning rate at the top of the schedule: cfg.lr (given for batch 128) scaled to cfg.batch_size."""
     return cfg.lr * (cfg.batch_size / 128 if cfg.lr_scaling == "linear" else math.sqrt(cfg.batch_size / 128))
 
 
 def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D.ImageData | None = None,
-          peak_tflops: float | None = None, progress=None, on_step=None, warmup: CW.Warmup | None = None,
-          precompiled=None, tier=None, read_power: bool = True) -> dict:
+          peak_tflops: float | None = None, progress=None, on_step=None, warmup=None, precompiled=None, tier=None,
+          read_power: bool = True) -> dict:
     """Train ResNet-18 as `cfg` says and return a result record.
 
     Record keys: img_per_s (steady state: epochs after the first, data loading and augmentation included),
@@ -302,19 +303,20 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     NVML).
     `progress` (a tqdm bar) and `on_step(steps_done)` (e.g. a profiler's `step`) are called after each step;
     the step's phases carry record_function labels: data, forward, backward, optimizer.
-    `warmup`: a cuDNN warm-up the caller started for `cfg` (`labkit.cudnn_warmup.start`) so that it overlaps the
-    caller's own loading too; without one, one starts here where it applies. Its report is `cudnn_warmup`.
-    `precompiled`: the compiled forward loaded from its file (`labkit.precompiled.load`), run instead of
-    torch.compile; the record's `precompiled` says whether it was. `tier`: a compiled forward on its way
-    (`labkit.tiered.start`), the steps eager until it is ready; the caller closes it and records its report.
+    `warmup`, `precompiled`, `tier`: what the caller's fast start readied (`labkit.faststart.start`, passed as its
+    `train_args()`). `warmup`: a cuDNN warm-up started for `cfg` so that it overlaps the caller's own loading too;
+    without one, one starts here where it applies. Its report is `cudnn_warmup`. `precompiled`: the compiled
+    forward loaded from its file, run instead of torch.compile; the record's `precompiled` says whether it was.
+    `tier`: a compiled forward on its way, the steps eager until it is ready; the caller closes it and records its
+    report.
     `read_power=False` leaves the GPU's clock and power unread (gpu_power None): for a caller reading them itself,
     such as `labkit.profiling.profile_steps`, since a second NVML thread would only add to the step it measures.
     """
     t_start = time.perf_counter()
     dev = pick_device(device)
     check_config(cfg, dev)
-    if warmup is None:
-        warmup = CW.start(cfg, dev, world()[1])  # cuDNN times backward convolutions while the data and model load
+    if warmup is None:  # cuDNN times backward convolutions while the data and model load, where cfg asks for it
+        warmup = faststart.start(cfg, dev, graph_key(cfg), world_size=world()[1]).warmup
     if dataset is None:
         dataset = D.load(cfg.data, cfg.n_train, cfg.n_test, seed=0)
     ds = dataset.subset(cfg.n_train, cfg.n_test)
@@ -392,23 +394,12 @@ def graph_key(cfg: TrainConfig) -> dict:
     return {f: getattr(cfg, f) for f in GRAPH_FIELDS}
 
 
-def precompile(cfg: TrainConfig, dev: torch.device, dataset: D.ImageData, folder=None, say=print):
-    """Compile `cfg`'s forward (and backward) for its micro-batch and save it whole for later runs
-    (`labkit.precompiled`); returns the file, or None with one line saying why. Compiles nothing else."""
-    model, _, _ = _build_model(cfg, dataset.num_classes, dev)
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    image = D.to_nchw_uint8(dataset.x_train[:1], dev).shape[1:]  # the step's input: normalized float32, this shape
-    x = torch.zeros((CW.micro_batch(cfg, world()[1]), *image), device=dev).contiguous(memory_format=fmt)
-    with _switches(cfg):
-        return P.build(cfg, model.train(), x, graph_key(cfg), folder, say=say)
-
-
 def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, lr: float, steps_total: int,
                dev: torch.device, precompiled=None, tier=None):
     """The optimizer step as a function step(x, y) -> the first micro-batch's loss (on the device).
 
     Holds the optimizer, the warm-up-then-linear-decay schedule, the fp16 GradScaler, checkpointing and
-    torch.compile, or `precompiled` (`labkit.precompiled.load`) in its place, or `tier` (`labkit.tiered.start`):
+    torch.compile, or `precompiled` (a saved forward, `labkit.faststart`) in its place, or `tier` (one on its way):
     eager until its forward is ready, then that forward. Its phases carry record_function labels, which cost
     next to nothing without a profiler and let labkit.profiling split the step.
     """
@@ -426,7 +417,7 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
     elif cfg.compile and tier is None:
         # static shapes: the batch never changes (partial batches are dropped), so no dynamic-shape kernels
         fwd = torch.compile(fwd, mode=None if cfg.compile == "default" else cfg.compile, dynamic=False)
-    micro = CW.micro_batch(cfg, world()[1])
+    micro = micro_batch(cfg, world()[1])
     compiled = tier is None  # with a tier: from the step that switches
 
     def update(x, y, fwd):
@@ -475,8 +466,8 @@ def _make_step(cfg: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, l
 
 
 def _loaded_forward(fn, model: torch.nn.Module, dev: torch.device):
-    """fwd(x) calling a loaded compiled forward f(model, x) (`labkit.precompiled`): outside the step's autocast,
-    as at its build (its own autocast is inside it and its guards check that); a guard failure is a clear error."""
+    """fwd(x) calling a loaded compiled forward f(model, x) (`labkit.faststart.precompiled`): outside the step's
+    autocast, as at its build (its own autocast is inside it and its guards check that); a guard failure is a clear error."""
     def fwd(x):
         with torch.autocast(dev.type, enabled=False):
             try:
@@ -1108,19 +1099,20 @@ def add_cli(sub) -> None:
                         "(writes ablation.json, .md, .png)")
     p.add_argument("--top", help="the rung to ablate from (default: the highest this device runs)")
     p.add_argument("--drop", help="comma-separated changes to leave out one at a time (default: every one)")
-    CA.add_flag(p)
+    faststart.add_flag(p)
     p.set_defaults(func=_cli_ladder)
 
     t = sub.add_parser("train", help="train ResNet-18 with one ladder preset (and overrides)",
                        epilog="A compiled preset trains eager until its compiled forward is loaded (or, on a GPU "
-                              "with none saved, compiled beside the run), then switches to it (labkit.tiered); "
+                              "with none saved, compiled beside the run), then switches to it "
+                              "(labkit.faststart.tiered); "
                               "LABKIT_TIERED=0 waits for it before the first step instead.")
     t.add_argument("--preset", default="baseline", help=f"ladder rung: {', '.join(RUNG_NAMES)}")
     t.add_argument("--quick", action="store_true", help="small CPU-sized run")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     t.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
     t.add_argument("--json", metavar="PATH", help="write the result record here")
-    CA.add_flag(t)
+    faststart.add_flag(t)
     t.set_defaults(func=_cli_train)
 
 
@@ -1143,7 +1135,7 @@ def _cli_ladder(args) -> int:
         raise LabkitError("--repeats must be >= 1")
     # a bad --top or --drop fails here, before anything loads
     plan = ladder_plan(dev, quick, names, args.epochs, args.data, None, args.repeats, args.ablation, args.top, drop)
-    CA.load_for_cli(args, dev, [graph_key(c) for c in plan.rungs if c.compile])
+    faststart.load_artifact(args, dev, [graph_key(c) for c in plan.rungs if c.compile])
     result = run_ladder(dev, quick=quick, names=names, epochs=args.epochs, data=args.data, out=args.out,
                         repeats=args.repeats, ablation=args.ablation, top=args.top, drop=drop)
     if args.json:
@@ -1166,28 +1158,20 @@ def _cli_train(args) -> int:
                  if dev.type == "cuda" else "a CPU trains bf16 rungs in its default precision"))
     cfg = with_changes(fitted, **parse_sets(args.set))
     check_config(cfg, dev)
-    tiered = not args.no_compile_cache and TI.applies(cfg, dev, world()[1])
-    if cfg.cudnn_warmup is None:  # it shortened the tiered top rung's whole run; elsewhere it was within noise
-        cfg = with_changes(cfg, cudnn_warmup=tiered)
-    warmup = CW.start(cfg, dev, world()[1])  # cuDNN times backward convolutions while the artifact, data and model load
-    t_cache = time.perf_counter()
-    pre = tier = loaded = None
-    if tiered:  # eager steps while the compiled forward loads or compiles beside the run
-        tier = TI.start(cfg, dev, graph_key(cfg), world_size=world()[1])
+    # the cold start (labkit.faststart): cuDNN warm-up, then the saved forward, the tiered start or the artifact
+    cold = faststart.start(cfg, dev, graph_key(cfg), args, world_size=world()[1])
+    cfg = cold.cfg
     try:
-        if tier is None:  # the saved forward needs no artifact: nothing else in the run compiles
-            pre = None if args.no_compile_cache else P.load(cfg, dev, graph_key(cfg), world_size=world()[1])
-            loaded = None if pre else CA.load_for_cli(args, dev, [graph_key(cfg)] if cfg.compile else [])
         t_train = time.perf_counter()
-        rec = train(cfg, dev, warmup=warmup, precompiled=pre, tier=tier)
+        rec = train(cfg, dev, **cold.train_args())
     finally:
-        tier_report = tier.close() if tier is not None else None
+        tier_report = cold.close()
     rec["tiered"] = tier_report
-    rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": t_cache - t0,
-                       "compile_cache_load": t_train - t_cache, **rec.get("stages_s", {})}
+    rec["stages_s"] = {"process_before_command": process_age_s(t0), "device_and_config": cold.loading_began - t0,
+                       "compile_cache_load": t_train - cold.loading_began, **rec.get("stages_s", {})}
     power = GP.describe(rec.get("gpu_power"))
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
           f"accuracy {rec['accuracy']}" + (f" (steady epochs at {power})" if power else ""))
     if args.json:
-        write_json(args.json, {"kind": "train", "env": environment(device=dev), "compile_cache": loaded, **rec})
+        write_json(args.json, {"kind": "train", "env": environment(device=dev), "compile_cache": cold.compile_cache, **rec})
     return 0

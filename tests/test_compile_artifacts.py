@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import compile_artifacts as CA
-from labkit import precompiled as P
 from labkit import train as T
-from labkit import warmstart
 from labkit.bench import compile_cache, unwritable
 from labkit.env import LabkitError
+from labkit.faststart import compile_artifacts as CA
+from labkit.faststart import precompiled as P
+from labkit.faststart import warmstart
 
 
 @pytest.fixture
@@ -271,7 +271,7 @@ def test_a_built_artifact_names_the_graphs_it_holds_as_the_training_commands_wil
     --set finds its graph there and loads without compile workers."""
     trained, precompiled = [], []
     monkeypatch.setattr(T, "train", lambda cfg, dev, dataset=None: trained.append(cfg))
-    monkeypatch.setattr(T, "precompile", lambda cfg, dev, ds, folder, say: precompiled.append((cfg, folder)))
+    monkeypatch.setattr(warmstart, "precompile", lambda cfg, dev, ds, folder, say: precompiled.append((cfg, folder)))
     path = warmstart.build("cpu", ["compile"], folder=tmp_path, sets=["batch_size=32", "epochs=9"],
                            log=lambda msg: None)
     header, _ = CA._unpack(path.read_bytes())

@@ -1,9 +1,9 @@
-"""labkit.cudnn_warmup: the convolutions it times, when it runs, and that it never fails or changes a run."""
+"""labkit.faststart.cudnn_warmup: the convolutions it times, when it runs, and that it never fails or changes a run."""
 
 import torch
 import torch.nn.functional as F
 
-from labkit import cudnn_warmup as CW
+from labkit.faststart import cudnn_warmup as CW
 from labkit.presets import preset, with_changes
 from labkit.train import train
 

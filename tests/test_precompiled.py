@@ -1,4 +1,4 @@
-"""The compiled forward saved whole (labkit.precompiled): built once, loaded instead of traced; anything wrong
+"""The compiled forward saved whole (labkit.faststart.precompiled): built once, loaded instead of traced; anything wrong
 means torch.compile with the artifact, said once."""
 
 import copy
@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from labkit import compile_artifacts as CA
-from labkit import precompiled as P
 from labkit import train as T
 from labkit.bench import compile_cache
 from labkit.env import LabkitError
+from labkit.faststart import compile_artifacts as CA
+from labkit.faststart import precompiled as P
 
 CPU = torch.device("cpu")
 needs_aot = pytest.mark.skipif(not P.supported(), reason="this torch cannot save compiled functions")

@@ -1,4 +1,4 @@
-"""The tiered start (labkit.tiered): eager steps while the compiled forward loads or compiles beside the run, one
+"""The tiered start (labkit.faststart.tiered): eager steps while the compiled forward loads or compiles beside the run, one
 switch once it is ready, and nothing left behind: a child that is still compiling when the run ends is stopped,
 its compile workers with it."""
 
@@ -14,12 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from labkit import compile_artifacts as CA
-from labkit import precompiled as P
-from labkit import tiered as TI
 from labkit import train as T
 from labkit.bench import compile_cache
 from labkit.env import LabkitError
+from labkit.faststart import compile_artifacts as CA
+from labkit.faststart import cudnn_warmup as CW
+from labkit.faststart import precompiled as P
+from labkit.faststart import tiered as TI
 
 CPU = torch.device("cpu")
 GRAPH = {"graph": 1}
@@ -104,7 +105,7 @@ def test_without_a_file_a_child_compiles_it_and_the_run_loads_what_it_saved(tmp_
     header = {"card": CA.card(CPU), "torch": torch.__version__, "graph": GRAPH, "code": P.code_version()}
     monkeypatch.setattr(TI, "CHILD", _child_script(tmp_path, f"""
         from pathlib import Path
-        from labkit import compile_artifacts as CA, precompiled as P
+        from labkit.faststart import compile_artifacts as CA, precompiled as P
         from labkit.presets import TrainConfig
         assert TrainConfig(**spec["config"]).name == {cfg.name!r} and spec["device"] == "cpu"
         header = {{**{header!r}, "bytes": 5, "sha256": __import__("hashlib").sha256(b"saved").hexdigest()}}
@@ -201,16 +202,16 @@ def test_where_the_tiered_start_applies(monkeypatch):
 
 
 def test_the_childs_config_is_the_runs(monkeypatch):
-    from labkit import warmstart
+    from labkit.faststart import warmstart
 
     built = []
     monkeypatch.setattr(os, "nice", lambda n: None)
     monkeypatch.setattr(CA, "load", lambda dev, folder, graphs, say: built.append(("artifact", folder, graphs)))
-    monkeypatch.setattr(T, "precompile", lambda cfg, dev, ds, folder: built.append((cfg, dev, ds.num_classes, folder)))
+    monkeypatch.setattr(warmstart, "precompile", lambda cfg, dev, ds, folder: built.append((cfg, dev, ds.num_classes, folder)))
     cfg = T.preset("muon")
     spec = json.loads(json.dumps({"config": asdict(cfg), "device": "cpu", "graph": T.graph_key(cfg),
                                   "folder": "/out", "artifact_folder": "/art"}))
-    assert TI.CHILD[-2:] == ["-m", "labkit.warmstart"]
+    assert TI.CHILD[-2:] == ["-m", "labkit.faststart.warmstart"]
     assert warmstart.build_forward(spec) == 1  # precompile returned nothing: exit 1, the run stays eager
     assert built == [("artifact", "/art", [T.graph_key(cfg)]), (cfg, CPU, 10, "/out")]
 
@@ -277,7 +278,7 @@ def test_the_cudnn_warmup_is_on_where_labkit_train_starts_tiered_unless_set(monk
     monkeypatch.setattr(TI, "start", lambda *a, **k: None)
     monkeypatch.setattr(CA, "load_for_cli", lambda *a: None)
     warmed = []
-    monkeypatch.setattr(T.CW, "start", lambda cfg, dev, world_size=1: warmed.append(cfg.cudnn_warmup))
+    monkeypatch.setattr(CW, "start", lambda cfg, dev, world_size=1: warmed.append(cfg.cudnn_warmup))
     monkeypatch.setattr(T, "train", lambda cfg, dev, **kw: {"img_per_s": 1.0, "final_loss": 2.0, "accuracy": None})
     for tiered, sets, want in ((True, [], True), (True, ["cudnn_warmup=false"], False), (False, [], False),
                                (False, ["cudnn_warmup=true"], True)):

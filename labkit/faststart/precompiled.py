@@ -3,7 +3,7 @@
     labkit compile-cache --build        # also writes <card>-torch<version>.<graph>.forward per compiled rung
     labkit train --preset muon          # runs the rung's forward from that file when one fits
 
-The compile-cache artifact (`labkit.compile_artifacts`) holds inductor's graphs and kernels, but torch.compile
+The compile-cache artifact (`labkit.faststart.compile_artifacts`) holds inductor's graphs and kernels, but torch.compile
 still traces the model with dynamo in the first step to find them: it runs the model's Python symbolically, builds
 guards and looks the graph up, 2.4-2.7 s of the top rung's first step (cold_start_bytecode.json).
 `torch.compile(fn, fullgraph=True).aot_compile(example)` does all of that once and returns a callable, forward and
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from labkit import compile_artifacts as CA
 from labkit.env import error_line, git_commit
+from labkit.faststart import compile_artifacts as CA
 from labkit.presets import GRAPH_MODES, TrainConfig
 
 MAGIC = b"labkit precompiled forward v1\n"  # then one line of JSON (the header), then torch's saved function
@@ -91,7 +91,7 @@ def supported() -> bool:
 
 def loadable() -> bool:
     """Whether this torch can load a saved compiled function: asked without importing dynamo (seconds), which
-    a run that loads one imports beside its training (`labkit.tiered`)."""
+    a run that loads one imports beside its training (`labkit.faststart.tiered`)."""
     return hasattr(torch.compiler, "load_compiled_function")
 
 

@@ -3,7 +3,7 @@
     labkit train --preset muon            # eager steps until the rung's compiled forward is ready, then it
     LABKIT_TIERED=0 labkit train ...      # load or compile before the first step instead, as the ladder does
 
-A compiled rung's first step waits for its compiled forward: seconds to load the saved one (`labkit.precompiled`:
+A compiled rung's first step waits for its compiled forward: seconds to load the saved one (`labkit.faststart.precompiled`:
 torch's compiler modules, the graph, its kernels) and tens of seconds to compile it on a machine with nothing
 cached. The model, its optimizer and the data are the same whichever forward runs, and the compiled forward
 computes what the eager one does (to rounding), so the steps before it is ready run eager and the run switches
@@ -11,8 +11,8 @@ at the next step after. A student's command then trains from its first second, a
 how many steps ran each way, when the forward was ready and what the step that switched cost.
 
 Where the forward comes from:
-- its saved file (`labkit.precompiled.find`), loaded in a thread of this process;
-- no usable file, on a GPU: a child process (`python -m labkit.warmstart`, at low priority) compiles it, with the
+- its saved file (`labkit.faststart.precompiled.find`), loaded in a thread of this process;
+- no usable file, on a GPU: a child process (`python -m labkit.faststart.warmstart`, at low priority) compiles it, with the
   compile-cache artifact if there is one, and saves it in the compile-cache folder, where this run's thread
   loads it and every later run finds it. A run that ends first stops the child, with one line saying so.
 On a CPU the training has no cores to spare for either: the run loads or compiles before its first step, as before.
@@ -43,16 +43,16 @@ from pathlib import Path
 
 import torch
 
-from labkit import compile_artifacts as CA
-from labkit import precompiled as P
 from labkit.bench import unwritable
 from labkit.env import error_line
+from labkit.faststart import compile_artifacts as CA
+from labkit.faststart import precompiled as P
 from labkit.presets import GRAPH_MODES, TrainConfig
 
 ENV = "LABKIT_TIERED"  # "0": no eager start (load or compile before the first step)
 STOP_WAIT_S = 10.0     # how long a stopped child gets to exit before it is killed
-# the compiling child's command (`labkit.warmstart.build_forward`), its spec (JSON) appended
-CHILD = [sys.executable, "-m", "labkit.warmstart"]
+# the compiling child's command (`labkit.faststart.warmstart.build_forward`), its spec (JSON) appended
+CHILD = [sys.executable, "-m", "labkit.faststart.warmstart"]
 
 
 class Tier:
@@ -64,7 +64,7 @@ class Tier:
         self.source: str | None = None    # the forward in use: "saved forward" (a file), "compiled beside the run"
         self.ready_s: float | None = None  # seconds from `start` to the forward being ready
         self.import_s: float | None = None  # of which importing torch's compiler modules (dynamo)
-        self.load_s: float | None = None   # and loading the saved file (`labkit.precompiled.load_found`)
+        self.load_s: float | None = None   # and loading the saved file (`labkit.faststart.precompiled.load_found`)
         self.eager_steps = 0
         self.compiled_steps = 0
         self.switch_step_s: float | None = None  # the first compiled step's seconds (CUDA graph capture, ...)
@@ -209,7 +209,7 @@ def _stop(child: subprocess.Popen) -> None:
 
 
 def applies(cfg: TrainConfig, device: torch.device, world_size: int = 1) -> bool:
-    """Whether a run of `cfg` starts eager: a compiled forward that can be saved (`labkit.precompiled.applies`),
+    """Whether a run of `cfg` starts eager: a compiled forward that can be saved (`labkit.faststart.precompiled.applies`),
     on a GPU (a CPU's training has no cores to spare for loading or compiling beside it: measured there, the
     eager steps and the load slowed each other so that the run took as long as waiting), LABKIT_TIERED not 0."""
     return os.environ.get(ENV, "1") != "0" and device.type == "cuda" and P.applies(cfg, device, world_size)

@@ -18,7 +18,7 @@ When the artifact was built for every graph a command compiles, inductor compile
 starting its pool of compile workers, which would have nothing to compile and would hold up the exit
 (`TORCHINDUCTOR_COMPILE_THREADS=N` keeps N workers).
 
-The build also saves each compiled rung's forward whole, dynamo's trace included (`labkit.precompiled`), which
+The build also saves each compiled rung's forward whole, dynamo's trace included (`labkit.faststart.precompiled`), which
 `labkit train` runs instead of torch.compile where it fits.
 Whatever goes wrong falls back to compiling as if there were no artifact, with one line saying why: a file that
 cannot be read, one built for another card or torch (stale), one whose bytes do not check out (corrupt), a

@@ -1,9 +1,9 @@
 """Warm starts: compile the ladder's compiled rungs once and save that work as this card's artifact.
 
 `labkit compile-cache --build` runs the first steps of each compiled rung from an empty cache folder, so every
-graph and kernel is compiled and recorded, and saves them with `labkit.compile_artifacts` (the file format,
+graph and kernel is compiled and recorded, and saves them with `labkit.faststart.compile_artifacts` (the file format,
 loading and its fallbacks live there); `labkit ladder` and `labkit train` load the artifact before training.
-Beside it goes each rung's forward saved whole (`labkit.precompiled`), which `labkit train` runs instead.
+Beside it goes each rung's forward saved whole (`labkit.faststart.precompiled`), which `labkit train` runs instead.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from labkit import compile_artifacts as CA
-from labkit import precompiled as P
 from labkit.bench import compile_cache, unwritable
 from labkit.env import LabkitError, pick_device
+from labkit.faststart import compile_artifacts as CA
+from labkit.faststart import precompiled as P
 
 
 def build(device=None, names: list[str] | None = None, *, quick: bool = False, steps: int = 3,
@@ -64,15 +64,31 @@ def build(device=None, names: list[str] | None = None, *, quick: bool = False, s
     return saved
 
 
-def _precompile(configs, dev, ds, folder, log) -> None:
-    """Save each rung's compiled forward whole beside the artifact (`labkit.precompiled`), where it applies."""
+def precompile(cfg, dev, dataset, folder=None, say=print):
+    """Compile `cfg`'s forward (and backward) for its micro-batch on `dev` and save it whole for later runs
+    (`labkit.faststart.precompiled`); returns the file, or None with one line saying why. Compiles nothing else.
+    `dataset` (a `labkit.data.ImageData`) gives the image shape and classes; the model is the one `train()` builds,
+    under its switches."""
+    import torch
+
+    from labkit import data as D
     from labkit import train as T
 
+    model, _, _ = T._build_model(cfg, dataset.num_classes, dev)
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    image = D.to_nchw_uint8(dataset.x_train[:1], dev).shape[1:]  # the step's input: normalized float32, this shape
+    x = torch.zeros((T.micro_batch(cfg, T.world()[1]), *image), device=dev).contiguous(memory_format=fmt)
+    with T._switches(cfg):
+        return P.build(cfg, model.train(), x, T.graph_key(cfg), folder, say=say)
+
+
+def _precompile(configs, dev, ds, folder, log) -> None:
+    """Save each rung's compiled forward whole beside the artifact (`labkit.faststart.precompiled`), where it applies."""
     for cfg in configs:
         if not P.applies(cfg, dev):
             continue
         t0 = time.perf_counter()
-        path = T.precompile(cfg, dev, ds, folder, say=log)
+        path = precompile(cfg, dev, ds, folder, say=log)
         if path:
             log(f"compile cache: wrote {path.name} for {cfg.name} in {time.perf_counter() - t0:.1f} s "
                 f"({path.stat().st_size / 1e6:.1f} MB)")
@@ -104,14 +120,15 @@ def _cli(a) -> int:
         print(f"  {header['bytes'] / 1e6:.1f} MB, built {header.get('built')} at commit "
               f"{str(header.get('git_commit'))[:12]} for rungs {rungs}")
         saved = sorted(CA.artifact_path(dev, a.dir).parent.glob(f"{CA.artifact_stem(dev)}.*{P.SUFFIX}"))
-        print(f"  {len(saved)} precompiled forward(s) beside it (labkit.precompiled)"
+        print(f"  {len(saved)} precompiled forward(s) beside it (labkit.faststart.precompiled)"
               + ("" if P.loadable() else ": this torch cannot load them"))
     return 0 if state == "ok" else 1
 
 
 def build_forward(spec: dict) -> int:
-    """`python -m labkit.warmstart SPEC`, the tiered start's child (`labkit.tiered`): compile the forward of SPEC's
-    config and save it in SPEC's folder, with the artifact's graphs if there are any. Exit 0 when saved."""
+    """`python -m labkit.faststart.warmstart SPEC`, the tiered start's child (`labkit.faststart.tiered`): compile
+    the forward of SPEC's config and save it in SPEC's folder, with the artifact's graphs if there are any. Exit 0
+    when saved."""
     import torch
 
     from labkit import data as D
@@ -121,7 +138,7 @@ def build_forward(spec: dict) -> int:
     cfg, dev = T.TrainConfig(**spec["config"]), torch.device(spec["device"])
     CA.load(dev, spec["artifact_folder"], graphs=[spec["graph"]], say=lambda m: None)
     ds = D.load(cfg.data, 64, 64, seed=0)  # only its image shape and classes are read
-    return 0 if T.precompile(cfg, dev, ds, spec["folder"]) else 1
+    return 0 if precompile(cfg, dev, ds, spec["folder"]) else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Measured on an H100 with the top rung's artifact, on and off in alternating fres
 of its own filled a cache no step reads (`benchmarks/results/cold_start_warmup_thread.json`); timing on the
 training thread with the artifact loading beside it shortened the first step but not the whole run
 (`cold_start_warmup_main.json`); this design left both within noise (`cold_start_warmup.json`) where the first
-step waited for the compiled forward. Beside the tiered start (`labkit.tiered`), whose first step runs eager,
+step waited for the compiled forward. Beside the tiered start (`labkit.faststart.tiered`), whose first step runs eager,
 it shortened the whole run in every round (`cold_start_tiered_warmup_rounds.json`), so `TrainConfig.cudnn_warmup`
 is None by default: on where `labkit train` starts tiered, off elsewhere.
 """
