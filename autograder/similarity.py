@@ -37,6 +37,9 @@ _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, token
          tokenize.ENDMARKER}
 _KEEP_NAMES = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | {"self", "cls"}
 _CLOSE = {")", "]", "}"}
+# bytes of one hand-in's module compared at most: a course module is a few KiB, and a MiB of code took ~6 s and
+# ~500,000 tokens to fingerprint (the 2-core test machine), twice (the class, then the known answers)
+MAX_MODULE_BYTES = 1 << 20
 
 
 @dataclass
@@ -328,6 +331,9 @@ def class_files(submissions: str | Path, assignment: str, scratch: Path, lms_reg
                 text = sub.files[py[0]].decode("utf-8", errors="replace")
         if text is None:
             notes.append(f"{sub.student_id}: no student module found ({sub.problem or 'no %%writefile cell'})")
+        elif len(text.encode("utf-8", "replace")) > MAX_MODULE_BYTES:
+            notes.append(f"{sub.student_id}: its module is {len(text.encode('utf-8', 'replace')) / 2**20:.1f} MiB, "
+                         f"over {MAX_MODULE_BYTES // 2**20} MiB: not compared (read it yourself)")
         else:
             files[sub.student_id] = text
     return files, notes

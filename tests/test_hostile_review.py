@@ -354,3 +354,23 @@ def test_a_lab_3_variant_mix_up_through_an_lms_zip_is_a_verdict_for_a_person(tmp
     assert any("carries the tag of jane's variant" in f for f in r.flags), r.flags
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert "variant mismatch" in summary and "FLAGGED" in summary
+
+
+def test_one_huge_module_does_not_hold_up_the_class_similarity_report(tmp_path):
+    """Intake takes a 50 MiB notebook; fingerprinting took ~6 s and ~500,000 tokens a MiB of module (measured on
+    the 2-core test machine), so one hand-in writing 40 MiB of code held the tool for minutes, twice (the class,
+    then the known answers), and took GiBs. A module far larger than any course module is named, not compared."""
+    import nbformat
+
+    from autograder import similarity
+
+    subs = tmp_path / "subs"
+    for sid, body in (("ann", "def total(xs):\n    return sum(x * x for x in xs)\n"),
+                      ("huge", "x = y + 1\n" * (similarity.MAX_MODULE_BYTES // 10 + 1))):
+        (subs / sid).mkdir(parents=True)
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"%%writefile pipeline.py\n{body}")])
+        nbformat.write(nb, subs / sid / f"{rehearsal.TOY_ID}.ipynb")
+    t0 = time.monotonic()
+    files, notes = similarity.class_files(subs, rehearsal.TOY_ID, tmp_path / "scratch")
+    assert set(files) == {"ann"} and any(n.startswith("huge: its module is") and "not compared" in n for n in notes)
+    assert time.monotonic() - t0 < 30
