@@ -229,8 +229,12 @@ def assemble(stage: Path, *, root: Path = ROOT, course: Path | None = None) -> N
     course = Path(course or root / "assignments")
     for p in sorted((root / "notebooks").glob("*.ipynb")):
         _student_notebook(p, stage / "notebooks" / p.name, root)
-    for p in sorted((root / "labkit").glob("*.py")):
-        _copy(p, stage / "labkit" / p.name)
+    # labkit/faststart (the top rung's fast start) ships, deliberately: `labkit train` imports it for its cold start
+    # (a compiled rung on a GPU starts tiered), `labkit ladder` loads the compile-cache artifact through it and
+    # `labkit compile-cache` is its command, so without it neither the student's train nor ladder would run, and the
+    # top rung would not start as the recorded results (cold_start_tiered_final) say it does.
+    for p in sorted([*(root / "labkit").glob("*.py"), *(root / "labkit" / "faststart").glob("*.py")]):
+        _copy(p, stage / p.relative_to(root))
     for p in _results(root):
         if p.is_dir():
             shutil.copytree(p, stage / "labkit" / "results" / p.name)
