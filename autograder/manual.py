@@ -111,15 +111,22 @@ def cell_note(c: dict) -> str:
 def settle_page(page: str, res, row: dict) -> str:
     """A feedback page written while answers were pending, brought up to date with the instructor's scores
     (`row`: the student's final row): their cells read as graded, and the provisional note goes once none is
-    pending."""
+    pending. Only the grader's summary box is rewritten (found by position, right after <body>, as
+    report.feedback_page puts it): the student's own notebook below may quote either line, and stays as written."""
+    m = re.search(r"<body[^>]*>", page)
+    start = m.end() if m else 0
+    if not page.startswith("<div id='labkit-grade-summary'", start):
+        return page
+    end = page.index("</div>", start) + len("</div>")  # the box holds no other div: all its text is escaped
+    box = page[start:end]
     given = row.get("manual_scores") or {}
     for c in res.cells:
         if c.get("manual") and c["cell"] in given:
-            page = page.replace(f"{c['cell']}: {cell_note(dict(c, needs_manual=True))}",
-                                f"{c['cell']}: {cell_note(dict(c, needs_manual=False, source=SOURCE, score=given[c['cell']]))}")
+            box = box.replace(f"{c['cell']}: {cell_note(dict(c, needs_manual=True))}",
+                              f"{c['cell']}: {cell_note(dict(c, needs_manual=False, source=SOURCE, score=given[c['cell']]))}")
     if not row.get("provisional"):
-        page = re.sub(r"<p><b>Provisional:</b>.*?</p>", "", page, flags=re.S)
-    return page
+        box = re.sub(r"<p><b>Provisional:</b>.*?</p>", "", box, flags=re.S)
+    return page[:start] + box + page[end:]
 
 
 # ------------------------------------------------------------------------------------------------ scores in

@@ -374,3 +374,22 @@ def test_one_huge_module_does_not_hold_up_the_class_similarity_report(tmp_path):
     files, notes = similarity.class_files(subs, rehearsal.TOY_ID, tmp_path / "scratch")
     assert set(files) == {"ann"} and any(n.startswith("huge: its module is") and "not compared" in n for n in notes)
     assert time.monotonic() - t0 < 30
+
+
+def test_settling_a_page_rewrites_the_grader_s_box_never_the_students_own_text():
+    """The LMS bundle brings a page written while answers were pending up to date. It rewrote the cell lines and
+    cut the provisional note wherever they occurred, the student's own notebook included: a student quoting
+    either (or writing <b>Provisional:</b> in an answer) had their text rewritten or cut. Only the box is."""
+    from autograder import grade, manual, report
+
+    cell = dict(CELLS[0], score=0.0, needs_manual=True, source="pending")
+    res = grade.StudentResult(student_id="ann", assignment=rehearsal.TOY_ID, status="graded", max_score=7.0,
+                              score=5.0, cells=[cell], hardware={"class": "cpu", "card": "CPU"})
+    mine = (f"<p>I quoted my box: {WID}: needs manual grading (a written answer worth 2 points)</p>"
+            "<p><b>Provisional:</b> my own heading, kept</p>")
+    page = report.feedback_page(res, f"<html><body><div class='cell'>{mine}</div></body></html>").decode()
+    assert "Provisional:</b> 2 points" in page
+    done = manual.settle_page(page, res, {"manual_scores": {WID: 1.5}, "provisional": False})
+    assert mine in done  # the student's own text, as written
+    box = done[:done.index("<div class='cell'>")]
+    assert f"{WID}: 1.5 of 2, graded by an instructor" in box and "Provisional:" not in box
