@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from labkit.faststart import cudnn_warmup as CW
 from labkit.presets import preset, with_changes
-from labkit.train import train
+from labkit.train import micro_batch, train
 
 TOP = preset("muon")
 
@@ -19,6 +19,8 @@ def test_conv_shapes_are_the_resnet18_steps_distinct_convolutions_at_the_micro_b
     assert [s.input_grad for s in shapes] == [False] + [True] * 10  # no gradient for the image
     assert shapes[0].input == (TOP.batch_size, 3, 32, 32) and shapes[0].weight == (64, 3, 3, 3)
     assert {s.input[0] for s in CW.conv_shapes(with_changes(TOP, accumulation=2), world_size=2)} == {1024}
+    for cfg, world in ((TOP, 1), (with_changes(TOP, accumulation=2), 2), (with_changes(TOP, batch_size=96), 4)):
+        assert CW.micro_batch(cfg, world) == micro_batch(cfg, world)  # the warm-up's micro-batch is the step's
     assert CW.conv_shapes(with_changes(TOP, width=16))[1].weight == (16, 16, 3, 3)
     # matmul_edges: compiled, the stem and the shortcuts are matrix products, but a tiered start's eager steps
     # (where the warm-up runs by default) still run them on cuDNN

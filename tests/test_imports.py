@@ -91,3 +91,45 @@ def test_errors_and_outputs_import_no_torch():
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "matplotlib")}, name
+
+
+def test_labkit_with_its_fast_start_imports_without_a_cycle():
+    """labkit.faststart counted too (a function-level import as well): it may import the core, which never imports
+    it back but through train."""
+    graph = dotted_graph("labkit")
+    assert {"labkit.faststart", "labkit.faststart.tiered", "labkit.faststart.warmstart"} <= set(graph)
+    assert "labkit.faststart.precompiled" in graph["labkit.faststart.tiered"]  # the parser sees its imports
+    assert "labkit.train" in graph["labkit.faststart.warmstart"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_only_train_reaches_the_fast_start_and_only_through_its_entry_points():
+    """The course's modules never import labkit.faststart; train imports the package alone (no submodule) and uses
+    only the names in its __all__; cli names its command's module as a string, imported when that command runs."""
+    graph = dotted_graph("labkit")
+    fast = {m for m in graph if m == "labkit.faststart" or m.startswith("labkit.faststart.")}
+    for m, deps in graph.items():
+        if m not in fast and m != "labkit.train":
+            assert not deps & fast, (m, deps & fast)
+    assert graph["labkit.train"] & fast == {"labkit.faststart"}
+    init = ast.parse((PKG / "faststart" / "__init__.py").read_text())
+    exported = next(ast.literal_eval(n.value) for n in init.body
+                    if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets))
+    used = {n.attr for n in ast.walk(ast.parse((PKG / "train.py").read_text()))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "faststart"}
+    assert "start" in used and used <= set(exported), used - set(exported)
+    from labkit.cli import COMMANDS
+
+    assert COMMANDS["compile-cache"].module == "labkit.faststart.warmstart"
+
+
+def test_importing_the_fast_start_starts_nothing():
+    """No thread, no child process at import: `start` begins the work when a run calls it."""
+    import subprocess
+    import sys
+
+    code = ("import threading, labkit.faststart, labkit.faststart.warmstart, multiprocessing\n"
+            "assert threading.active_count() == 1, threading.enumerate()\n"
+            "assert not multiprocessing.active_children()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
