@@ -538,6 +538,15 @@ def check_layer_bytes(fn) -> str:
                                  f"{measured:,.0f} bytes, you counted {got:,.0f} ({off:+.1%}; tolerance "
                                  f"{LAYER_RTOL:.0%}): {hint}")
         lines.append(f"{off:+.2%}")
+    # the measurement is fp32 only: hold elem_bytes=2 (bf16 activations) to the count, LayerNorm's float32
+    # statistics being within the tolerance
+    cfg, b, n = LAYER_CASES[0]
+    want2 = _reference_layer_bytes(b, n, cfg.d_model, cfg.heads, cfg.mlp_ratio, elem_bytes=2)
+    got2 = float(fn(b, n, cfg.d_model, cfg.heads, mlp_ratio=cfg.mlp_ratio, elem_bytes=2))
+    if abs(got2 / want2 - 1) > LAYER_RTOL:
+        raise AssertionError(f"d_model {cfg.d_model}, {cfg.heads} heads, batch {b}, L {n} at elem_bytes=2 (bf16 "
+                             f"activations): one layer saves about {want2:,.0f} bytes, you counted {got2:,.0f}: "
+                             "multiply the count of saved elements by elem_bytes")
     return (f"within {LAYER_RTOL:.0%} of the saved bytes measured per layer on {len(LAYER_CASES)} configurations "
             f"({', '.join(lines)})")
 
@@ -581,8 +590,11 @@ def check_attention_bf16(fn) -> str:
             "autocast too, so the output is bf16 like every other matmul's")
         want = attention.naive_attention(q, k, v, causal=causal)
         err = (got.float() - want).abs().max().item()
+        hint = ("the plain case passed: with causal=True mask the keys after each query before the softmax, as "
+                "in 3.12" if causal else "the arithmetic is not the attention's: scores / sqrt(head_dim), softmax "
+                "over the keys, @ v")
         assert err <= BF16_ATOL, (f"with causal={causal} the output is up to {err:.3f} away from fp32 attention "
-                                  f"(tolerance {BF16_ATOL:g}): the arithmetic is not the attention's")
+                                  f"(tolerance {BF16_ATOL:g}): {hint}")
         worst = max(worst, err)
     return (f"matmuls in bf16, the softmax in float32, output bf16 within {worst:.1e} of fp32 attention (tolerance "
             f"{BF16_ATOL:g}), plain and causal")
@@ -619,11 +631,16 @@ def check_profile_step(fn) -> str:
         prof = fn(step, active=2)
     assert len(calls) >= 3, (f"step_fn ran {len(calls)} times: run it in a loop, wait + warmup + active times, "
                              "with prof.step() after each call")
-    assert hasattr(prof, "key_averages"), f"return the profiler object itself, not {type(prof).__name__}"
+    assert isinstance(prof, torch.profiler.profile), (
+        f"return the profiler object itself (the `prof` of `with torch.profiler.profile(...) as prof`), not "
+        f"{type(prof).__name__}")
     try:
         read = profiling.read_key_averages(prof)
     except LabkitError as e:
         raise AssertionError(str(e)) from None
+    except (RuntimeError, AssertionError) as e:  # torch's words for a schedule that never reached its active steps
+        raise AssertionError(f"the profiler recorded nothing ({e}): under a schedule it moves from wait to warmup "
+                             "to active only at prof.step(), so call prof.step() after every step_fn()") from None
     assert read["steps"] == 2, (f"the profile recorded {read['steps']} steps, asked for 2: use "
                                 "torch.profiler.schedule(wait=1, warmup=1, active=active) and call prof.step() "
                                 "after every step")

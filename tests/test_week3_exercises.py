@@ -343,6 +343,9 @@ def test_the_layer_count_check_names_the_missing_term():
                         (no_mlp, "GELU saves its input"), (lambda *a, **k: 1.0, "tolerance 1%")):
         with pytest.raises(ex.Wrong, match=message):
             ex.check("3.14", fn, quiet=True)
+    # the measurement is fp32, so a count that ignores elem_bytes is caught at elem_bytes=2
+    with pytest.raises(ex.Wrong, match="multiply the count of saved elements by elem_bytes"):
+        ex.check("3.14", lambda b, n, d, h, mlp_ratio=4, elem_bytes=4: ref(b, n, d, h, mlp_ratio, 4), quiet=True)
     # LayerNorm's statistics are within the stated tolerance: leaving them out still passes
     ex.check("3.14", lambda b, n, d, h, mlp_ratio=4, elem_bytes=4: ref(b, n, d, h, mlp_ratio, elem_bytes) - 16 * b * n,
              quiet=True)
@@ -364,7 +367,11 @@ def test_the_bf16_attention_check_reads_each_ops_dtype():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
+    def plain_only(q, k, v, causal=False):  # causal ignored
+        return ex.reference("3.15")(q, k, v)
+
     for fn, message in ((_attn, "the matmuls ran in"), (autocast_only, "came out in bfloat16"),
+                        (plain_only, "the plain case passed: with causal=True mask"),
                         (fp32_out, "the matmuls ran in"), (fused, "hides its softmax")):
         with pytest.raises(ex.Wrong, match=message):
             ex.check("3.15", fn, quiet=True)
@@ -375,7 +382,7 @@ def _attn_tail(scores, v):
 
 
 def test_the_profile_check_wants_a_schedule_and_the_profiler_back():
-    from torch.profiler import profile
+    from torch.profiler import profile, schedule
 
     assert "top op by self CPU time" in ex.check("3.16", ex.reference("3.16"), quiet=True)
 
@@ -395,8 +402,18 @@ def test_the_profile_check_wants_a_schedule_and_the_profiler_back():
             step_fn()
         return prof
 
+    def no_step(step_fn, active=2):  # a schedule that never advances: torch refuses key_averages
+        with profile(schedule=schedule(wait=1, warmup=1, active=active)) as prof:
+            for _ in range(2 + active):
+                step_fn()
+        return prof
+
+    def the_table(step_fn, active=2):
+        return ex.reference("3.16")(step_fn, active).key_averages()
+
     for fn, message in ((no_schedule, "inside a profile with a schedule"), (returns_nothing, "profiler object itself"),
-                        (once, "step_fn ran 1 times")):
+                        (once, "step_fn ran 1 times"), (no_step, "call prof.step\\(\\) after every step_fn"),
+                        (the_table, "profiler object itself.*not EventList")):
         with pytest.raises(ex.Wrong, match=message):
             ex.check("3.16", fn, quiet=True)
 
