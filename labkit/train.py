@@ -4,6 +4,10 @@ The ladder (`LADDER`, in `labkit.presets` with `TrainConfig`, and re-exported he
 rung adding one idea to the rung before it (some ideas take several settings: `labkit ladder --list`), all run
 by the same `train()`. `labkit ladder` runs each rung several times in interleaved rounds and writes a table
 (median img/s and its spread), JSON and a chart; `labkit train` runs one.
+
+What makes a compiled rung's first seconds short (the compile-cache artifact, the saved forward, the tiered start,
+the cuDNN warm-up) lives apart, in `labkit.faststart`: `labkit train` readies a run with one call,
+`faststart.start`, and hands `train()` what it readied.
 """
 
 from __future__ import annotations
@@ -1173,5 +1177,6 @@ def _cli_train(args) -> int:
     print(f"{cfg.name}: {rec['img_per_s']:,.0f} img/s, final loss {rec['final_loss']:.3f}, "
           f"accuracy {rec['accuracy']}" + (f" (steady epochs at {power})" if power else ""))
     if args.json:
-        write_json(args.json, {"kind": "train", "env": environment(device=dev), "compile_cache": cold.compile_cache, **rec})
+        write_json(args.json, {"kind": "train", "env": environment(device=dev), "compile_cache": cold.compile_cache,
+                               **rec})
     return 0
