@@ -507,7 +507,24 @@ def check_bn_relu(bn_relu) -> str:
         want = torch_bn_relu(x, scale, shift, res)
         if not _close(got, want):
             raise AssertionError(f"{what}: {_where(got, want)}. Hint: {_bn_hints(got, x, scale, shift, res)}")
-    return f"{len(BN_CASES)} NCHW batches, with and without a residual, match relu(x * scale + shift + r) within {TOL:g}"
+    _check_bn_relu_bf16(bn_relu)
+    return (f"{len(BN_CASES)} NCHW batches, with and without a residual, match relu(x * scale + shift + r) within "
+            f"{TOL:g}; a bf16 batch comes back bf16, within one bf16 rounding of the float32 result")
+
+
+def _check_bn_relu_bf16(bn_relu) -> None:
+    """bf16 activations in, bf16 out, within one unit in bf16's last place (2**-7 relative) of the float32 result."""
+    x, scale, shift, res = _bn_inputs(2, 3, 4, 5, seed=79)
+    x, res = x.to(torch.bfloat16), res.to(torch.bfloat16)
+    on = [t.to(_device()) for t in (x, scale, shift, res)]
+    got = _as_tensor(bn_relu(*on), "bn_relu on a 2x3x4x5 bf16 batch with a residual", x.shape, torch.bfloat16)
+    want = torch_bn_relu(x.float(), scale, shift, res.float())
+    # a unit, not half of one: Triton's interpreter converts float32 to bf16 by truncation, a GPU rounds
+    err = ((got.cpu().float() - want).abs() / want.abs().clamp_min(2.0 ** -6)).max().item()
+    if err > 2.0 ** -7 * 1.01:
+        raise AssertionError(f"bn_relu on a bf16 batch is up to {err:.2g} (relative) off the float32 result, more "
+                             "than one bf16 rounding: load each input .to(tl.float32), compute in float32 and "
+                             "convert only the stored value (.to(y_ptr.dtype.element_ty))")
 
 
 # ------------------------------------------------------------------------------------------ 7.3 backward

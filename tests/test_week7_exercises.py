@@ -91,6 +91,9 @@ def test_a_wrong_bn_relu_fails_saying_why():
         ex.check("7.2", lambda x, s, b, r=None: ref(x, s, b) + (0 if r is None else r), quiet=True)
     with pytest.raises(ex.Wrong, match="no Triton kernel ran"):
         ex.check("7.2", w7.torch_bn_relu, quiet=True)
+    # the float32 cases alone let a kernel that always stores float32 pass: a bf16 batch must come back bf16
+    with pytest.raises(ex.Wrong, match="bf16 batch with a residual returned torch.float32, want torch.bfloat16"):
+        ex.check("7.2", lambda x, s, b, r=None: ref(x.float(), s, b, None if r is None else r.float()), quiet=True)
 
 
 @needs_triton
