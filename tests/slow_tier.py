@@ -11,6 +11,12 @@ The list is measured, not guessed. After a whole run that wrote a JUnit file
 
 which lists every test that took at least SLOW_S seconds on that machine, a whole file where most of the
 file's time is in such tests. A test new since the list was made counts as fast until the list is remade.
+
+A whole run charges a shared fixture (a course generated once, a release built once) to the first test that asks
+for it, often a slow one; run alone, the fast tier pays for it in a fast test. So measure the fast tier itself too
+(`python -m pytest -m "not slow" --junitxml=fast.xml`) and add what is slow there:
+
+    python tests/slow_tier.py --add fast.xml
 """
 
 from __future__ import annotations
@@ -64,9 +70,26 @@ def choose(durations: dict[str, float]) -> list[str]:
     return chosen
 
 
+def add(junit: Path, path: Path = LIST) -> list[str]:
+    """Add to the list the tests of a fast-tier run (`-m "not slow"`) that took SLOW_S seconds or more there;
+    the ids added, by function (a file is listed whole only from a whole run)."""
+    ids = listed(path)
+    new = sorted({n.split("[")[0] for n, s in _durations(junit).items() if s >= SLOW_S and not is_listed(n, ids)})
+    fast = sum(s for n, s in _durations(junit).items() if not is_listed(n, ids + new))
+    text = path.read_text() if path.exists() else ""
+    path.write_text(text + (f"# Added from a fast-tier run: the rest of it took {fast:.0f} s there.\n" if new else "")
+                    + "".join(f"{i}\n" for i in new))
+    return new
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--add" and Path(argv[1]).is_file():
+        new = add(Path(argv[1]))
+        print(f"{LIST}: {len(new)} ids added")
+        return 0
     if len(argv) != 1 or not Path(argv[0]).is_file():
-        print("usage: python tests/slow_tier.py JUNIT.xml   (a JUnit file from a whole pytest run)", file=sys.stderr)
+        print("usage: python tests/slow_tier.py JUNIT.xml   (a JUnit file from a whole pytest run)\n"
+              "       python tests/slow_tier.py --add FAST.xml   (from a run of the fast tier alone)", file=sys.stderr)
         return 2
     durations = _durations(Path(argv[0]))
     ids = choose(durations)

@@ -49,6 +49,21 @@ def test_the_list_is_chosen_from_measured_times(tmp_path):
     assert ids == ["tests/test_mix.py::test_slow", "tests/test_nb.py"]
 
 
+def test_a_fast_tier_run_adds_what_was_slow_there_and_keeps_the_list(tmp_path):
+    """A fixture a whole run charged to a slow test is paid by a fast one when the fast tier runs alone."""
+    junit, lst = tmp_path / "fast.xml", tmp_path / "slow_tests.txt"
+    lst.write_text("# made from a whole run\ntests/test_nb.py\n")
+    junit.write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.test_course" name="test_first[a]" time="40"/>'
+        '<testcase classname="tests.test_course" name="test_second" time="0.4"/>'
+        '<testcase classname="tests.test_nb" name="test_run" time="60"/>'
+        '</testsuite></testsuites>')
+    assert tier.add(junit, lst) == ["tests/test_course.py::test_first"]
+    assert tier.listed(lst) == ["tests/test_nb.py", "tests/test_course.py::test_first"]
+    assert tier.add(junit, lst) == [] and tier.listed(lst)[-1] == "tests/test_course.py::test_first"
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_check_lints_and_leaves_out_the_slow_tier(tmp_path):
     for name in ("Makefile", "pyproject.toml"):
