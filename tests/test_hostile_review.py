@@ -393,3 +393,14 @@ def test_settling_a_page_rewrites_the_grader_s_box_never_the_students_own_text()
     assert mine in done  # the student's own text, as written
     box = done[:done.index("<div class='cell'>")]
     assert f"{WID}: 1.5 of 2, graded by an instructor" in box and "Provisional:" not in box
+
+
+def test_the_course_readme_states_these_defences_with_the_codes_own_numbers():
+    from autograder import feedback, grade, similarity
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "assignments" / "README.md").read_text().split())
+    assert remeasure.POLICY.quiet_baseline == 0.25 and "spread by more than a quarter of their median" in text
+    assert "scored despite its own spread" in text and review.OWN_SPREAD == "scored despite its own spread"
+    assert grade.MAX_KEPT_BYTES == 16 * 2**20 and "16 MiB the grader keeps of a file" in text
+    assert feedback.MAX_PLAIN_BYTES < grade.MAX_KEPT_BYTES
+    assert similarity.MAX_MODULE_BYTES == 2**20 and "a module over 1 MiB" in text
