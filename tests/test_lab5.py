@@ -138,3 +138,23 @@ def test_the_notebook_states_the_speed_tiers_the_check_uses():
     for need, share in tiers.steps:
         assert f"{need:g}x: {share * points:g} points" in text
     assert f"at {tiers.bonus:g}x" in text and lab5_checks.TIER_BASIS in text
+
+
+def test_the_tiers_come_from_the_reference_measured_through_the_sandbox_on_an_h200():
+    rec = json.loads((ROOT / "benchmarks" / "results" / "grade_reference_gpu_lab5_h200.json").read_text())
+    assert rec["card"] == "NVIDIA H200" and rec["hardware"] == "tensor_core_gpu" and rec["all_gradable_full_marks"]
+    by = {v["check"]: v for v in rec["labs"]["lab5"]["verdicts"]}
+    assert set(by) == set(harness.checks_for("lab5")) and all(v["score"] == v["max_score"] for v in by.values())
+    m = by["lab5.speed"]["measurements"]
+    assert by["lab5.speed"]["sandbox"] == "bwrap" and {"rows": m["rows"], "cols": m["cols"]} == lab5_checks.SPEED_SHAPE
+    tiers = lab5_checks.SPEED_TIERS["tensor_core_gpu"]
+    assert m["tiers"] == tiers.describe() and tiers.fraction(m["speedup"]) == 1.0
+    # full marks sit below the reference by more than its spread, the bonus above it
+    assert tiers.steps[-1][0] <= m["speedup"] - m["speedup_iqr"] and tiers.bonus > m["speedup"]
+    assert rec["spread"] == {"speedup": m["speedup"], "speedup_iqr": m["speedup_iqr"], "timed_rounds": m["timed_rounds"]}
+    assert f"{m['speedup']:.2f}x" in rec["note"] and f"IQR {m['speedup_iqr']:g}" in rec["note"]
+    kern = rec["kernel_only_cuda_events_ms_per_pass"][str(lab5_checks.SPEED_SHAPE["rows"])]
+    assert f"{kern['ratio']:.2f}x" in rec["note"]
+    from autograder import selfcheck_labs
+
+    assert sorted(selfcheck_labs.LAB5_TIERS) == [(need, share) for need, share in tiers.steps]
