@@ -190,7 +190,7 @@ def _written_cells(source_nb: Path) -> dict[str, float]:
             if m.get("grade") and m.get("solution") and c["cell_type"] == "markdown"}
 
 
-GRADESCOPE_LABS = ("lab1", "lab2", "lab3")  # gradable without a GPU; lab 4's speed tiers need one
+GRADESCOPE_LABS = ("lab1", "lab2", "lab3")  # gradable without a GPU; lab 4's and lab 5's speed tiers need one
 
 
 def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *, course: str | Path | None = None,
@@ -202,8 +202,8 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
     from autograder import course_secret, harness, trusted
 
     if lab not in GRADESCOPE_LABS:
-        raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; lab4's speed "
-                          "tiers need one: grade it with `python -m autograder grade` on a GPU machine)")
+        raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; the speed "
+                          "tiers of labs 4 and 5 need one: grade it with `python -m autograder grade` on a GPU machine)")
     course_secret.for_grading(open_kit)
     sandbox = gradescope_sandbox(sandbox)
     aid = harness.ASSIGNMENTS[lab]
