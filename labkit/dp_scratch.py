@@ -199,11 +199,15 @@ class Call:
     numel: int
     async_op: bool
     in_backward: bool  # launched while autograd's engine ran (from a hook), not after backward returned
+    step: int = -1     # the training step that made it; -1 while the answer set itself up
 
 
 @contextlib.contextmanager
-def watch_collectives(calls: list[Call], backward_flag: list[bool]):
-    """Record every collective the code inside makes (in this process only), then restore torch.distributed."""
+def watch_collectives(calls: list[Call], backward_flag: list[bool], step: list[int] | None = None):
+    """Record every collective the code inside makes (in this process only), then restore torch.distributed.
+
+    `step`: a one-element list holding the current step, stamped on each call. A function looked up from
+    torch.distributed inside the block (say by getattr, once, at set-up) stays a recording one after it."""
     import torch.distributed as dist
 
     names = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
@@ -221,7 +225,8 @@ def watch_collectives(calls: list[Call], backward_flag: list[bool]):
             bound = sig.bind_partial(*args, **kwargs).arguments
             t = bound.get(data)
             numel = t.numel() if isinstance(t, torch.Tensor) else sum(x.numel() for x in t or [])
-            calls.append(Call(names[name], numel, bool(bound.get("async_op", False)), backward_flag[0]))
+            calls.append(Call(names[name], numel, bool(bound.get("async_op", False)), backward_flag[0],
+                              step[0] if step else -1))
             return real(*args, **kwargs)
 
         return f
@@ -248,7 +253,7 @@ def train_side_by_side(rank: int, world: int, recipe: Recipe, make_sync: Callabl
     `make_sync(model, optimizer_factory) -> (optimizer_like, after_backward)`: the exercise's adapter; each step
     is zero_grad, forward, backward, after_backward(), optimizer_like.step(). Returns this rank's findings: the
     parameters after the last step and gradients of the first (flat tensors) of both runs, and the collectives the
-    student's side made in its last step (the first may set things up)."""
+    student's side made in its last step ("calls"; the first may set things up) and in its first."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -262,20 +267,22 @@ def train_side_by_side(rank: int, world: int, recipe: Recipe, make_sync: Callabl
         return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum)
 
     loss_fn = nn.CrossEntropyLoss()
-    opt, after_backward = make_sync(model, make_opt)
     calls: list[Call] = []
-    in_backward = [False]
+    in_backward, at_step = [False], [-1]
+    # watched from the set-up on: an answer that looks a collective up once, there, is counted too
+    with watch_collectives(calls, in_backward, at_step):
+        opt, after_backward = make_sync(model, make_opt)
     # this rank's own first-step gradients, for the hints, from a copy without the answer's hooks
     probe = mlp(recipe.sizes)
     probe.load_state_dict(model.state_dict())
     loss_fn(probe(shard(recipe, rank, world, 0)[0]), shard(recipe, rank, world, 0)[1]).backward()
     local_grads = [p.grad for p in probe.parameters()]
-    for step in range(recipe.steps):
-        x, y = shard(recipe, rank, world, step)
-        last = step == recipe.steps - 1
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        with watch_collectives(calls, in_backward) if last else contextlib.nullcontext():
+    with watch_collectives(calls, in_backward, at_step):
+        for step in range(recipe.steps):
+            at_step[0] = step
+            x, y = shard(recipe, rank, world, step)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
             in_backward[0] = True
             loss.backward()
             in_backward[0] = False
@@ -299,7 +306,8 @@ def train_side_by_side(rank: int, world: int, recipe: Recipe, make_sync: Callabl
             "ddp_params": _flat(twin.parameters()), "ddp_grads": _flat(twin_grads),
             "names": [n for n, _ in model.named_parameters()],
             "numels": [p.numel() for p in model.parameters()],
-            "start": _flat(mlp_at_seed(recipe)), "calls": calls,
+            "start": _flat(mlp_at_seed(recipe)), "calls": [c for c in calls if c.step == recipe.steps - 1],
+            "first_step_calls": [c for c in calls if c.step == 0],
             "state_bytes": state_bytes(opt), "ddp_state_bytes": state_bytes(twin_opt)}
 
 

@@ -273,6 +273,51 @@ def test_6_8_overlap_right_and_synchronous_or_late_launches_caught():
         return lambda: None
 
     _wrong("6.8", blocking, "async_op=True")
+    _wrong("6.8", _overlap(reset=False), "in the first: finish() must reset each bucket's count")
+    _wrong("6.8", _overlap(wait=False), "drifted apart", "work.wait()")
+
+
+def _overlap(reset=True, wait=True):
+    """A hand-written 6.8 with one mistake switched on: counts never reset, or no wait() on the handles."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    def overlap_gradients(model, bucket_bytes):
+        params = list(model.parameters())[::-1]
+        buckets, size = [[]], 0
+        for p in params:
+            if buckets[-1] and size + p.numel() * p.element_size() > bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        where = {p: i for i, b in enumerate(buckets) for p in b}
+        ready, pending = [0] * len(buckets), []
+
+        def hook(p):
+            i = where[p]
+            ready[i] += 1
+            if ready[i] == len(buckets[i]):
+                flat = _flatten_dense_tensors([q.grad for q in buckets[i]])
+                pending.append((i, flat, dist.all_reduce(flat, async_op=True)))
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(hook)
+
+        def finish():
+            for i, flat, work in pending:
+                if wait:
+                    work.wait()
+                grads = [q.grad for q in buckets[i]]
+                for g, new in zip(grads, _unflatten_dense_tensors(flat / dist.get_world_size(), grads), strict=True):
+                    g.copy_(new)
+            pending.clear()
+            if reset:
+                ready[:] = [0] * len(buckets)
+
+        return finish
+
+    return overlap_gradients
 
 
 @needs_fork
@@ -291,6 +336,28 @@ def test_6_9_zero1_matches_ddp_measures_the_state_and_catches_a_missing_all_gath
         return step, opt
 
     _wrong("6.9", unsharded, "nothing is sharded")
+
+    def looked_up_once(params, make_optimizer):  # the collectives fetched at set-up, as the prose's getattr allows
+        import torch.distributed as dist
+
+        names = ("reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single", "all_gather_into_tensor")
+        found = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
+        step, opt = w6._ref_zero1()(params, make_optimizer)
+
+        def stepped():  # the reference looks them up at each call: hand it the set-up's functions
+            saved = {n: getattr(dist, n) for n in found}
+            for n, f in found.items():
+                setattr(dist, n, f)
+            try:
+                step()
+            finally:
+                for n, f in saved.items():
+                    setattr(dist, n, f)
+
+        return stepped, opt
+
+    verdict = ex.check("6.9", looked_up_once, quiet=True)
+    assert "collectives all_gather, reduce_scatter" in verdict, verdict
 
     def no_gather(params, make_optimizer):
         import torch.distributed as dist
