@@ -25,6 +25,7 @@ import contextlib
 import os
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit import exercises as ex
 from labkit.env import LabkitError
@@ -440,6 +441,20 @@ def _aug_hints(got, x, oy, ox, flip, mean, std, pad) -> str:
        "flip[b], and xpad the image with `pad` zero bytes on each side")
 
 
+class _PadWatch(TorchDispatchMode):
+    """Records the padding ops PyTorch runs inside the block (F.pad, torch.nn.ZeroPad2d and their kin)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if "pad" in name:  # constant_pad_nd, pad, reflection_pad2d, replication_pad2d, ...
+            self.ops.add(name)
+        return func(*args, **(kwargs or {}))
+
+
 @ex.exercise("7.1", "a fused uint8 crop + flip + normalize kernel", reference=_ref_augment)
 def check_augment(augment_normalize) -> str:
     """Odd sizes and pads against torch_augment_normalize, within TOL; a Triton kernel must have run."""
@@ -447,9 +462,14 @@ def check_augment(augment_normalize) -> str:
     for k, (b, c, h, w, pad) in enumerate(AUG_CASES):
         x, oy, ox, flip, mean, std = _aug_inputs(b, c, h, w, pad, seed=70 + k)
         on = [t.to(_device()) for t in (x, oy, ox, flip, mean, std)]
-        with count_launches() as n:
+        with count_launches() as n, _PadWatch() as padded:
             got = augment_normalize(*on, pad)
         _no_kernel(n, "augment_normalize")
+        if padded.ops:
+            raise AssertionError(f"augment_normalize built the padded batch ({', '.join(sorted(padded.ops))}): that "
+                                 "writes and reads a second, larger copy of the batch, the traffic the kernel is "
+                                 "there to save. Index the unpadded input (row oy[b] + i - pad) and load a zero "
+                                 "where it falls outside (tl.load(..., mask=inside, other=0))")
         got = _as_tensor(got, f"augment_normalize on a {b}x{c}x{h}x{w} batch", (b, c, h, w), torch.float32).cpu()
         if not torch.equal(on[0].cpu(), x):
             raise AssertionError("augment_normalize changed its input batch: write into a new output tensor")

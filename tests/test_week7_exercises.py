@@ -64,6 +64,10 @@ def test_labkits_kernels_pass_and_count_as_launches():
     (lambda x, oy, ox, flip, m, s, pad: ex.reference("7.1")(x, ox, oy, flip, m, s, pad), "rows and columns"),
     (lambda x, oy, ox, flip, m, s, pad: ex.reference("7.1")(x, oy, ox, flip, m, s, pad).double(), "float64"),
     (w7.torch_augment_normalize, "no Triton kernel ran"),
+    # right numbers, but through the padded batch the prose says never to build
+    (lambda x, oy, ox, flip, m, s, pad: (torch.nn.functional.pad(x, (pad,) * 4),
+                                         ex.reference("7.1")(x, oy, ox, flip, m, s, pad))[1],
+     r"built the padded batch \(constant_pad_nd\)"),
 ])
 def test_a_wrong_data_path_kernel_fails_saying_why(wrong, message):
     with pytest.raises(ex.Wrong, match=message):
