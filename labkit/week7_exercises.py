@@ -529,7 +529,7 @@ def check_bn_relu(bn_relu) -> str:
             raise AssertionError(f"{what}: {_where(got, want)}. Hint: {_bn_hints(got, x, scale, shift, res)}")
     _check_bn_relu_bf16(bn_relu)
     return (f"{len(BN_CASES)} NCHW batches, with and without a residual, match relu(x * scale + shift + r) within "
-            f"{TOL:g}; a bf16 batch comes back bf16, within one bf16 rounding of the float32 result")
+            f"{TOL:g}; a bf16 batch comes back bf16, within one bf16 unit of the float32 result")
 
 
 def _check_bn_relu_bf16(bn_relu) -> None:
