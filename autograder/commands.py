@@ -87,7 +87,9 @@ def add_commands(sub) -> None:
     m.add_argument("out", help="merged output folder")
     m.add_argument("slices", nargs="+", metavar="SLICE_DIR", help="output folders of the slices")
     m.add_argument("--submissions", default=None, metavar="DIR", help="the class's hand-ins: name who is missing")
-    m.add_argument("--roster", default=None, metavar="CSV", help="class list (column student_id): name who is missing")
+    m.add_argument("--roster", default=None, metavar="CSV",
+                   help="class list, as for grade (column student_id, or the LMS's gradebook export): name who is "
+                        "missing")
     m.add_argument("--lms-regex", default=None, help="as for grade")
     m.add_argument("--no-progress", action="store_true")
     add_late_args(m)
@@ -123,7 +125,8 @@ def add_commands(sub) -> None:
     y.add_argument("--z", type=float, default=None, help="... and this many spreads above the median (3)")
     y.add_argument("--lms-regex", default=None)
     y.add_argument("--roster", default=None, metavar="CSV",
-                   help="class list (column student_id), as for grade: names matched to its ids")
+                   help="class list, as for grade (column student_id, or the LMS's gradebook export): names "
+                        "matched to its ids")
     y.add_argument("--no-progress", action="store_true")
     y.set_defaults(func=_cli_similarity)
 

@@ -26,7 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, grade, intake, late, lmsnames, manual, shown
+from autograder import classbook, gpu_policy, grade, intake, late, lmsnames, manual, shown
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -320,9 +320,10 @@ def _bundle_box(res, row: dict) -> str:
         items.append(f"<li><b>{e(_provisional(row))}</b></li>")
     elif row.get("manual_points") is not None and any(c.get("manual") for c in res.cells):
         items.append(f"<li>written answers, graded by an instructor: {row['manual_points']:g} points</li>")
-    if row.get("not_gradable_here"):
-        items.append(f"<li>not gradable on the grading machine: {e(', '.join(row['not_gradable_here']))} "
-                     "(to be regraded on a GPU)</li>")
+    if row.get("not_gradable_here"):  # a GPU check on a CPU grader, or a timing the busy machine made too noisy
+        where = [f"{c} (to be regraded on a GPU)" if c in gpu_policy.NEEDS_GPU else
+                 f"{c} (to be timed again on a quiet machine)" for c in row["not_gradable_here"]]
+        items.append(f"<li>not gradable on the grading machine: {e(', '.join(where))}</li>")
     return (f"<div id='labkit-final' style='border:2px solid #274;padding:10px;margin:10px;font-family:sans-serif'>"
             f"<h2>{e(res.assignment)}: total {row.get('total', res.score):g} points</h2><ul>{''.join(items)}</ul></div>")
 

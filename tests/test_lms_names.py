@@ -140,3 +140,17 @@ def test_a_class_list_that_cannot_be_used_stops_before_any_work(tmp_path):
             lmsnames.read_roster(_roster(tmp_path, text))
     with pytest.raises(LabkitError, match="cannot read the roster"):
         lmsnames.read_roster(tmp_path / "missing.csv")
+
+
+def test_a_bundle_says_where_each_ungraded_check_can_be_graded():
+    """A GPU check on a CPU grader waits for a GPU; a timing the busy machine made too noisy waits for a quiet
+    machine, not a GPU (the bundle said "to be regraded on a GPU" for both). Student-controlled text stays escaped."""
+    from types import SimpleNamespace
+
+    from autograder import lms
+
+    res = SimpleNamespace(score=6, max_score=14, cells=[], assignment="lab4_speedrun")
+    box = lms._bundle_box(res, {"total": 6, "not_gradable_here": ["lab4.speed", "lab3.speed"],
+                                "late_note": "<b>forged</b>"})
+    assert "lab4.speed (to be regraded on a GPU)" in box and "lab3.speed (to be timed again on a quiet machine)" in box
+    assert "<b>forged</b>" not in box
