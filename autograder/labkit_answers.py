@@ -32,8 +32,9 @@ BANNED: dict[str, tuple[str, ...]] = {
     # the lab asks for (in the notebook), and scenarios' fixed workloads are other programs than slow_train.py
     "lab3": (),
     # the ladder's engine: channels_last, autocast, torch.compile, fused optimizers, CUDA graphs, in one step
-    # (train; ddp, warmstart and profiling drive it), and amp's training step
-    "lab4": ("train", "amp", "ddp", "warmstart", "profiling"),
+    # (train; ddp, faststart (its cold start: the compile-cache artifact, the tiered start) and profiling drive
+    # it), and amp's training step. faststart is a package: banned whole, its files are never in the sandbox
+    "lab4": ("train", "amp", "ddp", "faststart", "profiling"),
     # week 7's Triton kernels and their checks (a fused kernel of another operation, and how to write one)
     "lab5": ("week7_exercises",),
 }

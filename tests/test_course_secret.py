@@ -203,6 +203,18 @@ def test_the_sandbox_view_of_labkit_leaves_the_answer_out():
     assert f"{jail.VIEW}/labkit" in whole  # without a lab's list, labkit is bound whole as before
 
 
+def test_lab4s_ban_covers_the_fast_start_package_whole():
+    """When the fast start moved into the labkit/faststart package, lab 4's ban still named `warmstart`: the
+    sandbox binds labkit's top level by name, so `from labkit.faststart import warmstart` reached the answer's
+    cold start there, and the reader saw only "faststart". The package is banned whole."""
+    for src in ("from labkit.faststart import warmstart", "import labkit.faststart.tiered as t",
+                "from labkit import faststart"):
+        assert labkit_answers.banned_uses(src, "lab4.speed") == ["faststart"], src
+    args = jail.Jail(writable=[], hide=labkit_answers.sandbox_hides("lab4.speed")).command(["true"], bwrap="bwrap")
+    views = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind" and args[i + 2].startswith(jail.VIEW)]
+    assert views and not [v for v in views if "faststart" in v or Path(v).stem in ("train", "warmstart")], views
+
+
 def test_every_course_gets_hidden_sampler_cases_the_reference_passes(monkeypatch):
     """Hidden cases drawn from a secret must be fair for every secret and hand-in: the lab 2 reference sampler
     passes the hidden sampler check for 40 courses (600 were measured when the case ranges were chosen)."""
