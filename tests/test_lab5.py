@@ -153,8 +153,12 @@ def test_the_tiers_come_from_the_reference_measured_through_the_sandbox_on_an_h2
     assert tiers.steps[-1][0] <= m["speedup"] - m["speedup_iqr"] and tiers.bonus > m["speedup"]
     assert rec["spread"] == {"speedup": m["speedup"], "speedup_iqr": m["speedup_iqr"], "timed_rounds": m["timed_rounds"]}
     assert f"{m['speedup']:.2f}x" in rec["note"] and f"IQR {m['speedup_iqr']:g}" in rec["note"]
-    kern = rec["kernel_only_cuda_events_ms_per_pass"][str(lab5_checks.SPEED_SHAPE["rows"])]
-    assert f"{kern['ratio']:.2f}x" in rec["note"]
+    assert "lab5_kernels_h200.json" in rec["note"]
+    kern = json.loads((ROOT / "benchmarks" / "results" / "lab5_kernels_h200.json").read_text())
+    assert kern["env"]["device_name"] == rec["card"] and kern["cols"] == lab5_checks.SPEED_SHAPE["cols"]
+    alone = kern["rows"][str(lab5_checks.SPEED_SHAPE["rows"])]
+    # without the per-pass input draws both sides pay, the kernels alone beat the eager composition by more
+    assert alone["ratio"] > m["speedup"] and alone["draws_ms"] > 0
     from autograder import selfcheck_labs
 
     assert sorted(selfcheck_labs.LAB5_TIERS) == [(need, share) for need, share in tiers.steps]
