@@ -12,6 +12,7 @@ The kernels themselves live elsewhere (week 7's notebook and `labkit.week7_exerc
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,6 +20,34 @@ import torch
 from labkit import bench
 from labkit.env import LabkitError
 from labkit.matmul import roofline
+
+
+@contextlib.contextmanager
+def count_launches():
+    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list."""
+    import triton.runtime.jit as jit
+
+    classes = [jit.JITFunction]
+    with contextlib.suppress(ImportError):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    count, saved = [0], {cls: cls.run for cls in classes}
+
+    def counted(orig):
+        def run(self, *args, **kwargs):
+            count[0] += 1
+            return orig(self, *args, **kwargs)
+
+        return run
+
+    for cls, orig in saved.items():
+        cls.run = counted(orig)
+    try:
+        yield count
+    finally:
+        for cls, orig in saved.items():
+            cls.run = orig
 
 
 def inner_for(fn: Callable[[], object], device: torch.device | str, target_s: float = 1e-3,

@@ -21,7 +21,6 @@ PyTorch ops alone is told that no kernel ran.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -29,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit import exercises as ex
 from labkit.env import LabkitError
+from labkit.kernels_bench import count_launches  # noqa: F401  (the checks below, and W7.count_launches in tests)
 
 TOL = 1e-5  # absolute and relative: a kernel may round x/255 and (x - mean)/std differently from PyTorch's ops
 GRAD_TOL = 1e-4  # the per-channel sums add the same terms in another order
@@ -113,36 +113,6 @@ def triton_or_stub():
     except TritonMissing as e:
         return _Stub(str(e)), _Stub(str(e)), str(e)
     return triton, language, None
-
-
-@contextlib.contextmanager
-def count_launches():
-    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list."""
-    import triton.runtime.jit as jit
-
-    classes = [jit.JITFunction]
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:
-        pass
-    count, saved = [0], {cls: cls.run for cls in classes}
-
-    def counted(orig):
-        def run(self, *args, **kwargs):
-            count[0] += 1
-            return orig(self, *args, **kwargs)
-
-        return run
-
-    for cls, orig in saved.items():
-        cls.run = counted(orig)
-    try:
-        yield count
-    finally:
-        for cls, orig in saved.items():
-            cls.run = orig
 
 
 def _no_kernel(launches: list[int], what: str) -> None:
