@@ -8,6 +8,8 @@ ladder), report (tables and plots), train (the engine and the ladder runner), pr
 `labkit` command). Beside floats and matmul: accumulation (rounding in sums and weight updates), fp8 (scaling
 into fp8), waves (tiles, waves and datasheet peaks) and predict (a prediction beside its measurement). Beside amp
 and loaders: autocast_ops (the dtype each op produces under autocast) and overlap (copy-compute overlap).
+Each week's exercise checks are weekN_exercises (exercises runs them). The top rung's fast cold start is the
+faststart package (the compile-cache artifact, the tiered start, the cuDNN warm-up), reached only from train.
 """
 
 __version__ = "0.1.0"
