@@ -286,9 +286,25 @@ def feedback_page(res, nbgrader_html: str | None) -> bytes:
         page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(res.assignment)}</title>"
                 f"</head><body>{box}</body></html>")
     else:
+        nbgrader_html = _pending_cell_scores(nbgrader_html, res)
         m = re.search(r"<body[^>]*>", nbgrader_html)
         page = nbgrader_html[:m.end()] + box + nbgrader_html[m.end():] if m else box + nbgrader_html
     return page.encode("utf-8")
+
+
+def _pending_cell_scores(page: str, res) -> str:
+    """nbgrader's page with each written answer still waiting for a person labelled so, where nbgrader prints its
+    autograded 0 ("Score: 0.0 / 2.0", read as 2 points lost): in the table of contents and in the cell's own
+    heading, each found by the cell's anchor that nbgrader writes (the first such, in nbgrader's own markup)."""
+    for c in res.cells if res.status == "graded" else []:
+        if not (c.get("manual") and c.get("needs_manual")):
+            continue
+        cell, label = re.escape(str(c["cell"])), "pending (a person grades it)"
+        page = re.sub(rf'(<a href="#{cell}">[^<]*</a> \(Score: )[\d.]+( / [\d.]+\))', rf"\g<1>{label}\g<2>", page,
+                      count=1)
+        page = re.sub(rf'(<a name="{cell}"></a><div class="panel-heading">.{{0,400}}?Score: )[\d.]+( / [\d.]+)',
+                      rf"\g<1>{label}\g<2>", page, count=1, flags=re.S)
+    return page
 
 
 # ------------------------------------------------------------------------------------------------ late work

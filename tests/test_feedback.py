@@ -190,3 +190,27 @@ def test_written_answers_graded_later_reach_the_page_in_the_slot_its_digest_leav
     assert text.index("labkit-grade-summary") < text.index("Late work") < text.index("graded by a person")
     assert report.without_late_box(new) == page
     assert report.manual_box({"manual_scores": {}}) is None and report.after_grading_box(None, None) is None
+
+
+def test_a_written_answer_waiting_for_a_person_is_not_shown_as_zero_in_nbgraders_page():
+    """nbgrader prints its autograded 0 for a written answer ("Score: 0.0 / 2.0"), read as 2 points lost while a
+    person has yet to grade it: the page labels it pending, in the table of contents and the cell's heading, and
+    leaves graded cells, other cells and the student's own text as they were."""
+    from types import SimpleNamespace
+
+    from autograder import report
+
+    page = ('<html><body><h4>lab (Score: 10.0 / 16.0)</h4><ol><li><a href="#lab5_written">Written response</a> '
+            '(Score: 0.0 / 2.0)</li><li><a href="#test_a">Test cell</a> (Score: 0.0 / 3.0)</li></ol>'
+            '<p>my notes: Score: 0.0 / 2.0</p>'
+            '<a name="comment-lab5_written"></a><a name="lab5_written"></a><div class="panel-heading"><span '
+            'class="nbgrader-label">Student\'s answer</span><span class="pull-right">\n      Score: 0.0 / 2.0 '
+            '<a href="#top">(Top)</a></span></div></body></html>')
+    cells = [{"notebook": "lab", "cell": "lab5_written", "manual": True, "needs_manual": True, "score": 0,
+              "max_score": 2}, {"notebook": "lab", "cell": "test_a", "score": 0, "max_score": 3}]
+    res = SimpleNamespace(status="graded", cells=cells)
+    out = report._pending_cell_scores(page, res)
+    assert out.count("Score: pending (a person grades it) / 2.0") == 2
+    assert "(Score: 0.0 / 3.0)" in out and "<p>my notes: Score: 0.0 / 2.0</p>" in out
+    cells[0]["needs_manual"] = False  # graded by a person: nbgrader's page already carries the score
+    assert report._pending_cell_scores(page, res) == page
