@@ -67,15 +67,19 @@ def _case(ctx, spec: dict) -> tuple[dict, dict]:
             f"{tuple(getattr(grad, 'shape', ()))}, the logits are ({n}, {c})")
     require(got.get("grad_dtype") == dtype, f"backward gave a {got.get('grad_dtype')} gradient for {dtype} logits: "
             "return it in the logits' dtype")
-    launches, ops = got.get("launches"), got.get("torch_ops")
-    require(isinstance(launches, list) and len(launches) == 2 and isinstance(ops, list),
+    launches, ops, reads = got.get("launches"), got.get("torch_ops"), got.get("logit_reads")
+    read_ops, switched = got.get("logit_ops"), got.get("switched")
+    require(isinstance(launches, list) and len(launches) == 2 and isinstance(ops, list)
+            and isinstance(reads, list) and len(reads) == 2 and all(isinstance(r, int) for r in reads)
+            and isinstance(read_ops, list) and isinstance(switched, list),
             "the submission's process sent a malformed report")
     xr = x.detach().float().requires_grad_()
     eps, g = float(spec.get("smoothing", scen.SMOOTHING)), float(spec.get("grad", 1.0))
     ref = F.cross_entropy(xr, y, label_smoothing=eps)
     ref.backward(torch.tensor(g))
     mine = {"loss": float(ref), "grad": xr.grad, "x": xr.detach(), "y": y, "eps": eps, "g": g}
-    return {"loss": float(loss), "grad": grad.float(), "launches": launches, "ops": [str(o) for o in ops]}, mine
+    return {"loss": float(loss), "grad": grad.float(), "launches": launches, "ops": [str(o) for o in ops],
+            "reads": reads, "logit_ops": [str(o) for o in read_ops], "switched": [str(o) for o in switched]}, mine
 
 
 def _where(spec: dict) -> str:
@@ -85,15 +89,26 @@ def _where(spec: dict) -> str:
 
 
 def _own_kernels(theirs: dict, spec: dict, backward: bool) -> None:
-    """The pass must launch a Triton kernel and run none of torch's softmax family."""
+    """The pass must launch a Triton kernel, run none of torch's softmax family, and leave the logits to the
+    kernels: outside the launches, torch may read fewer elements of the logits (or of what a kernel wrote from
+    them) than the logits hold, per pass (autograder.student.lab5.Watch): `loss.mean()` of per-row losses, not
+    the math over N x C."""
     where = _where(spec)
     require(not theirs["ops"], f"{where}: torch's {', '.join(theirs['ops'])} ran inside fused_cross_entropy: the "
             "softmax, log-sum-exp and cross-entropy are yours to write as Triton kernels; no points")
+    require(not theirs["switched"], f"{where}: fused_cross_entropy switched the grader's watch on torch's "
+            f"operators off ({', '.join(theirs['switched'])}); no points")
     require(theirs["launches"][0] >= 1, f"{where}: no Triton kernel ran in the forward pass: launch your "
             "@triton.jit kernel (kernel[grid](...)); a PyTorch composition is what the check compares against")
     if backward:
         require(theirs["launches"][1] >= 1, f"{where}: no Triton kernel ran in the backward pass: "
                 "FusedCrossEntropy.backward must launch your backward kernel")
+    size = int(spec["n"]) * int(spec["c"])
+    for phase, reads in [("forward", theirs["reads"][0])] + [("backward", theirs["reads"][1])] * backward:
+        require(reads < size, f"{where}: outside your Triton kernels, {', '.join(theirs['logit_ops'])} read "
+                f"{reads} elements of the logits or of what your kernels computed from them in the {phase} pass, "
+                f"as many as the logits hold ({size}): the loss and the gradient are your kernels' to compute "
+                "(torch may only finish per-row results, such as loss.mean()); no points")
 
 
 def _loss_hint(loss: float, mine: dict) -> str:

@@ -1,9 +1,13 @@
 """Hostile lab 5 hand-ins, graded by the real harness in its sandbox on the CPU (Triton's interpreter): torch's
 softmax reached by a name built at run time, answers hard-coded for the public cases, a kernel right on contiguous
-logits only, and a file that prints a verdict of its own. None of them earns what it did not compute."""
+logits only, a file that prints a verdict of its own, and the math done outside Triton beside a kernel launched
+for the count: in torch's elementary ops, in autograd's backward of them, in NumPy, with the grader's operator watch
+popped, or on a kernel's copy of the logits. None of them earns what it did not compute; an honest kernel written
+otherwise than the reference keeps full marks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -124,3 +128,256 @@ def test_a_printed_verdict_is_not_a_verdict(tmp_path):
     got = _grade(tmp_path, "import torch\n" + FAKE_VERDICT, ["lab5.forward", "lab5.layouts", "lab5.correctness_hidden"])
     assert all(v["score"] == 0 and not v["ok"] for v in got.values()), got
     assert got["lab5.forward"]["message"] == "backward gave no gradient for the logits"
+
+
+# The math outside Triton, a kernel launched in each pass only to be counted (HEAD's _launch). Each earned 10 of
+# the 10 correctness points before the grader counted what torch reads of the logits outside the launches.
+TORCH_MATH = HEAD + '''
+def _terms(x, y, eps):
+    xf = x.float()
+    m = xf.amax(1, keepdim=True)
+    lse = (xf - m).exp().sum(1, keepdim=True).log() + m
+    return xf, lse
+
+
+class _Ce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, eps):
+        _launch(x.device)
+        xf, lse = _terms(x, y, eps)
+        loss = lse[:, 0] - (1 - eps) * xf.gather(1, y[:, None])[:, 0] - eps * xf.mean(1)
+        ctx.save_for_backward(x, y, lse)
+        ctx.eps = eps
+        return loss.mean()
+
+    @staticmethod
+    def backward(ctx, g):
+        _launch(g.device)
+        x, y, lse = ctx.saved_tensors
+        n, c = x.shape
+        q = torch.full((n, c), ctx.eps / c, device=x.device)
+        q.scatter_add_(1, y[:, None], torch.full((n, 1), 1 - ctx.eps, device=x.device))
+        return (((x.float() - lse).exp() - q) * g / n).to(x.dtype), None, None
+
+
+def fused_cross_entropy(x, y, label_smoothing=0.1):
+    return _Ce.apply(x, y, label_smoothing)
+'''
+
+AUTOGRAD_BACKWARD = HEAD + '''
+class _Dummy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        _launch(x.device)
+        return x.new_zeros((), dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, g):
+        _launch(g.device)
+        return None
+
+
+def fused_cross_entropy(x, y, label_smoothing=0.1):
+    # autograd's own backward of these torch ops computes the gradient; the dummy's backward is the "kernel"
+    xf = x.float()
+    m = xf.detach().amax(1, keepdim=True)
+    lse = (xf - m).exp().sum(1).log() + m[:, 0]
+    loss = lse - (1 - label_smoothing) * xf.gather(1, y[:, None])[:, 0] - label_smoothing * xf.mean(1)
+    return loss.mean() + _Dummy.apply(x)
+'''
+
+NUMPY_MATH = HEAD + '''
+import numpy as np
+
+
+class _Np(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, eps):
+        _launch(x.device)
+        a = x.detach().cpu().float().numpy().astype(np.float64)
+        t = y.detach().cpu().numpy()
+        m = a.max(1, keepdims=True)
+        lse = np.log(np.exp(a - m).sum(1, keepdims=True)) + m
+        p = np.exp(a - lse)
+        n, c = a.shape
+        q = np.full((n, c), eps / c)
+        q[np.arange(n), t] += 1 - eps
+        loss = (lse[:, 0] - (q * a).sum(1)).mean()
+        ctx.grad = torch.from_numpy(((p - q) / n).astype(np.float32))
+        ctx.dtype = x.dtype
+        return torch.tensor(loss, dtype=torch.float32, device=x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        _launch(g.device)
+        return (ctx.grad.to(g.device) * g).to(ctx.dtype), None, None
+
+
+def fused_cross_entropy(x, y, label_smoothing=0.1):
+    return _Np.apply(x, y, label_smoothing)
+'''
+
+WATCH_POPPED = HEAD + '''
+import torch.nn.functional as F
+from torch.utils import _python_dispatch as _pd
+
+_f = getattr(F, "cross_" + "entropy")
+
+
+class _Ce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, eps):
+        _launch(x.device)
+        modes = [_pd._pop_mode() for _ in range(_pd._len_torch_dispatch_stack())]  # the watch, off
+        try:
+            with torch.enable_grad():
+                xr = x.detach().float().requires_grad_()
+                loss = _f(xr, y, label_smoothing=eps)
+                (gr,) = torch.autograd.grad(loss, xr)
+        finally:
+            for m in reversed(modes):
+                _pd._push_mode(m)
+        ctx.gr = gr.to(x.dtype)
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        _launch(g.device)
+        return ctx.gr * g, None, None
+
+
+def fused_cross_entropy(x, y, label_smoothing=0.1):
+    return _Ce.apply(x, y, label_smoothing)
+'''
+
+COPY_KERNEL = HEAD + '''
+@triton.jit
+def _copy(x_ptr, o_ptr, C, sn, sc, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + r * sn + cols * sc, mask=cols < C)
+    tl.store(o_ptr + r * C + cols, v.to(tl.float32), mask=cols < C)
+
+
+class _Ce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, eps):
+        n, c = x.shape
+        buf = torch.empty(n, c, device=x.device)
+        _copy[(n,)](x, buf, c, x.stride(0), x.stride(1), BLOCK=triton.next_power_of_2(c))  # "my kernel"
+        m = buf.amax(1, keepdim=True)
+        lse = (buf - m).exp().sum(1, keepdim=True).log() + m
+        ctx.save_for_backward(buf, y, lse)
+        ctx.eps, ctx.dtype = eps, x.dtype
+        return (lse[:, 0] - (1 - eps) * buf.gather(1, y[:, None])[:, 0] - eps * buf.mean(1)).mean()
+
+    @staticmethod
+    def backward(ctx, g):
+        _launch(g.device)
+        buf, y, lse = ctx.saved_tensors
+        n, c = buf.shape
+        q = torch.full((n, c), ctx.eps / c, device=buf.device)
+        q.scatter_add_(1, y[:, None], torch.full((n, 1), 1 - ctx.eps, device=buf.device))
+        return (((buf - lse).exp() - q) * g / n).to(ctx.dtype), None, None
+
+
+def fused_cross_entropy(x, y, label_smoothing=0.1):
+    return _Ce.apply(x, y, label_smoothing)
+'''
+
+OUTSIDE = {"TORCH_MATH": (TORCH_MATH, "aten.exp"), "AUTOGRAD_BACKWARD": (AUTOGRAD_BACKWARD, "aten.exp"),
+           "NUMPY_MATH": (NUMPY_MATH, "Tensor.numpy"), "COPY_KERNEL": (COPY_KERNEL, "aten.exp"),
+           "WATCH_POPPED": (WATCH_POPPED, "switched the grader's watch on torch's operators off")}
+
+
+@pytest.mark.parametrize("name", sorted(OUTSIDE))
+def test_the_math_outside_triton_beside_a_counted_launch_earns_nothing(tmp_path, name):
+    text, says = OUTSIDE[name]
+    got = _grade(tmp_path, text, ["lab5.forward", "lab5.backward", "lab5.layouts", "lab5.correctness_hidden"])
+    assert all(v["score"] == 0 and not v["ok"] for v in got.values()), got
+    assert says in got["lab5.forward"]["message"] and "no points" in got["lab5.forward"]["message"], got
+    assert got["lab5.correctness_hidden"]["message"] == WITHHELD
+
+
+# An honest solution written otherwise than the reference: two sweeps over C per row (the max, then the sums), the
+# row's max and sum kept for backward, torch finishing the mean (N elements read outside the kernels), the
+# incoming gradient read on the host, the gradient written in the logits' own layout.
+HONEST_OTHERWISE = '''
+"""An honest variant: one program per row, two sweeps over C (the max, then the sums), torch finishing the mean."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+import triton
+import triton.language as tl
+
+BLOCK = 256
+
+
+@triton.jit
+def _fwd(x_ptr, y_ptr, out_ptr, m_ptr, s_ptr, C, sn, sc, eps, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, C, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        m = tl.maximum(m, tl.load(x_ptr + r * sn + cols * sc, mask=cols < C, other=float("-inf")).to(tl.float32))
+    mx = tl.max(m, axis=0)
+    s = tl.zeros([BLOCK], tl.float32)
+    t = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, C, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + r * sn + cols * sc, mask=cols < C, other=float("-inf")).to(tl.float32)
+        s += tl.exp(v - mx)
+        t += tl.where(cols < C, v, 0.0)
+    ssum = tl.sum(s, axis=0)
+    xt = tl.load(x_ptr + r * sn + tl.load(y_ptr + r) * sc).to(tl.float32)
+    tl.store(out_ptr + r, mx + tl.log(ssum) - (1 - eps) * xt - eps * tl.sum(t, axis=0) / C)
+    tl.store(m_ptr + r, mx)
+    tl.store(s_ptr + r, ssum)
+
+
+@triton.jit
+def _bwd(x_ptr, y_ptr, m_ptr, s_ptr, d_ptr, C, sn, sc, dn, dc, g, eps, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    mx = tl.load(m_ptr + r)
+    ssum = tl.load(s_ptr + r)
+    yt = tl.load(y_ptr + r)
+    for start in range(0, C, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + r * sn + cols * sc, mask=cols < C, other=0.0).to(tl.float32)
+        p = tl.exp(v - mx) / ssum
+        q = eps / C + tl.where(cols == yt, 1 - eps, 0.0)
+        tl.store(d_ptr + r * dn + cols * dc, ((p - q) * g).to(d_ptr.dtype.element_ty), mask=cols < C)
+
+
+class _CE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, eps):
+        n, c = x.shape
+        rows = x.new_empty(n, dtype=torch.float32)
+        m, s = torch.empty_like(rows), torch.empty_like(rows)
+        _fwd[(n,)](x, y, rows, m, s, c, x.stride(0), x.stride(1), eps, BLOCK=BLOCK)
+        ctx.save_for_backward(x, y, m, s)
+        ctx.eps = eps
+        return rows.sum() / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, m, s = ctx.saved_tensors
+        n, c = x.shape
+        d = torch.empty_like(x)  # the logits' layout and dtype
+        _bwd[(n,)](x, y, m, s, d, c, x.stride(0), x.stride(1), d.stride(0), d.stride(1), float(grad) / n, ctx.eps,
+                   BLOCK=BLOCK)
+        return d, None, None
+
+
+def fused_cross_entropy(logits, target, label_smoothing=0.1):
+    return _CE.apply(logits, target, label_smoothing)
+'''
+
+
+def test_an_honest_kernel_written_otherwise_keeps_full_marks(tmp_path):
+    got = _grade(tmp_path, HONEST_OTHERWISE, ["lab5.forward", "lab5.backward", "lab5.layouts", "lab5.correctness_hidden"])
+    assert all(v["ok"] and v["score"] == v["max_score"] for v in got.values()), got

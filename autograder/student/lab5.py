@@ -65,9 +65,96 @@ def make_case(spec: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
     return x.detach().requires_grad_(), y
 
 
+# Operators that only read a tensor's shape, dtype and device (an output buffer shaped like the logits), not its data
+META_OPS = ("empty_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "zeros_like",
+            "ones_like", "full_like", "detach", "alias", "lift_fresh")
+# What Triton's interpreter runs on a launch's tensors (host copies of device memory, and back): data movement only
+LAUNCH_OPS = ("set_", "empty", "empty_strided", "new_empty", "new_empty_strided", "copy_", "_to_copy", "view",
+              "as_strided", "detach", "alias", "_unsafe_view", "clone", "contiguous")
+# Ways to switch a dispatcher mode off from inside the student's function; each is reported if called during a pass
+_SWITCHES = ("_pop_torch_dispatch_stack", "_pop_mode", "_pop_mode_temporarily", "_set_dispatch_mode",
+             "_unset_dispatch_mode", "_DisableTorchDispatch", "_disabled_torch_dispatch_impl")
+_HOST_READS = ("numpy", "tolist", "__dlpack__", "__array__")  # a tensor's data read by Python, past the dispatcher
+_WATCHES: list = []  # the watch of the pass running now (at most one)
+
+
+class Watch:
+    """What touches the logits' data in one case: torch operators outside the student's Triton launches.
+
+    The logits' storage is tainted, and so is every tensor a torch operator computes from a tainted one and every
+    tensor handed to a launch together with one (a kernel's outputs, which may be copies). `reads[phase]` counts the
+    elements of tainted tensors that torch operators outside launches read (shape-only operators and views aside),
+    and the host reads (.numpy(), .tolist()) of them; `ops` names them. The honest kernel's glue (`loss.mean()` of
+    its per-row losses) reads N of the N x C elements; torch doing the math reads at least all of them once.
+    `switched` names the calls that turn a dispatcher mode off, made while the pass ran."""
+
+    def __init__(self, x: torch.Tensor):
+        self.keep, self.keys, self.ops, self.switched = [], set(), set(), set()
+        self.reads, self.phase, self.in_launch, self.closing = [0, 0], 0, 0, False
+        self.taint(x)
+
+    def taint(self, t) -> None:
+        if isinstance(t, torch.Tensor) and t.numel():
+            s = t.untyped_storage()
+            if s.data_ptr() not in self.keys:
+                self.keys.add(s.data_ptr())
+                self.keep.append(s)  # held, so that no later allocation reuses the address
+
+    def tainted(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and t.numel() > 0 and t.untyped_storage().data_ptr() in self.keys
+
+    def read(self, name: str, tensors) -> bool:
+        """Count the tainted tensors among `tensors` that `name` reads; whether there were any."""
+        hit = [t for t in tensors if self.tainted(t)]
+        if hit:
+            self.reads[self.phase] += sum(t.numel() for t in hit)
+            self.ops.add(name)
+        return bool(hit)
+
+
+def _tensors(tree) -> list:
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _install_guards() -> None:
+    """Once per process, before the student's file is imported: report the mode switches and the host reads."""
+    import torch.utils._python_dispatch as pd
+
+    if getattr(_install_guards, "done", False):
+        return
+    _install_guards.done = True
+
+    def switch(name, orig):
+        def guarded(*args, **kwargs):
+            for w in _WATCHES:
+                if not w.closing:
+                    w.switched.add(name)
+            return orig(*args, **kwargs)
+        return guarded
+
+    for mod in (torch._C, pd):
+        for name in _SWITCHES:
+            if hasattr(mod, name):
+                setattr(mod, name, switch(name, getattr(mod, name)))
+
+    def host(name, orig):
+        def guarded(self, *args, **kwargs):
+            for w in _WATCHES:
+                if not w.in_launch:
+                    w.read("Tensor." + name, [self])
+            return orig(self, *args, **kwargs)
+        return guarded
+
+    for name in _HOST_READS:
+        setattr(torch.Tensor, name, host(name, getattr(torch.Tensor, name)))
+
+
 @contextlib.contextmanager
-def torch_ops_seen():
-    """The TORCH_OPS that run inside the block (at the dispatcher: however they were reached): yields a set."""
+def watching(w: Watch):
+    """Inside the block: the TORCH_OPS that run (yielded, a set), and `w` told what reads the logits (see Watch)."""
+    import triton.runtime.jit as jit
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen: set[str] = set()
@@ -77,35 +164,90 @@ def torch_ops_seen():
             name = func.__name__.split(".")[0]
             if name in TORCH_OPS:
                 seen.add(name)
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if name in META_OPS or func.is_view or (w.in_launch and name in LAUNCH_OPS):
+                return out
+            if w.read(f"aten.{name}", _tensors((args, kwargs))):
+                for t in _tensors(out):
+                    w.taint(t)
+            return out
 
-    with _Seen():
+    classes = [jit.JITFunction]
+    with contextlib.suppress(ImportError):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    saved = {cls: cls.run for cls in classes}
+
+    def launched(orig):
+        def run(self, *args, **kwargs):
+            tensors = _tensors((args, kwargs))
+            w.in_launch += 1
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                w.in_launch -= 1
+                if any(w.tainted(t) for t in tensors):  # what the kernel wrote may be a copy of the logits
+                    for t in tensors:
+                        w.taint(t)
+        return run
+
+    for cls, orig in saved.items():
+        cls.run = launched(orig)
+    _WATCHES.append(w)
+    mode = _Seen()
+    try:
+        with mode:
+            try:
+                yield seen
+            finally:
+                w.closing = True
+        w.closing = False
+    finally:
+        _WATCHES.remove(w)
+        for cls, orig in saved.items():
+            cls.run = orig
+
+
+@contextlib.contextmanager
+def torch_ops_seen():
+    """The TORCH_OPS that run inside the block (at the dispatcher: however they were reached): yields a set."""
+    with watching(Watch(torch.empty(0))) as seen:
         yield seen
 
 
 def run_case(fn, spec: dict, device) -> dict:
-    """Forward and backward of `fn` on one case: what came back, and what ran in each pass."""
+    """Forward and backward of `fn` on one case: what came back, and what ran in each pass.
+
+    The backward is torch.autograd.grad's (the gradient as the student's backward returned it: no copy into the
+    leaf's layout by autograd, which would read it outside the student's kernels)."""
     x, y = make_case(spec, device)
     smoothing, g = float(spec.get("smoothing", SMOOTHING)), float(spec.get("grad", 1.0))
-    with count_launches() as fwd, torch_ops_seen() as ops:
+    w = Watch(x)
+    with count_launches() as fwd, watching(w) as ops:
         loss = fn(x, y, smoothing)
     require(isinstance(loss, torch.Tensor), f"fused_cross_entropy must return a tensor, got {type(loss).__name__}")
     require(loss.numel() == 1, f"fused_cross_entropy must return the mean loss (one value), got shape "
             f"{tuple(loss.shape)}")
     require(loss.requires_grad, "the loss does not require grad: fused_cross_entropy must be differentiable "
             "(return the output of your torch.autograd.Function's apply)")
-    with count_launches() as bwd, torch_ops_seen() as bops:
-        call("the backward of fused_cross_entropy", loss.backward, torch.full_like(loss, g))
+    incoming = torch.full_like(loss, g)
+    w.phase = 1
+    with count_launches() as bwd, watching(w) as bops:
+        grads = call("the backward of fused_cross_entropy", torch.autograd.grad, loss, x, incoming,
+                     allow_unused=True)
     synchronize(device)
-    grad = x.grad
+    grad = grads[0]
     require(grad is not None, "backward gave no gradient for the logits")
     return {"loss": loss.detach().float().reshape(()).cpu(), "loss_dtype": str(loss.dtype).replace("torch.", ""),
             "grad": grad.detach().contiguous().cpu(), "grad_dtype": str(grad.dtype).replace("torch.", ""),
-            "launches": [fwd[0], bwd[0]], "torch_ops": sorted(ops | bops)}
+            "launches": [fwd[0], bwd[0]], "torch_ops": sorted(ops | bops), "logit_reads": list(w.reads),
+            "logit_ops": sorted(w.ops), "switched": sorted(w.switched)}
 
 
 def student_fn(p):
     """The submission's fused_cross_entropy, its failures reported in one line."""
+    _install_guards()  # before the student's file is imported (p.attr imports it)
     fn = p.attr("fused_cross_entropy")
     require(callable(fn), "fused_cross_entropy must be a function")
     return lambda x, y, eps: call("fused_cross_entropy(logits, target, label_smoothing)", fn, x, y, eps)
