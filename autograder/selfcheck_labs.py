@@ -337,6 +337,14 @@ def _lab5_cases(p, dev, specs: list[dict], *, loss: bool, grad: bool) -> str:
              "write the softmax, log-sum-exp and cross-entropy as your own Triton kernels")
         need(got["launches"][0] >= 1 and (not grad or got["launches"][1] >= 1), f"{where}: no Triton kernel ran in "
              f"the {'forward' if not got['launches'][0] else 'backward'} pass: launch your @triton.jit kernel")
+        need(not got["switched"], f"{where}: fused_cross_entropy switched the grader's watch on torch's operators off "
+             f"({', '.join(got['switched'])})")
+        size = x.numel()
+        for phase, reads in [("forward", got["logit_reads"][0])] + [("backward", got["logit_reads"][1])] * grad:
+            need(reads < size, f"{where}: outside your Triton kernels, {', '.join(got['logit_ops'])} read {reads} "
+                 f"elements of the logits or of what your kernels computed from them in the {phase} pass, as many as "
+                 f"the logits hold ({size}): compute the loss and the gradient in your kernels (torch may only finish "
+                 "per-row results, such as loss.mean())")
         if loss:
             v = float(got["loss"])
             need(got["loss_dtype"] == "float32", f"{where}: return the loss as float32, got {got['loss_dtype']}")

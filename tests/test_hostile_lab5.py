@@ -381,3 +381,21 @@ def fused_cross_entropy(logits, target, label_smoothing=0.1):
 def test_an_honest_kernel_written_otherwise_keeps_full_marks(tmp_path):
     got = _grade(tmp_path, HONEST_OTHERWISE, ["lab5.forward", "lab5.backward", "lab5.layouts", "lab5.correctness_hidden"])
     assert all(v["ok"] and v["score"] == v["max_score"] for v in got.values()), got
+
+
+def test_the_public_self_check_says_the_same_of_the_math_outside_triton(tmp_path):
+    from autograder import selfcheck_labs
+    from autograder.student.probes import Probe
+
+    cpu = torch.device("cpu")
+    for text, fails in ((TORCH_MATH, True), (HONEST_OTHERWISE, False)):
+        path = tmp_path / ("bad" if fails else "good") / "student_fused_ce.py"
+        path.parent.mkdir()
+        path.write_text(text)
+        try:
+            selfcheck_labs.lab5_forward(Probe(str(path), cpu, {}), cpu)
+            said = None
+        except selfcheck_labs.Failed as e:
+            said = str(e)
+        assert (said is not None) == fails, said
+        assert not fails or "outside your Triton kernels" in said
