@@ -261,6 +261,25 @@ class _Verifier:
         self.rounds += 1
 
 
+def _check_warm(ctx, result, params) -> None:
+    """The untimed round at the timed shape: right answers, and each pass's kernels held to the correctness cases'
+    rule (_own_kernels), so that no path taken at this size alone leaves the math to torch."""
+    n = int(params["n"])
+    seen = result.get("watched") if isinstance(result, dict) else None
+    require(isinstance(seen, list) and len(seen) == n and all(isinstance(s, dict) for s in seen),
+            "the submission's process sent a malformed report of the untimed round")
+    spec = {"n": params["rows"], "c": params["cols"], "dtype": "bfloat16"}
+    for s in seen:
+        reads, names = s.get("logit_reads"), (s.get("torch_ops"), s.get("logit_ops"), s.get("switched"))
+        require(isinstance(s.get("launches"), list) and len(s["launches"]) == 2 and isinstance(reads, list)
+                and len(reads) == 2 and all(isinstance(r, int) for r in reads + s["launches"])
+                and all(isinstance(v, list) for v in names), "the submission's process sent a malformed report "
+                "of the untimed round")
+        _own_kernels({"ops": [str(o) for o in names[0]], "launches": s["launches"], "reads": reads,
+                      "logit_ops": [str(o) for o in names[1]], "switched": [str(o) for o in names[2]]}, spec, True)
+    _Verifier(ctx)(result, params)
+
+
 def _check_base(result, params) -> None:
     losses = result["losses"]
     if not (isinstance(losses, torch.Tensor) and losses.numel() == int(params["n"]) and bool(losses.isfinite().all())):
@@ -276,7 +295,8 @@ def check_speed(ctx) -> dict:
     _judge(ctx, _seeded(LAYOUT[:1], 7), forward=True, backward=True)  # correctness gates speed
     inner = SPEED_ROUNDS["inner"]
     shape = dict(SPEED_SHAPE)
-    ctx.call("lab5.warm_student", {"n": 2, **shape, "seed": secrets.randbelow(2**31)})  # Triton compiles here
+    warm = {"n": 2, **shape, "seed": secrets.randbelow(2**31)}
+    _check_warm(ctx, ctx.call("lab5.warm_student", warm), warm)  # Triton compiles here
     verify = _Verifier(ctx)
 
     def timed(rounds: int):

@@ -399,3 +399,33 @@ def test_the_public_self_check_says_the_same_of_the_math_outside_triton(tmp_path
             said = str(e)
         assert (said is not None) == fails, said
         assert not fails or "outside your Triton kernels" in said
+
+
+# Honest kernels on every size the correctness cases use, the math in torch at the timed rounds' size: the timed
+# rounds check answers, not who computed them, so a compiled torch path there would have been timed as the
+# student's. The untimed round at that size is now watched as the correctness cases are.
+SIZED = TORCH_MATH.replace("def fused_cross_entropy(", "def _torch_path(") + HONEST_OTHERWISE.replace(
+    "def fused_cross_entropy(logits, target, label_smoothing=0.1):\n",
+    "def fused_cross_entropy(logits, target, label_smoothing=0.1):\n"
+    "    if logits.shape[0] >= 64:\n        return _torch_path(logits, target, label_smoothing)\n")
+
+
+def test_a_torch_path_at_the_timed_size_alone_fails_the_watched_untimed_round(tmp_path):
+    from tests.test_lab5 import NB, _ctx
+
+    params = {"n": 1, "rows": 64, "cols": 50, "seed": 5}
+    for text, fails in ((SIZED, True), (HONEST_OTHERWISE, False)):
+        path = tmp_path / ("sized" if fails else "honest") / "student_fused_ce.py"
+        path.parent.mkdir()
+        path.write_text(text)
+        assert lab5_checks._judge(_ctx(path), lab5_checks._seeded(lab5_checks.LAYOUT, 3), forward=True, backward=True)
+        ctx = _ctx(path)
+        if fails:
+            with pytest.raises(harness.CheckFailed, match="outside your Triton kernels"):
+                lab5_checks._check_warm(ctx, ctx.call("lab5.warm_student", params), params)
+        else:
+            lab5_checks._check_warm(ctx, ctx.call("lab5.warm_student", params), params)
+    (tmp_path / "ref").mkdir()
+    ref = harness.student_file_from_notebook(NB, tmp_path / "ref")
+    ctx = _ctx(ref)
+    lab5_checks._check_warm(ctx, ctx.call("lab5.warm_student", params), params)

@@ -273,25 +273,45 @@ def round_draws(n: int, rows: int, cols: int, device, seed: int) -> list:
     return out
 
 
-def timed_round(fn, device, params: dict) -> dict:
+def timed_round(fn, device, params: dict, watch: bool = False) -> dict:
     """n forward + backward passes of `fn` on fresh inputs (round_draws); the losses and a commitment to each
-    gradient (the sum of 64 drawn rows times their weights, float64). The device is synchronized before returning."""
+    gradient (the sum of 64 drawn rows times their weights, float64). The device is synchronized before returning.
+    With `watch` (an untimed round), each pass runs under the correctness cases' watch (see Watch, run_case) and
+    "watched" holds what it saw per pass."""
     n, rows, cols = int(params["n"]), int(params["rows"]), int(params["cols"])
     out = torch.empty(2 * n, device=device, dtype=torch.float64)
+    seen = []
     for j, (x, y, idx, w) in enumerate(round_draws(n, rows, cols, device, int(params["seed"]))):
         x.requires_grad_()
-        loss = fn(x, y, SMOOTHING)
-        (gx,) = torch.autograd.grad(loss, x)
+        if watch:
+            gx, loss, seen_j = _watched_pass(fn, x, y)
+            seen.append(seen_j)
+        else:
+            loss = fn(x, y, SMOOTHING)
+            (gx,) = torch.autograd.grad(loss, x)
         out[j] = loss.detach().double().reshape(-1)[0]
         out[n + j] = (gx[idx].double() * w).sum()
     out = out.cpu()  # one transfer, which waits for the work
     synchronize(device)
-    return {"losses": out[:n], "commits": out[n:]}
+    return {"losses": out[:n], "commits": out[n:], **({"watched": seen} if watch else {})}
+
+
+def _watched_pass(fn, x, y):
+    """One pass of timed_round under the watch: the gradient, the loss, and what the watch saw."""
+    w = Watch(x)
+    with count_launches() as fwd, watching(w) as ops:
+        loss = fn(x, y, SMOOTHING)
+    w.phase = 1
+    with count_launches() as bwd, watching(w) as bops:
+        (gx,) = torch.autograd.grad(loss, x)
+    return gx, loss, {"launches": [fwd[0], bwd[0]], "torch_ops": sorted(ops | bops), "logit_reads": list(w.reads),
+                      "logit_ops": sorted(w.ops), "switched": sorted(w.switched)}
 
 
 def probe_warm_student(p, params: dict) -> dict:
-    """Untimed: the student's function on the timed rounds' shape, so Triton compiles before the clock starts."""
-    return timed_round(student_fn(p), p.device, params)
+    """Untimed: the student's function on the timed rounds' shape, so Triton compiles before the clock starts;
+    watched as the correctness cases are (a path taken at this size alone is held to the same rule)."""
+    return timed_round(student_fn(p), p.device, params, watch=True)
 
 
 def probe_timed_student(p, params: dict) -> dict:
