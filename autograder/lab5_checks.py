@@ -96,8 +96,8 @@ def _own_kernels(theirs: dict, spec: dict, backward: bool) -> None:
     where = _where(spec)
     require(not theirs["ops"], f"{where}: torch's {', '.join(theirs['ops'])} ran inside fused_cross_entropy: the "
             "softmax, log-sum-exp and cross-entropy are yours to write as Triton kernels; no points")
-    require(not theirs["switched"], f"{where}: fused_cross_entropy switched the grader's watch on torch's "
-            f"operators off ({', '.join(theirs['switched'])}); no points")
+    require(not theirs["switched"], f"{where}: fused_cross_entropy went around the grader's watch on "
+            f"torch's operators ({', '.join(theirs['switched'])}); no points")
     require(theirs["launches"][0] >= 1, f"{where}: no Triton kernel ran in the forward pass: launch your "
             "@triton.jit kernel (kernel[grid](...)); a PyTorch composition is what the check compares against")
     if backward:

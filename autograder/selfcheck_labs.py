@@ -337,7 +337,7 @@ def _lab5_cases(p, dev, specs: list[dict], *, loss: bool, grad: bool) -> str:
              "write the softmax, log-sum-exp and cross-entropy as your own Triton kernels")
         need(got["launches"][0] >= 1 and (not grad or got["launches"][1] >= 1), f"{where}: no Triton kernel ran in "
              f"the {'forward' if not got['launches'][0] else 'backward'} pass: launch your @triton.jit kernel")
-        need(not got["switched"], f"{where}: fused_cross_entropy switched the grader's watch on torch's operators off "
+        need(not got["switched"], f"{where}: fused_cross_entropy went around the grader's watch on torch's operators "
              f"({', '.join(got['switched'])})")
         size = x.numel()
         for phase, reads in [("forward", got["logit_reads"][0])] + [("backward", got["logit_reads"][1])] * grad:

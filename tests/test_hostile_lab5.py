@@ -2,7 +2,7 @@
 softmax reached by a name built at run time, answers hard-coded for the public cases, a kernel right on contiguous
 logits only, a file that prints a verdict of its own, and the math done outside Triton beside a kernel launched
 for the count: in torch's elementary ops, in autograd's backward of them, in NumPy, with the grader's operator watch
-popped, or on a kernel's copy of the logits. None of them earns what it did not compute; an honest kernel written
+popped, by a launch argument posing as a tensor, or on a kernel's copy of the logits. None of them earns what it did not compute; an honest kernel written
 otherwise than the reference keeps full marks."""
 
 from __future__ import annotations
@@ -250,6 +250,44 @@ def fused_cross_entropy(x, y, label_smoothing=0.1):
     return _Ce.apply(x, y, label_smoothing)
 '''
 
+POSING_POINTER = HEAD + '''
+class _Pointer:
+    """Posing as a tensor: the launch asks it for its address, and it does the math then."""
+
+    def __init__(self, x, y, eps):
+        self.x, self.y, self.eps, self.out = x, y, eps, None
+        self.dtype = torch.float32
+
+    def data_ptr(self):
+        if self.out is None:
+            xf = self.x.float()
+            m = xf.amax(1, keepdim=True)
+            lse = (xf - m).exp().sum(1).log() + m[:, 0]
+            self.out = (lse - (1 - self.eps) * xf.gather(1, self.y[:, None])[:, 0] - self.eps * xf.mean(1)).mean()
+        return torch.zeros(1, device=self.x.device).data_ptr()
+
+
+class _Ce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, eps):
+        p = _Pointer(x, y, eps)
+        try:
+            _touch[(1,)](p)
+        except Exception:
+            p.data_ptr()
+        ctx.shape = x.shape
+        return p.out.reshape(())
+
+    @staticmethod
+    def backward(ctx, g):
+        _launch(g.device)
+        return g.new_zeros(ctx.shape), None, None
+
+
+def fused_cross_entropy(x, y, label_smoothing=0.1):
+    return _Ce.apply(x, y, label_smoothing)
+'''
+
 COPY_KERNEL = HEAD + '''
 @triton.jit
 def _copy(x_ptr, o_ptr, C, sn, sc, BLOCK: tl.constexpr):
@@ -287,7 +325,8 @@ def fused_cross_entropy(x, y, label_smoothing=0.1):
 
 OUTSIDE = {"TORCH_MATH": (TORCH_MATH, "aten.exp"), "AUTOGRAD_BACKWARD": (AUTOGRAD_BACKWARD, "aten.exp"),
            "NUMPY_MATH": (NUMPY_MATH, "Tensor.numpy"), "COPY_KERNEL": (COPY_KERNEL, "aten.exp"),
-           "WATCH_POPPED": (WATCH_POPPED, "switched the grader's watch on torch's operators off")}
+           "WATCH_POPPED": (WATCH_POPPED, "went around the grader's watch on torch's operators (_pop_mode"),
+           "POSING_POINTER": (POSING_POINTER, "a launch argument of type _Pointer, not a tensor")}
 
 
 @pytest.mark.parametrize("name", sorted(OUTSIDE))

@@ -86,7 +86,9 @@ class Watch:
     elements of tainted tensors that torch operators outside launches read (shape-only operators and views aside),
     and the host reads (.numpy(), .tolist()) of them; `ops` names them. The honest kernel's glue (`loss.mean()` of
     its per-row losses) reads N of the N x C elements; torch doing the math reads at least all of them once.
-    `switched` names the calls that turn a dispatcher mode off, made while the pass ran."""
+    `switched` names the calls that turn a dispatcher mode off, made while the pass ran, and launch arguments
+    that pose as tensors (an object with a data_ptr method runs its own code inside the launch). Inside a launch,
+    only data movement (LAUNCH_OPS: Triton's interpreter copies its tensors to the host and back) is left out."""
 
     def __init__(self, x: torch.Tensor):
         self.keep, self.keys, self.ops, self.switched = [], set(), set(), set()
@@ -182,6 +184,10 @@ def watching(w: Watch):
     def launched(orig):
         def run(self, *args, **kwargs):
             tensors = _tensors((args, kwargs))
+            for a in [*args, *kwargs.values()]:  # an object posing as a pointer runs its own code inside the launch
+                if hasattr(a, "data_ptr") and not isinstance(a, torch.Tensor) \
+                        and not type(a).__module__.startswith("triton"):
+                    w.switched.add(f"a launch argument of type {type(a).__name__}, not a tensor")
             w.in_launch += 1
             try:
                 return orig(self, *args, **kwargs)
