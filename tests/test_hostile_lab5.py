@@ -468,3 +468,15 @@ def test_a_torch_path_at_the_timed_size_alone_fails_the_watched_untimed_round(tm
     ref = harness.student_file_from_notebook(NB, tmp_path / "ref")
     ctx = _ctx(ref)
     lab5_checks._check_warm(ctx, ctx.call("lab5.warm_student", params), params)
+
+
+def test_a_contiguous_copy_of_the_logits_in_torch_loses_the_strided_cases_only(tmp_path):
+    from tests.test_lab5 import NB
+
+    ref = harness.student_file_from_notebook(NB, tmp_path).read_text()
+    old = "    return FusedCrossEntropy.apply(logits, target, label_smoothing)"
+    assert old in ref
+    got = _grade(tmp_path, ref.replace(old, "    logits = logits.contiguous()\n" + old),
+                 ["lab5.forward", "lab5.layouts"])
+    assert got["lab5.forward"]["ok"]  # contiguous logits: .contiguous() copies nothing
+    assert not got["lab5.layouts"]["ok"] and "aten.clone" in got["lab5.layouts"]["message"], got["lab5.layouts"]
