@@ -7,8 +7,9 @@ computed by the student's own Triton kernels. The baseline is the eager composit
 log_softmax, gather, mean; public, like lab 4's naive step). A probe builds the case from the request's seed,
 runs forward and backward, and reports what came back: the loss, the gradient, how many Triton kernels ran in
 each pass and which of torch's softmax-family operators ran (seen at the dispatcher, so a renamed route to
-them is seen too). The count and the operators are the student process's own report (see
-autograder.student.probes); the values are checked by the trusted side against its own reference.
+them is seen too), and how many elements of the logits, or of what a kernel wrote from them, torch read outside
+the launches (Watch: the math is the kernels'). The count and the operators are the student process's own report
+(see autograder.student.probes); the values are checked by the trusted side against its own reference.
 
 On a machine without CUDA this module sets TRITON_INTERPRET=1 before the student's file is imported, so the
 student's kernels run in Triton's interpreter (NumPy on the CPU: right answers, meaningless times).
