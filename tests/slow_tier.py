@@ -17,6 +17,9 @@ for it, often a slow one; run alone, the fast tier pays for it in a fast test. S
 (`python -m pytest -m "not slow" --junitxml=fast.xml`) and add what is slow there:
 
     python tests/slow_tier.py --add fast.xml
+
+Where a module's shared fixture is what costs (a graded class, a built release), every fast test of it pays in
+turn as the one before joins the list: such a file is listed whole, by hand, at the end of the list.
 """
 
 from __future__ import annotations
