@@ -12,8 +12,10 @@ that took longer than its timed rounds (a warm-up the student made slow buys no 
 ratio still within its spread of a boundary is scored as measured and keeps the summary's "regrade recommended"
 flag (review.flags reads the pooled `speedup`/`speedup_iqr`).
 
-A ratio whose rounds' IQR exceeds the ratio itself is a coin toss; whose coin it is, the baseline's own rounds
-tell. When they spread too (the machine was busy) the check is not gradable here and waits for a quieter machine.
+A ratio whose rounds' IQR exceeds the ratio itself is a coin toss, unless the middle half of its rounds lies above
+every tier boundary: then it has full marks whichever round is believed, and is scored. (Wholly below a boundary
+it is still a coin toss: a busy machine may have pushed an honest hand-in down.) Whose coin it is, the baseline's
+own rounds tell. When they spread too (the machine was busy) the check is not gradable here and waits for a quieter machine.
 When they held steady, the spread is the hand-in's own (its code, or its sleeping on purpose to dodge a low score)
 and the ratio is scored as measured, with a note to the student and a line in the summary: a hand-in's own
 jitter never buys "not graded yet", which it would carry to every machine it is regraded on.
@@ -24,6 +26,7 @@ Everything here runs in the trusted grading process; the student's process only 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 
@@ -86,7 +89,8 @@ def measured(measure: Callable[[int], tuple], rounds: int, tiers, *, required_ra
     """
     ab, notes, record, parts = _measured(measure, rounds, tiers, required_ratio=required_ratio,
                                          time_left=time_left, spent=spent, policy=policy, clock=clock)
-    too_wide(ab, record, policy, parts, interfered=bool(notes.get("baseline_interference")))
+    bounds = review.boundaries({"tiers": tiers.describe() if tiers else "", "required_ratio": required_ratio})
+    too_wide(ab, record, policy, parts, interfered=bool(notes.get("baseline_interference")), bounds=bounds)
     return ab, notes, record
 
 
@@ -106,7 +110,17 @@ def baseline_spread(parts: list) -> float:
     return min(timing(h).iqr / timing(h).median for h in halves)
 
 
-def too_wide(ab, record: dict, policy: Policy = POLICY, parts: list | None = None, *, interfered: bool = False) -> None:
+def above_every_boundary(ratios: list[float], bounds: list[float] | None) -> bool:
+    """Whether the middle half of per-round `ratios` (from their first quartile up) lies above every tier
+    boundary in `bounds`, so that the check has full marks whichever round is believed (False without bounds)."""
+    if not bounds or len(ratios) < 2:
+        return False
+    q1 = statistics.quantiles(ratios, n=4, method="inclusive")[0]  # labkit.bench.quantile's interpolation
+    return q1 > max(bounds)
+
+
+def too_wide(ab, record: dict, policy: Policy = POLICY, parts: list | None = None, *, interfered: bool = False,
+             bounds: list[float] | None = None) -> None:
     """Refuse to score a ratio whose rounds disagree by more than the ratio itself (the IQR above
     `policy.max_spread` x the median) on a busy machine: a score would be a coin toss, so the check is not
     gradable here and goes to a quieter machine. On a quiet one (the baseline's rounds within
@@ -114,8 +128,10 @@ def too_wide(ab, record: dict, policy: Policy = POLICY, parts: list | None = Non
     is scored as measured and `record` gets `own_spread` (the message says so), so that jittering on purpose
     cannot turn a low score into "not graded yet" on every machine. So it is when the hand-in's process was seen
     slowing the baseline (`interfered`: work it left queued, harness.Context.compare): then the baseline's spread
-    may be the hand-in's doing too, and says nothing of the machine."""
-    if ab.ratio_iqr <= policy.max_spread * ab.ratio:
+    may be the hand-in's doing too, and says nothing of the machine. A spread whose middle half lies above every
+    boundary (`bounds`, the check's tiers; `above_every_boundary`) is scored whatever the machine did: a 70x ratio
+    whose rounds ran 30x to 100x on a busy machine has a 4x top tier whichever round is believed."""
+    if ab.ratio_iqr <= policy.max_spread * ab.ratio or above_every_boundary(ab.ratios, bounds):
         return
     steady = round(baseline_spread(parts or [ab]), 3)
     if steady <= policy.quiet_baseline or interfered:

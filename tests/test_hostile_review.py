@@ -96,6 +96,20 @@ def test_a_hand_in_seen_slowing_the_baseline_cannot_pass_its_jitter_off_as_a_bus
     assert "slowed the baseline" in remeasure.message(rec) and TIERS.fraction(ab.ratio) == 0
 
 
+def test_a_few_fast_rounds_do_not_buy_full_marks_through_a_wide_spread():
+    """A wide spread is scored on a busy machine only when the middle half of the rounds lies above every tier
+    (remeasure.above_every_boundary). A slow hand-in that answers a third of its timed requests from a cache
+    (100x) is not lifted by it: its first quartile is its slow self, so a busy machine still leaves it ungraded,
+    and a quiet one scores its median, 0 points."""
+    busy = [1.0, 3.5, 2.6, 1.1, 3.0, 4.0, 1.2, 0.9, 2.8]
+    lucky = [1.0, 100.0, 0.9, 1.1, 100.0, 1.0, 0.95, 100.0, 1.05]
+    assert not remeasure.above_every_boundary(lucky, [1.5, 2.0, 2.5, 3.0, 4.0])
+    with pytest.raises(NotGradable, match="too noisy"):
+        remeasure.measured(Fake(lucky, busy), 9, TIERS)
+    ab, _, rec = remeasure.measured(Fake(lucky, STEADY), 9, TIERS)
+    assert "own_spread" in rec and TIERS.fraction(ab.ratio) == 0
+
+
 # What the toy's jittery student does in its real sandbox: the slow loop (about 1x the baseline), and a sleep
 # of ten times its work in every other request, starting with the first (8 calls of total() per request; 3 calls
 # before them for the correctness probe): 4 of the 7 timed rounds are slow, so the median is one of them.

@@ -153,3 +153,23 @@ def test_a_ratio_whose_rounds_disagree_by_more_than_itself_is_not_scored():
     noisy = [2.0, 2.6, 1.8, 2.4, 2.2, 1.9, 2.7, 2.1, 2.3]  # IQR ~0.5 of a 2.2x ratio: scored as measured
     got, _, _ = remeasure.measured(Fake(noisy, noisy), 9, TIERS)
     assert got.ratio == pytest.approx(2.2, abs=0.15)
+
+
+def test_a_wild_ratio_above_every_boundary_on_a_busy_machine_is_scored_full_marks():
+    """Seen on a loaded 2-core CI machine: the toy reference at 71x with an IQR of 73 over 14 rounds, against a 4x
+    requirement, was left "not gradable". Its rounds' middle half ran from ~30x up: full marks whichever round is
+    believed, so it is scored. Wholly below the first tier it stays a coin toss (a busy machine may have pushed
+    an honest hand-in down)."""
+    from autograder.harness import NotGradable
+
+    fast = [30.0, 150.0, 33.0, 120.0, 160.0, 36.0, 71.0, 130.0, 32.0]
+    got, _, rec = remeasure.measured(Fake(fast, base=BUSY), 9, TIERS)
+    assert got.ratio_iqr > got.ratio and TIERS.fraction(got.ratio) == 1.0 and "own_spread" not in rec
+    got, _, _ = remeasure.measured(Fake(fast, base=BUSY), 9, None, required_ratio=4.0)
+    assert got.ratio > 4.0
+    slow = [0.1, 1.2, 0.12, 1.3, 0.1, 1.1, 0.11, 1.25, 0.1]
+    with pytest.raises(NotGradable, match="too noisy"):
+        remeasure.measured(Fake(slow, base=BUSY), 9, TIERS)
+    straddling = [1.0, 40.0, 1.1, 35.0, 1.2, 30.0, 5.0, 38.0, 0.9]  # its middle half holds every boundary
+    with pytest.raises(NotGradable, match="too noisy"):
+        remeasure.measured(Fake(straddling, base=BUSY), 9, TIERS)
