@@ -1,7 +1,11 @@
 """Time to the baseline's accuracy, from a cold process: what a student waits for, rung against rung.
 
     python benchmarks/time_to_accuracy.py [--rounds 3] [--presets baseline,cuda_graphs,muon] [--artifact]
+                                          [--variant LABEL=PRESET:FIELD=VALUE,...] ...
                                           [--out benchmarks/results] [--name time_to_accuracy_h200]
+
+A --variant is a recipe being tried: a ladder preset with TrainConfig fields changed (`labkit train --set`),
+run and summarized under its own label beside the presets, e.g. `--variant muon_e8=muon:epochs=8`.
 
 Each run is `labkit train --preset P --set eval_every_epoch=true` in a new Python process with empty
 torch.compile caches (new inductor, Triton and labkit compile-cache folders), as on a new machine; the presets
@@ -45,23 +49,24 @@ def _empty_caches(base: Path, tag: str) -> dict[str, str]:
             "LABKIT_COMPILE_CACHE": str(d / "compile-cache")}
 
 
-def run_once(preset: str, env: dict[str, str], work: Path, label: str) -> dict:
-    """One `labkit train` in a fresh process; its record plus the spawn-to-exit wall time."""
+def run_once(preset: str, env: dict[str, str], work: Path, label: str, sets: tuple[str, ...] = ()) -> dict:
+    """One `labkit train` in a fresh process (TrainConfig fields `sets`, FIELD=VALUE, changed); its record plus
+    the spawn-to-exit wall time."""
     out = work / f"{label}.json"
-    cmd = [sys.executable, "-m", "labkit", "train", "--preset", preset, "--set", "eval_every_epoch=true",
+    cmd = [sys.executable, "-m", "labkit", "train", "--preset", preset, "--set", "eval_every_epoch=true", *sets,
            "--json", str(out), "--overwrite"]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
     whole = time.perf_counter() - t0
     if r.returncode != 0 or not out.exists():
-        return {"preset": preset, "label": label, "ok": False, "whole_s": whole,
+        return {"preset": preset, "sets": list(sets), "label": label, "ok": False, "whole_s": whole,
                 "error": (r.stderr or r.stdout)[-2000:]}
     rec = json.loads(out.read_text())
     st = rec.get("stages_s", {})
     before_loop = sum(st.get(k, 0.0) for k in ("process_before_command", "device_and_config",
                                                   "compile_cache_load", "setup"))
-    return {"preset": preset, "label": label, "ok": True, "whole_s": whole, "before_loop_s": before_loop,
-            "stages_s": st, "accuracy": rec.get("accuracy"), "img_per_s": rec.get("img_per_s"),
+    return {"preset": preset, "sets": list(sets), "label": label, "ok": True, "whole_s": whole, "before_loop_s": before_loop,
+            "stages_s": st, "setup_parts_s": rec.get("setup_parts_s"), "accuracy": rec.get("accuracy"), "img_per_s": rec.get("img_per_s"),
             "first_step_s": rec.get("first_step_s"), "curve": rec.get("accuracy_curve") or [],
             "epochs": rec.get("config", {}).get("epochs"), "batch_size": rec.get("config", {}).get("batch_size"),
             "tiered": bool(rec.get("tiered")), "precompiled": rec.get("precompiled")}
@@ -119,14 +124,44 @@ def table(summary: dict, target: float | None) -> str:
     return "\n".join(lines)
 
 
+def parse_variant(spec: str) -> tuple[str, str, tuple[str, ...]]:
+    """`LABEL=PRESET:FIELD=VALUE,...` -> (label, preset, ("FIELD=VALUE", ...)), checked before any training."""
+    from labkit.presets import RUNG_NAMES, TrainConfig
+
+    label, sep, rest = spec.partition("=")
+    preset, sep2, fields = rest.partition(":")
+    sets = tuple(f.strip() for f in fields.split(",") if f.strip())
+    if not (sep and sep2 and label.isidentifier() and sets):
+        raise SystemExit(f"--variant {spec!r}: expected LABEL=PRESET:FIELD=VALUE[,FIELD=VALUE...], "
+                         "e.g. muon_e8=muon:epochs=8")
+    if preset not in RUNG_NAMES:
+        raise SystemExit(f"--variant {spec!r}: unknown preset {preset!r} (one of {', '.join(RUNG_NAMES)})")
+    known = {f.name for f in __import__("dataclasses").fields(TrainConfig)}
+    bad = [f for f in sets if "=" not in f or f.split("=", 1)[0] not in known]
+    if bad:
+        raise SystemExit(f"--variant {spec!r}: not a TrainConfig FIELD=VALUE: {', '.join(bad)}")
+    return label, preset, sets
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each runs every preset once (default 3)")
     ap.add_argument("--presets", default="baseline,cuda_graphs,muon", help="comma-separated ladder presets")
     ap.add_argument("--artifact", action="store_true", help="also run compiled presets with the artifact")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=PRESET:FIELD=VALUE,...",
+                    help="also run a preset with TrainConfig fields changed, under its own label (repeatable)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the result JSON")
     ap.add_argument("--name", default="time_to_accuracy_h200", help="result name (file stem)")
     args = ap.parse_args(argv)
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    if "baseline" not in presets:
+        raise SystemExit("--presets must include baseline: the target is its median accuracy")
+    recipes = {p: (p, ()) for p in presets}
+    for spec in args.variant:
+        label, preset, sets = parse_variant(spec)
+        if label in recipes:
+            raise SystemExit(f"--variant {spec!r}: the label {label!r} is taken")
+        recipes[label] = (preset, sets)
     import torch
 
     from labkit.bench import save_result
@@ -135,9 +170,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("time_to_accuracy.py needs a CUDA GPU (the compiled rungs need CUDA graphs); "
                          "the CPU ladder's record is made by `labkit ladder --quick`")
-    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-    if "baseline" not in presets:
-        raise SystemExit("--presets must include baseline: the target is its median accuracy")
     check_writable(Path(args.out) / f"{args.name}.json")  # before an hour of training, not after
     work = Path(tempfile.mkdtemp(prefix="tta-work-"))
     t0 = time.perf_counter()
@@ -146,7 +178,7 @@ def main(argv=None) -> int:
     artifact_env = None
     if args.artifact:
         artifact_env = _empty_caches(work, "artifact")
-        compiled = ",".join(p for p in presets if p != "baseline")
+        compiled = ",".join(sorted({p for p, _ in recipes.values() if p != "baseline"}))
         b = subprocess.run([sys.executable, "-m", "labkit", "compile-cache", "--build", "--rungs", compiled],
                            env={**os.environ, **artifact_env}, capture_output=True, text=True)
         if b.returncode != 0:
@@ -155,18 +187,20 @@ def main(argv=None) -> int:
     runs: list[dict] = []
     target = None
     for rnd in range(args.rounds):
-        order = presets[rnd % len(presets):] + presets[: rnd % len(presets)]
-        for p in order:
-            plans = [("cold", _empty_caches(work, p))]
+        names = list(recipes)
+        order = names[rnd % len(names):] + names[: rnd % len(names)]
+        for name in order:
+            p, sets = recipes[name]
+            plans = [("cold", _empty_caches(work, name))]
             if artifact_env and p != "baseline":
-                plans.append(("artifact", {**_empty_caches(work, p),
+                plans.append(("artifact", {**_empty_caches(work, name),
                                            "LABKIT_COMPILE_CACHE": artifact_env["LABKIT_COMPILE_CACHE"]}))
             for how, env in plans:
-                label = f"{p}{'' if how == 'cold' else '+artifact'}-r{rnd}"
-                r = run_once(p, env, work, label)
+                label = f"{name}{'' if how == 'cold' else '+artifact'}-r{rnd}"
+                r = run_once(p, env, work, label, sets)
                 r["round"], r["caches"] = rnd, how
                 runs.append(r)
-                accs = [x["accuracy"] for x in runs if x["preset"] == "baseline" and x["ok"]]
+                accs = [x["accuracy"] for x in runs if x["label"].startswith("baseline-r") and x["ok"]]
                 target = statistics.median(accs) if accs else None
                 if target is not None:
                     score(runs, target)
@@ -176,7 +210,10 @@ def main(argv=None) -> int:
                 save_result(args.name, {"kind": "time_to_accuracy", "target_accuracy": target,
                                         "target_rule": "median final test accuracy of the baseline's runs in "
                                                        "this call", "data_generation_s": data_s,
-                                        "rounds": args.rounds, "presets": presets, "summary": summary,
+                                        "rounds": args.rounds, "presets": presets,
+                                        "variants": {k: {"preset": v[0], "sets": list(v[1])}
+                                                     for k, v in recipes.items() if v[1]},
+                                        "summary": summary,
                                         "runs": runs}, out_dir=args.out)
     print(table(summarize(runs, target), target))
     return 0

@@ -321,18 +321,24 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     check_config(cfg, dev)
     if warmup is None:  # cuDNN times backward convolutions while the data and model load, where cfg asks for it
         warmup = faststart.start(cfg, dev, graph_key(cfg), world_size=world()[1]).warmup
+    marks = [("device_and_faststart", time.perf_counter())]  # each part named with the time it ended
     if dataset is None:
         dataset = D.load(cfg.data, cfg.n_train, cfg.n_test, seed=0)
     ds = dataset.subset(cfg.n_train, cfg.n_test)
+    marks.append(("data", time.perf_counter()))
     torch.manual_seed(cfg.seed)
     model, net, flops = _build_model(cfg, ds.num_classes, dev)
+    marks.append(("model", time.perf_counter()))
     batches = _Batches(cfg, ds, dev)
+    marks.append(("batches", time.perf_counter()))
     steps_total = batches.steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
         steps_total = min(steps_total, cfg.max_steps)
     lr = peak_lr(cfg)
     step = _make_step(cfg, model, net, lr, steps_total, dev, precompiled, tier)
+    marks.append(("step", time.perf_counter()))
     warmed = warmup.wait() if warmup is not None else None  # before the first step: none of its kernels beside ours
+    marks.append(("warmup_wait", time.perf_counter()))
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     on_epoch = (lambda: evaluate(model, ds, cfg, dev)) if cfg.eval_every_epoch else None
@@ -357,6 +363,10 @@ def train(cfg: TrainConfig, device: str | torch.device | None = None, dataset: D
     rec["gpu_power"] = meter.report() if meter is not None else None
     # where a run's wall time goes besides its epochs: a compiled rung's wait is not all in the first step
     rec["stages_s"] = {"setup": t_loop - t_start, "loop": t_eval - t_loop, "final_evaluation": time.perf_counter() - t_eval}
+    # setup's parts (seconds): device and fast start, data, model, batches (on-device data), step (its build),
+    # the cuDNN warm-up's wait: where a cold run's time before its first step goes
+    ends = [t_start] + [t for _, t in marks]
+    rec["setup_parts_s"] = {name: round(t - ends[i], 4) for i, (name, t) in enumerate(marks)}
     return rec
 
 

@@ -1,0 +1,38 @@
+"""benchmarks/time_to_accuracy.py without a GPU: its variants are checked before any work, and summarized apart."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from labkit.env import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import time_to_accuracy as tta  # noqa: E402
+
+
+def test_a_variant_is_a_preset_with_fields_changed_and_bad_ones_are_refused_before_any_work():
+    assert tta.parse_variant("muon_b2048=muon:batch_size=2048,epochs=6") == (
+        "muon_b2048", "muon", ("batch_size=2048", "epochs=6"))
+    for bad, said in (("muon", "expected LABEL=PRESET"), ("x=muon", "expected LABEL=PRESET"),
+                      ("x=nope:epochs=3", "unknown preset 'nope'"), ("x=muon:epochz=3", "epochz=3"),
+                      ("x y=muon:epochs=3", "expected LABEL=PRESET")):
+        with pytest.raises(SystemExit, match=said):
+            tta.parse_variant(bad)
+    with pytest.raises(SystemExit, match="label 'muon' is taken"):
+        tta.main(["--variant", "muon=muon:epochs=6"])
+
+
+def test_variants_are_summarized_under_their_own_labels_against_the_baselines_target():
+    def run(label, acc, curve):
+        return {"label": label, "ok": True, "whole_s": 10.0, "before_loop_s": 5.0, "accuracy": acc,
+                "img_per_s": 1.0, "curve": [{"accuracy": a, "train_s": t} for a, t in curve]}
+
+    runs = [run("baseline-r0", 0.92, [(0.90, 30.0), (0.92, 60.0)]),
+            run("muon-r0", 0.91, [(0.85, 2.0), (0.91, 4.0)]),
+            run("muon_b2048-r0", 0.93, [(0.90, 2.0), (0.925, 4.0)])]
+    tta.score(runs, 0.92)
+    s = tta.summarize(runs, 0.92)
+    assert s["muon"]["reached_target"] == 0 and s["muon"]["ratio_vs_baseline"] is None
+    assert s["muon_b2048"]["to_target_s"]["median"] == 9.0 and s["muon_b2048"]["ratio_vs_baseline"] == 65 / 9
