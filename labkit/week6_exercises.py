@@ -779,7 +779,28 @@ def check_overlap(overlap_gradients) -> str:
     if len(calls) not in want:
         raise AssertionError(f"{len(calls)} all_reduce calls in one step; buckets of {BUCKET_BYTES:,} bytes make "
                              f"{' or '.join(map(str, sorted(want)))}")
+    _check_backward_order([c.numel for c in calls], results[0]["numels"])
     return f"2 processes: {close}, {len(calls)} buckets launched during backward; {_timed('6.8', sync)}"
+
+
+def _bucket_numels(numels: list[int], reverse: bool) -> list[int]:
+    """Elements in each greedy bucket of BUCKET_BYTES over fp32 tensors of `numels`, in forward or reverse order."""
+    sizes = [torch.empty(n) for n in (numels[::-1] if reverse else numels)]
+    return [sum(t.numel() for t in group) for group in buckets(sizes, BUCKET_BYTES)]
+
+
+def _check_backward_order(launched: list[int], numels: list[int]) -> None:
+    """6.8's buckets must follow backward's order (parameters reversed): in forward order the same count of
+    buckets passes 6.7, but the bucket backward fills first is not the first to be sent."""
+    want = _bucket_numels(numels, reverse=True)
+    if sorted(launched) == sorted(want):
+        return
+    hint = ("they are bucketed in model.parameters()' forward order. Backward produces the last layer's gradients "
+            "first: bucket the parameters reversed, so that the first bucket to fill is the first one sent"
+            if sorted(launched) == sorted(_bucket_numels(numels, reverse=False)) else
+            "fill each bucket, in the order backward reaches the parameters, until the next tensor would overflow it")
+    raise AssertionError(f"buckets of {launched} elements, where greedy buckets of {BUCKET_BYTES:,} bytes over the "
+                         f"parameters in backward's order hold {want}: {hint}")
 
 
 class _ShardedOpt:

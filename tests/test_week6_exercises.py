@@ -275,15 +275,17 @@ def test_6_8_overlap_right_and_synchronous_or_late_launches_caught():
     _wrong("6.8", blocking, "async_op=True")
     _wrong("6.8", _overlap(reset=False), "in the first: finish() must reset each bucket's count")
     _wrong("6.8", _overlap(wait=False), "drifted apart", "work.wait()")
+    _wrong("6.8", _overlap(forward=True), "forward order", "reversed")
 
 
-def _overlap(reset=True, wait=True):
-    """A hand-written 6.8 with one mistake switched on: counts never reset, or no wait() on the handles."""
+def _overlap(reset=True, wait=True, forward=False):
+    """A hand-written 6.8 with one mistake switched on: counts never reset, no wait() on the handles, or the
+    buckets in forward order (the same count of buckets, but not the ones backward fills first)."""
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     def overlap_gradients(model, bucket_bytes):
-        params = list(model.parameters())[::-1]
+        params = list(model.parameters())[:: 1 if forward else -1]
         buckets, size = [[]], 0
         for p in params:
             if buckets[-1] and size + p.numel() * p.element_size() > bucket_bytes:
