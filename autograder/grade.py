@@ -555,12 +555,22 @@ def _grade_in(scratch: Path, sub: intake.Submission, course: Course, cfg: GradeC
                              "see feedback.log)")
             continue
         res.outputs[f"autograded/{sid}/{aid}/{rel}"] = out.write(f"autograded/{sid}/{aid}/{rel}", p.read_bytes())
-    for n in course.notebooks:  # beside the result, where no nbgrader tool looks for notebooks to grade
-        p = taken / "formgrader" / feedback.HANDED_IN / f"{n}.ipynb"
-        if p.is_file() and p.stat().st_size <= MAX_KEPT_BYTES:
-            rel = f"students/{sid}/{feedback.HANDED_IN}/{n}.ipynb"
-            res.outputs[rel] = out.write(rel, p.read_bytes())
+    keep_handed_in(res, out, taken / "formgrader" / feedback.HANDED_IN, sid, course.notebooks)
     return res
+
+
+def keep_handed_in(res, out, copies: Path, sid: str, notebooks) -> None:
+    """Keep each notebook's plain copy as handed in (`copies`/<name>.ipynb) beside the result, at
+    students/<sid>/as_handed_in/, where no nbgrader tool looks for notebooks to grade; a copy not written or
+    over MAX_KEPT_BYTES gets a note instead, since the marker reading written answers must know it is missing."""
+    for n in notebooks:
+        p = copies / f"{n}.ipynb"
+        rel = f"students/{sid}/{feedback.HANDED_IN}/{n}.ipynb"
+        size = p.stat().st_size if p.is_file() else None
+        if size is None or size > MAX_KEPT_BYTES:
+            res.notes.append(f"{rel} is not kept ({'too large' if size else 'not written'}; see feedback.log)")
+            continue
+        res.outputs[rel] = out.write(rel, p.read_bytes())
 
 
 # ------------------------------------------------------------------------------------------------ the class

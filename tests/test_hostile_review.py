@@ -418,3 +418,24 @@ def test_the_course_readme_states_these_defences_with_the_codes_own_numbers():
     assert grade.MAX_KEPT_BYTES == 16 * 2**20 and "16 MiB the grader keeps of a file" in text
     assert feedback.MAX_PLAIN_BYTES < grade.MAX_KEPT_BYTES
     assert similarity.MAX_MODULE_BYTES == 2**20 and "a module over 1 MiB" in text
+
+
+def test_a_copy_as_handed_in_left_out_is_named_in_the_students_notes(tmp_path, monkeypatch):
+    """A copy as handed in that was not written (the plain copy failed) or is still over what the grader keeps
+    was left out without a word: the marker reading written answers had no copy and no reason."""
+    from types import SimpleNamespace
+
+    from autograder import grade
+
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    (copies / "a.ipynb").write_text("{}")
+    (copies / "big.ipynb").write_bytes(b"x" * 64)
+    monkeypatch.setattr(grade, "MAX_KEPT_BYTES", 32)
+    written = {}
+    out = SimpleNamespace(write=lambda rel, data: written.setdefault(rel, data) and rel)
+    res = SimpleNamespace(notes=[], outputs={})
+    grade.keep_handed_in(res, out, copies, "eve", ["a", "big", "gone"])
+    assert list(written) == ["students/eve/as_handed_in/a.ipynb"]
+    assert res.notes == ["students/eve/as_handed_in/big.ipynb is not kept (too large; see feedback.log)",
+                         "students/eve/as_handed_in/gone.ipynb is not kept (not written; see feedback.log)"]
