@@ -754,6 +754,7 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
             raise LabkitError(f"no student hand-ins found in {submissions}: expected one folder per student "
                               f"(holding {assignment}.ipynb) or LMS-named .ipynb/.zip files"
                               + (f"; skipped: {found.junk[0]}" if found.junk else ""))
+        everyone = {s.student_id for s in found.submissions}  # before slicing: the whole class that handed in
         if cfg.shard:
             found.submissions = shard.select(found.submissions, cfg.shard)
             log.info("slice %s: %d hand-ins", cfg.shard, len(found.submissions))
@@ -762,7 +763,8 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         if todo:
             feedback.RENDERER.start()  # its imports overlap the first student's grading
         graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
-        ordered = manual.apply([results[s.student_id] for s in found.submissions if s.student_id in results], scores)
+        ordered = manual.apply([results[s.student_id] for s in found.submissions if s.student_id in results], scores,
+                               known=everyone if cfg.shard else None)
         report.write_outputs(out, course, ordered, found.junk, hardware, outputs.write)
         restored = outputs.restore_changed()
         for rel in restored:

@@ -203,15 +203,17 @@ def collect(out: Path, assignment: str, cells: list[dict], csv_path: str | Path 
     return scores
 
 
-def apply(results: list, scores: dict[tuple[str, str], float]) -> list:
+def apply(results: list, scores: dict[tuple[str, str], float], known: set[str] | None = None) -> list:
     """Copies of `results` with the instructor's scores in their written answers and totals (the done-markers
     themselves stay as graded: a score given by a person is not the grader's measurement). A score is held to
-    0..its cell's points; scores for ids no result has are named in a warning (a typo changes nothing else)."""
-    stray = sorted({sid for sid, _ in scores} - {r.student_id for r in results})
+    0..its cell's points; scores for ids no result has are named in a warning (a typo changes nothing else).
+    `known`: every id of the class where `results` are one slice of it, so that the warning names only ids no
+    slice has (the typos), not the other slices' students, whose scores their own slice and the merge apply."""
+    stray = sorted({sid for sid, _ in scores} - {r.student_id for r in results} - (known or set()))
     if stray:
         logging.getLogger("autograder").warning(
-            "manual scores for %d id(s) no student of this run has (a typo, or a student graded in another slice?): "
-            "%s", len(stray), ", ".join(stray[:20]))
+            "manual scores for %d id(s) no student of this %s has (a typo?): %s",
+            len(stray), "class" if known else "run", ", ".join(stray[:20]))
     out = []
     for r in results:
         mine = {cell: v for (sid, cell), v in scores.items() if sid == r.student_id}

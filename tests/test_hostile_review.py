@@ -333,6 +333,10 @@ def test_scores_for_a_student_this_run_did_not_grade_are_named(tmp_path, caplog)
         out = manual.apply([ann], {("ann", WID): 7.0, ("jane", WID): 1.0})
     assert out[0].cells[0]["score"] == 2.0 and out[0].score == 2.0  # over the cell's points: its points, no more
     assert "jane" in caplog.text and "no student of this run" in caplog.text
+    caplog.clear()  # one slice of a class: the other slices' students are no typo, and are not named
+    with caplog.at_level(logging.WARNING, logger="autograder"):
+        manual.apply([ann], {("ann", WID): 7.0, ("bob", WID): 1.0, ("jane", WID): 1.0}, known={"ann", "bob"})
+    assert "jane" in caplog.text and "bob" not in caplog.text and "no student of this class" in caplog.text
 
 
 # ------------------------------------------------------------------------------------------------ honest students
