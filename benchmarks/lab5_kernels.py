@@ -12,7 +12,9 @@ events (labkit.bench.compare), and, beside them, one pass's input draws alone. S
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +35,7 @@ def _reference():
 
     aid = harness.ASSIGNMENTS["lab5"]
     d = tempfile.mkdtemp(prefix="lab5-ref-")
+    atexit.register(shutil.rmtree, d, True)  # kept until exit: Triton reads a kernel's source file when it compiles
     path = harness.student_file_from_notebook(ROOT / "assignments" / "source" / aid / f"{aid}.ipynb", d)
     spec = importlib.util.spec_from_file_location("lab5_reference", path)
     mod = importlib.util.module_from_spec(spec)
