@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each runs every preset once (default 3)")
     ap.add_argument("--presets", default="baseline,cuda_graphs,muon", help="comma-separated ladder presets")
     ap.add_argument("--artifact", action="store_true", help="also run compiled presets with the artifact")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the result JSON")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ladder"), help="folder for the result JSON")
     ap.add_argument("--name", default="time_to_accuracy_h200", help="result name (file stem)")
     args = ap.parse_args(argv)
     import torch
