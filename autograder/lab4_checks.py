@@ -33,7 +33,7 @@ SEEDS = {"correctness": 0, "no_host_sync": 2, "speed": 3}  # public; the hidden 
 # Speed-up of the student's step over the naive step, separate processes, interleaved. On an H100 bf16 +
 # channels_last + torch.compile + a fused optimizer reach ~2.2x at batch 512 and CUDA graphs on top ~3.8x (the
 # reference solution, like the ladder's cuda_graphs rung); 3x earns full marks, the bonus sits a little above
-# that reference. benchmarks/results/grade_reference_gpu.json and grade_reliability.json hold the measured ratios.
+# that reference. benchmarks/results/grading/grade_reference_gpu.json and grade_reliability.json hold the measured ratios.
 SPEED_TIERS = {  # per harness class; gpu_policy.LAB4_SPEED_TIERS splits tensor-core GPUs (the T4 class is fp16)
     "tensor_core_gpu": gpu_policy.LAB4_SPEED_TIERS["bf16_tensor_core_gpu"],
     "gpu": gpu_policy.LAB4_SPEED_TIERS["gpu"],
@@ -136,7 +136,7 @@ def _judge(m, losses, ref_losses, amp_losses, changed, sz, hyper) -> None:
             f"{m['reference_momentum_carry']:.2f}: SGD momentum={hyper['momentum']} (buffer kept across steps)?", **m)
     # A gross-divergence guard only: from one step to the next the trajectories separate chaotically (on an H100
     # the reference's bf16 step sat 0.72 from the naive step at step 4 while the bf16 twin sat 0.13 away:
-    # benchmarks/results/grade_reference_gpu_53896f9.json), so the floor grows with the step; the precise checks
+    # benchmarks/results/grading/grade_reference_gpu_53896f9.json), so the floor grows with the step; the precise checks
     # are the ones above.
     for s_ in range(1, sz["k"]):
         tol = max(4 * abs(amp_losses[s_] - ref_losses[s_]), 0.2 + 0.3 * s_)

@@ -42,7 +42,7 @@ GRAD_RTOL = {"float32": 1e-5, "float16": torch.finfo(torch.float16).eps, "bfloat
 GRAD_ATOL = 1e-5  # share of the gradient's largest element
 
 # Speed: forward + backward on bf16 logits (rows, cols), the student's kernels against the eager composition,
-# fresh inputs each pass (autograder.student.lab5.round_draws). benchmarks/results/grade_reference_gpu_lab5_h200.json
+# fresh inputs each pass (autograder.student.lab5.round_draws). benchmarks/results/grading/grade_reference_gpu_lab5_h200.json
 # holds the reference's measured ratio; tests/test_lab5.py ties the tiers to it.
 SPEED_SHAPE = {"rows": 131072, "cols": 1000}
 SPEED_ROUNDS = {"rounds": 9, "warmup": 3, "inner": 5}

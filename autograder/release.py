@@ -100,8 +100,8 @@ def _results(root: Path) -> list[Path]:
     """Recorded results the weekly notebooks or labkit name (grading results stay out): JSON records, and the
     folders of recorded artifacts a notebook reads (week 3's memory snapshots), named the same way."""
     text = "".join(p.read_text() for p in [*(root / "notebooks").glob("*.ipynb"), *(root / "labkit").glob("*.py")])
-    found = [*sorted((root / "benchmarks" / "results").glob("*.json")),
-             *sorted(p for p in (root / "benchmarks" / "results").iterdir() if p.is_dir() and p.name in ARTIFACT_DIRS)]
+    found = [*sorted((root / "benchmarks" / "results").glob("*/*.json")),  # records sit in topic folders
+             *sorted(p for p in (root / "benchmarks" / "results").glob("*/*") if p.is_dir() and p.name in ARTIFACT_DIRS)]
     return [p for p in found
             if not p.stem.startswith("grade") and re.search(rf'\\?["\']{re.escape(p.name if p.is_dir() else p.stem)}\\?["\']', text)]
 

@@ -13,7 +13,7 @@ saved bytes are what autograd keeps for backward (labkit.attention.saved_bytes).
 from the aten operator a profile of one call records. A contender that runs out of memory is recorded as skipped,
 as are larger L for it. Last, one bf16-autocast training step of the block stack (labkit.attention.build_blocks,
 the "small" preset) is profiled with naive attention and with SDPA, and its top operators by device time kept
-(labkit.attention.top_ops). Saves benchmarks/results/attention_<card>.json (attention_h200.json on an H200).
+(labkit.attention.top_ops). Saves benchmarks/results/kernels/attention_<card>.json (attention_h200.json on an H200).
 
 It imports only torch and labkit modules that need nothing else (no matplotlib, tqdm or psutil). Without a CUDA GPU
 it refuses, except for the --device cpu --quick dry run, which writes to a temporary folder unless --out is given:
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         dev = pick_device(args.device)
         payload = run(PRESETS["quick" if args.quick else "full"], dev)
         card = card_name(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else "cpu"
-        out = args.out or (Path(tempfile.mkdtemp(prefix="attention-dry-")) if dev.type == "cpu" else RESULTS_DIR)
+        out = args.out or (Path(tempfile.mkdtemp(prefix="attention-dry-")) if dev.type == "cpu" else RESULTS_DIR / "kernels")
         path = save_result(f"attention_{card}" + ("_quick" if args.quick else ""), payload, out_dir=out, device=dev)
     except LabkitError as e:
         print(f"attention_gpu: error: {e}", file=sys.stderr)

@@ -58,7 +58,7 @@ import compile_time as CT  # noqa: E402  (its first_steps: the same timed first 
 
 from labkit import data as D  # noqa: E402
 from labkit import train as T  # noqa: E402
-from labkit.bench import save_result  # noqa: E402
+from labkit.bench import RESULTS_DIR, save_result  # noqa: E402
 from labkit.env import LabkitError, bytecode_status, pick_device  # noqa: E402
 from labkit.faststart import compile_artifacts as CA  # noqa: E402
 from labkit.faststart import cudnn_warmup as CW  # noqa: E402
@@ -430,7 +430,7 @@ def main(argv=None) -> int:
                     help="installed (default): every process finds torch's .pyc, as after pip or conda install, "
                          "even where this install has none; as-found: as this Python finds it")
     ap.add_argument("--device", default="auto", help="auto or cuda[:N]")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--out", default=str(RESULTS_DIR / "coldstart"), help="results folder (default benchmarks/results/coldstart)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one first-steps run, started by first_steps_job
     args = ap.parse_args(argv)
     if args.child:

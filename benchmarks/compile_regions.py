@@ -440,7 +440,8 @@ def parse(argv: list[str]):
     ap.add_argument("--batch", type=int, default=BATCH, help=f"images per step (default {BATCH}, the rung's)")
     ap.add_argument("--name", default="compile_regions", help="result name (default compile_regions)")
     ap.add_argument("--device", default="auto", help="auto or cuda[:N]")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ladder"),
+                    help="results folder (default benchmarks/results/ladder)")
     args = ap.parse_args(argv)
     try:
         args.splits = [int(k) for k in args.splits.split(",")]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from labkit import data as D
 from labkit import train as T
-from labkit.bench import compile_cache, save_result, synchronize
+from labkit.bench import RESULTS_DIR, compile_cache, save_result, synchronize
 from labkit.env import LabkitError, pick_device
 
 COMPILED = [n for n in T.RUNG_NAMES if T.preset(n).compile]
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="steps timed per run (default 10)")
     ap.add_argument("--rungs", default=None, help=f"comma-separated compiled rungs (default: {','.join(COMPILED)})")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--out", default=str(RESULTS_DIR / "ladder"), help="results folder (default benchmarks/results/ladder)")
     ap.add_argument("--child", metavar="RUNG", help=argparse.SUPPRESS)  # one run, started by measure()
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     ap.add_argument("--record", help=argparse.SUPPRESS)

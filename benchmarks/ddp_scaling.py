@@ -49,7 +49,7 @@ def main(argv=None) -> int:
                     help="afterwards, profile a few N-process steps of the preset and of each variant (rank 0's trace)")
     ap.add_argument("--quick", action="store_true", help="CPU-sized runs")
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU")
-    ap.add_argument("--out", default=str(RESULTS_DIR))
+    ap.add_argument("--out", default=str(RESULTS_DIR / "ddp"))
     args = ap.parse_args(argv)
     dev = pick_device("cpu" if args.cpu else "auto")
     try:

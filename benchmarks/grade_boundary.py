@@ -11,7 +11,7 @@ an H100, through the trusted harness without nbgrader (like grade_reference_gpu.
      sits on a tier boundary (the highest one below 0.9x the reference's ratio, or --target), jittered per step
      so its rounds have a real spread; it is graded the same way, and once more with a corrected delay if its
      first measurement missed the boundary (--attempts);
-  3. benchmarks/results/grade_boundary_<card>.json gets the card, torch, the commit, the command and, per
+  3. benchmarks/results/grading/grade_boundary_<card>.json gets the card, torch, the commit, the command and, per
      verdict: ratio, spread, whether it was re-measured, the pooled result, the GPU state before and after.
 
     python benchmarks/grade_boundary.py                      # on the GPU machine
@@ -225,8 +225,8 @@ def _command(argv) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None, help="folder for the record (default benchmarks/results/; --quick: "
-                    "required, and never benchmarks/results/)")
+    ap.add_argument("--out", default=None, help="folder for the record (default benchmarks/results/grading/; --quick: "
+                    "required, and never benchmarks/results/grading/)")
     ap.add_argument("--device", default="cuda", help="the GPU to grade on: cuda or cuda:N")
     ap.add_argument("--commit", default=None, help="the commit measured, when this tree is a copy (recorded beside "
                     "`git rev-parse HEAD`)")
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     path = bench.save_result(f"grade_boundary_{card_tag(card)}", {
         "kind": "grade_boundary", "card": card, "torch": torch.__version__, "git_head": head,
         "measured_commit": args.commit or head, "command": _command(argv),
-        "device": device, "quick": False, **body}, out_dir=args.out, device=device)
+        "device": device, "quick": False, **body}, out_dir=args.out or Path(bench.RESULTS_DIR) / "grading", device=device)
     print("\n".join(summary_lines(body["verdicts"])) + f"\nsaved {path}")
     return 0
 
@@ -279,7 +279,7 @@ def _quick(args, argv=None) -> int:
     from autograder.harness import Tiers
     from labkit import bench
 
-    if args.out is None or Path(args.out).resolve() == Path(bench.RESULTS_DIR).resolve():
+    if args.out is None or Path(args.out).resolve() in (Path(bench.RESULTS_DIR).resolve(), (Path(bench.RESULTS_DIR) / "grading").resolve()):
         print("grade_boundary: --quick writes synthetic timings: give --out a folder outside benchmarks/results/",
               file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ not graded again, and no process or half-written file is left behind.
     python benchmarks/grade_class.py            # 24 students, 2 at a time
     python benchmarks/grade_class.py --quick    # 4 students (a smoke test)
 
-Saves benchmarks/results/grade_class_cpu.json: wall time per submission (median, p95, max), both phases'
+Saves benchmarks/results/grading/grade_class_cpu.json: wall time per submission (median, p95, max), both phases'
 wall times, what was lost (nothing, one hopes) and the scores by cause.
 """
 
@@ -141,7 +141,7 @@ def audit(base: Path, roster: dict, speed_cells: set, before: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for grade_class_cpu.json")
+    ap.add_argument("--out", default=str(bench.RESULTS_DIR / "grading"), help="folder for grade_class_cpu.json")
     ap.add_argument("--quick", action="store_true", help="4 students, killed after 1 (a smoke test)")
     ap.add_argument("--students", type=int, default=None, help="class size (default 24; --quick 4)")
     ap.add_argument("--jobs", type=int, default=2, help="students graded at once (default 2)")

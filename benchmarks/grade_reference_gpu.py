@@ -8,7 +8,7 @@ GPU-only speed check reports "not gradable on this hardware" and the rest must g
     python benchmarks/grade_reference_gpu.py            # on the GPU machine: all of labs 1, 3, 4
     python benchmarks/grade_reference_gpu.py --quick    # CPU-sized problems on the CPU, whatever the machine
 
-Saves benchmarks/results/grade_reference_gpu.json (verdicts, speed-ups, environment) and exits 1 if a gradable
+Saves benchmarks/results/grading/grade_reference_gpu.json (verdicts, speed-ups, environment) and exits 1 if a gradable
 check lost points.
 """
 
@@ -50,7 +50,7 @@ def grade_reference(lab: str, device: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for grade_reference_gpu.json")
+    ap.add_argument("--out", default=str(bench.RESULTS_DIR / "grading"), help="folder for grade_reference_gpu.json")
     ap.add_argument("--quick", action="store_true", help="grade on the CPU with the small problems (a smoke test)")
     ap.add_argument("--device", default="auto", help="device to grade on: auto, cpu, cuda, cuda:N (--quick: cpu)")
     ap.add_argument("--labs", nargs="+", default=DEFAULT_LABS, choices=sorted(harness.ASSIGNMENTS),

@@ -8,7 +8,7 @@ ratio shows how close the thresholds sit to the noise.
     python benchmarks/grade_reliability.py                 # GPU machine: lab4.speed, 10 runs
     python benchmarks/grade_reliability.py --quick         # CPU smoke test: 3 runs of a CPU-gradable check
 
-Saves benchmarks/results/grade_reliability.json (per-run verdicts, false failures, ratio spread, environment).
+Saves benchmarks/results/grading/grade_reliability.json (per-run verdicts, false failures, ratio spread, environment).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def summarize(runs: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for grade_reliability.json")
+    ap.add_argument("--out", default=str(bench.RESULTS_DIR / "grading"), help="folder for grade_reliability.json")
     ap.add_argument("--quick", action="store_true", help="3 runs on the CPU (a smoke test)")
     ap.add_argument("--runs", type=int, default=None, help="how many times to run the check (default 10; --quick 3)")
     ap.add_argument("--check", default="auto",

@@ -9,7 +9,7 @@ run plus the trusted checks); the run's total wall time is recorded too. Make th
     LABKIT_OPEN_KIT=1 python benchmarks/grade_time.py --against /tmp/before  # toy, lab1, lab2, lab3
     LABKIT_OPEN_KIT=1 python benchmarks/grade_time.py --against /tmp/before --labs lab4_speedrun --repeats 2  # GPU
 
-Saves benchmarks/results/grade_time_<device>.json: per lab and checkout every student's seconds, the medians
+Saves benchmarks/results/grading/grade_time_<device>.json: per lab and checkout every student's seconds, the medians
 and their ratio (this checkout / the other).
 """
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(the grader before the sandbox counted every process of the kernel: 16 GiB stops lab 4 on a GPU)")
     ap.add_argument("--only", choices=("this", "before"), default=None, help="grade with one checkout only")
     ap.add_argument("--against-commit", default=None, help="the other checkout's commit, where it is no git checkout")
-    ap.add_argument("--out", default=None, help="results file (default benchmarks/results/grade_time_<device>.json)")
+    ap.add_argument("--out", default=None, help="results file (default benchmarks/results/grading/grade_time_<device>.json)")
     a = ap.parse_args(argv)
     other = Path(a.against).resolve()
     if not (other / "autograder" / "grade.py").is_file():
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = Path(a.out or ROOT / "benchmarks" / "results" / f"grade_time_{device}.json")
+    out = Path(a.out or ROOT / "benchmarks" / "results" / "grading" / f"grade_time_{device}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     if not os.access(out.parent, os.W_OK):
         raise SystemExit(f"grade_time: cannot write {out}")

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ablation", action="store_true", help="leave-one-out from the top rung instead of the ladder")
     ap.add_argument("--top", help="with --ablation: the rung to ablate from (default: the highest that runs here)")
     ap.add_argument("--drop", help="with --ablation: comma-separated changes to leave out (default: every one)")
-    ap.add_argument("--out", default=None, help=f"results folder (default {RESULTS_DIR})")
+    ap.add_argument("--out", default=str(RESULTS_DIR / "ladder"), help="results folder (default benchmarks/results/ladder)")
     args = ap.parse_args(argv)
     dev = pick_device(args.device)
     quick = args.quick or quick_mode()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from labkit import data as D
 from labkit import train as T
-from labkit.bench import save_result, synchronize
+from labkit.bench import RESULTS_DIR, save_result, synchronize
 from labkit.env import pick_device, quick_mode
 from labkit.models import resnet18
 
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=3, help="epochs per pipeline (the first is excluded from img/s)")
     ap.add_argument("--quick", action="store_true", help="tiny CPU-sized run")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--out", default=str(RESULTS_DIR / "ladder"), help="results folder (default benchmarks/results/ladder)")
     args = ap.parse_args(argv)
     dev = pick_device(args.device)
     quick = args.quick or quick_mode()

@@ -4,7 +4,7 @@
 # Steps: doctor ladder ablation compile matmul top peers amp loaders profiling corpus grading reliability notebooks ddp
 # coldstart samples quick (default: all but ddp, which needs a machine with several GPUs, coldstart, which takes most
 # of 10 minutes, samples, which builds this machine's compile-cache artifact, and quick, every command and notebook
-# in quick mode). corpus's folder is what benchmarks/results/trace_corpus/ holds.
+# in quick mode). corpus's folder is what benchmarks/results/diagnosis/trace_corpus/ holds.
 # The pack (OUT_DIR.tar.gz) is rewritten after each step, so an interrupted run keeps what finished.
 set -u
 out=${1:?usage: run_gpu_suite.sh OUT_DIR [step ...]}

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     mine, sep, args = (argv[:argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", [])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="stack_samples", help="result name (default stack_samples)")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/diagnosis)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds the command may take (default 600)")
     a = ap.parse_args(mine)
     if not sep or not args:
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     from labkit.outputs import check_writable
 
     try:
-        out = check_writable(a.out or RESULTS_DIR, "dir", "--out")  # before minutes of work, not after
+        out = check_writable(a.out or RESULTS_DIR / "diagnosis", "dir", "--out")  # before minutes of work, not after
     except LabkitError as e:
         ap.error(str(e))
     rec = measure(args, a.timeout)

@@ -178,7 +178,7 @@ def arguments(doc: str, name: str) -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of every part (default 5)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--quick", action="store_true", help="tiny, eager: the plumbing only (the default on a CPU)")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/ladder)")
     ap.add_argument("--name", default=name, help=f"result file stem (default {name})")
     return ap
 
@@ -190,7 +190,7 @@ def start(args, name: str):
     from labkit.env import pick_device
     from labkit.outputs import check_writable
 
-    out = check_writable(args.out or Path(__file__).parent / "results", "dir")
+    out = check_writable(args.out or Path(__file__).parent / "results" / "ladder", "dir")
     dev = pick_device(args.device)
     quick = args.quick or dev.type != "cuda"
     if quick and not args.quick:

@@ -1,6 +1,6 @@
 """Is the top rung's steady step held back by the card's power limit? Clocks and watts beside img/s.
 
-    python benchmarks/step_power.py [--preset muon] [--rounds 5] [--steps 30] [--out benchmarks/results]
+    python benchmarks/step_power.py [--preset muon] [--rounds 5] [--steps 30] [--out benchmarks/results/ladder]
 
 One process builds the rung as `labkit train` does (`step_parts.setup`) and trains it for one epoch, so that its
 weights are those of a run under way. It then times, in alternating rounds of --steps steps each on one fixed batch:

@@ -2,7 +2,7 @@
 
     python benchmarks/time_to_accuracy.py [--rounds 3] [--presets baseline,cuda_graphs,muon] [--artifact]
                                           [--variant LABEL=PRESET:FIELD=VALUE,...] ...
-                                          [--out benchmarks/results] [--name time_to_accuracy_h200]
+                                          [--out benchmarks/results/ladder] [--name time_to_accuracy_h200]
 
 A --variant is a recipe being tried: a ladder preset with TrainConfig fields changed (`labkit train --set`),
 run and summarized under its own label beside the presets, e.g. `--variant muon_e8=muon:epochs=8`.
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--artifact", action="store_true", help="also run compiled presets with the artifact")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=PRESET:FIELD=VALUE,...",
                     help="also run a preset with TrainConfig fields changed, under its own label (repeatable)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the result JSON")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ladder"), help="folder for the result JSON")
     ap.add_argument("--name", default="time_to_accuracy_h200", help="result name (file stem)")
     args = ap.parse_args(argv)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from labkit import data as D
 from labkit import train as T
-from labkit.bench import save_result, time_fn
+from labkit.bench import RESULTS_DIR, save_result, time_fn
 from labkit.diagnosis import load_trace
 from labkit.env import LabkitError, pick_device, torch_switches
 from labkit.models import resnet18, train_flops_per_image
@@ -302,7 +302,7 @@ def _print_kernels(k: dict, what: str = "") -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=str(RESULTS_DIR / "ladder"), help="results folder (default benchmarks/results/ladder)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parts", nargs="+", default=["model", "kernels", "optimizer", "train"],
                     choices=["convs", "model", "kernels", "optimizer", "train"])

@@ -10,7 +10,7 @@ operators, small and big models. Each carries the label(s) it was built to show:
 program the top two causes (either order). Each runs in its own process under a plain torch.profiler schedule
 (`prof.step()` once per iteration, a few active steps), and its trace is saved gzipped beside the results.
 The runner then diagnoses every trace and writes `trace_corpus.json` (card, torch, git commit, command, per
-trace intended vs diagnosed, accuracy) into the same folder, benchmarks/results/trace_corpus/ by default;
+trace intended vs diagnosed, accuracy) into the same folder, benchmarks/results/diagnosis/trace_corpus/ by default;
 tests/test_diagnosis.py re-diagnoses the committed traces on a CPU and fails on any regression.
 
     python benchmarks/trace_corpus.py --hta          # no GPU: cross-check with Holistic Trace Analysis
@@ -20,7 +20,7 @@ committed trace with Holistic Trace Analysis (`labkit.hta`) beside `diagnose` an
 per trace ours, theirs (temporal breakdown, idle time split into host wait / kernel wait / other, kernel launch
 statistics) and each quantity both measure, agree or not and why not, with HTA's version. HTA has no data or
 sync cause (all three look like host wait to it), so the verdicts compare as host-bound vs GPU-bound;
-tests/test_diagnosis.py keeps the file in step with the corpus and docs/results.md.
+tests/test_diagnosis.py keeps the file in step with the corpus and docs/results/diagnosis.md.
 
 Without a CUDA GPU the runner says so and exits with status 2, writing nothing. `--rediagnose` needs no GPU: it
 runs the current `diagnose` over the traces already in the folder and rewrites only the verdicts (`diagnosed`,
@@ -28,7 +28,7 @@ runs the current `diagnose` over the traces already in the folder and rewrites o
 recorded.
 
     python benchmarks/trace_corpus.py --only sync_grad_norm_logging,mixed_loader_and_item --out /tmp/new
-    python benchmarks/trace_corpus.py --merge /tmp/new   # no GPU: into benchmarks/results/trace_corpus/
+    python benchmarks/trace_corpus.py --merge /tmp/new   # no GPU: into benchmarks/results/diagnosis/trace_corpus/
 
 To re-record a few programs, record them into a fresh folder and `--merge` it: each new trace and row replaces the
 one of the same name (the row keeps where it was recorded under "recorded"), the HTA cross-check is redone where
@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "trace_corpus"
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "diagnosis" / "trace_corpus"
 NAME = "trace_corpus"
 TRACE_LIMIT_BYTES = 1_500_000
 HTA_NAME = "hta_crosscheck"  # the Holistic Trace Analysis cross-check's results file, beside trace_corpus.json

@@ -11,7 +11,7 @@ the data path (uint8 -> crop + flip + normalize, float32 out) on a batch of 4096
 + residual + ReLU forward and backward on the first stage's activation at batch 512 (512 x 64 x 32 x 32), in
 float32 and bf16. Each contender gets its median seconds per call, the interquartile range, and the GB/s its
 bytes (labkit.week7_exercises.bytes_moved) give; the card's copy bandwidth is measured in the same run for the
-roofline. Saves benchmarks/results/triton_kernels_<card>.json (triton_kernels_h200.json on an H200).
+roofline. Saves benchmarks/results/kernels/triton_kernels_<card>.json (triton_kernels_h200.json on an H200).
 On a machine without a CUDA GPU it refuses: Triton's interpreter gives right answers and meaningless times.
 """
 
@@ -189,7 +189,7 @@ def run(reference: bool, quick: bool, rounds: int, dev=None, sizes: tuple[int, i
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/kernels)")
     ap.add_argument("--reference", action="store_true", help="time labkit's kernels, not the notebook's answers")
     ap.add_argument("--quick", action="store_true", help="small tensors and 5 rounds (a smoke test)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per kernel (default 15)")
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
             raise LabkitError("--rounds must be at least 1")
         payload = run(args.reference, args.quick, rounds)
         stem = f"triton_kernels_{card_name(torch.cuda.get_device_name())}" + ("_quick" if args.quick else "")
-        path = save_result(stem, payload, out_dir=args.out or RESULTS_DIR, device="cuda")
+        path = save_result(stem, payload, out_dir=args.out or RESULTS_DIR / "kernels", device="cuda")
     except LabkitError as e:
         print(f"triton_kernels: error: {e}", file=sys.stderr)
         return 2

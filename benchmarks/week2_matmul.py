@@ -29,9 +29,11 @@ import torch
 from labkit import bench
 from labkit import matmul as mm
 from labkit import waves as wv
-from labkit.bench import RESULTS_DIR, save_result
+from labkit.bench import save_result
 from labkit.env import LabkitError, pick_device
 from labkit.floats import torch_overflow_policy
+
+RESULTS_DIR = bench.RESULTS_DIR / "kernels"  # where its records go (benchmarks/results/kernels)
 
 NAME = "week2_matmul"
 WAVES_NAME = "week2_waves"

@@ -9,7 +9,7 @@ autocast, timed interleaved against fp32 with labkit.bench.compare, and peak mem
 amp.memory_breakdown (two warm-up steps; params, grads, optimizer state, activations, workspace; the peak
 above what was resident, so earlier configurations' leftovers do not count). Then activation checkpointing (memory
 saved vs time lost), bytes per parameter by the allocator, the .half()-vs-autocast race and the hand-made
-scalers vs GradScaler on this device. Saves benchmarks/results/week3_amp.json (with the environment record).
+scalers vs GradScaler on this device. Saves benchmarks/results/notebooks/week3_amp.json (with the environment record).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def bytes_per_param_allocator(dev, quick: bool) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for week3_amp.json")
+    ap.add_argument("--out", default=str(bench.RESULTS_DIR / "notebooks"), help="folder for week3_amp.json")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few rounds (CPU smoke run)")
     ap.add_argument("--device", default="auto", help="device (auto, cpu, cuda, cuda:N)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 7, quick 3)")

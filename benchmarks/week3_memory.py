@@ -68,7 +68,7 @@ def in_sequence(quick: bool, batch: int, dev) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for week3_memory.json")
+    ap.add_argument("--out", default=str(bench.RESULTS_DIR / "notebooks"), help="folder for week3_memory.json")
     ap.add_argument("--quick", action="store_true", help="width-8 ResNet-18, batch 8")
     ap.add_argument("--one", metavar="PRECISION,BENCHMARK", help=argparse.SUPPRESS)  # the child's job
     args = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """Week 3's memory snapshots: a few ResNet-18 training steps on a CUDA GPU, fp32 against bf16 autocast, recorded
 with the allocator's history so that a student without a GPU reads the same memory.
 
-    python benchmarks/week3_snapshot.py --out benchmarks/results/week3_snapshot    # on a CUDA GPU, under a minute
+    python benchmarks/week3_snapshot.py --out benchmarks/results/notebooks/week3_snapshot    # on a CUDA GPU, under a minute
 
 For each precision, in a fresh process (so the trace starts from an empty allocator and holds every byte):
 `torch.cuda.memory._record_memory_history(max_entries=..., stacks="python")`, labkit's ResNet-18 (CIFAR variant,
@@ -56,7 +56,7 @@ def _refuse_without_cuda() -> None:
     if not torch.cuda.is_available():
         sys.exit("week3_snapshot.py records CUDA's caching allocator: this machine has no CUDA GPU "
                  f"(torch {torch.__version__}). Run it on a GPU; on a CPU, read the recorded snapshots in "
-                 "benchmarks/results/week3_snapshot/ with labkit.memory_snapshot.")
+                 "benchmarks/results/notebooks/week3_snapshot/ with labkit.memory_snapshot.")
 
 
 def _trim(snapshot: dict, keep: int) -> dict:

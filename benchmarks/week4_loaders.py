@@ -120,7 +120,7 @@ def overlap(dev, quick: bool, out: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for the result JSON")
+    ap.add_argument("--out", default=str(bench.RESULTS_DIR / "notebooks"), help="folder for the result JSON")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
     ap.add_argument("--cpu-ratio", action="store_true",
                     help="only the packed-vs-image-folder ratio on this CPU; saves week4_loaders_cpu.json")

@@ -1,7 +1,7 @@
 """Week 5's Nsight Systems run: an NVTX-annotated ResNet-18 training loop under `nsys profile`, and its summaries.
 
     python benchmarks/week5_nsys.py                      # a CUDA GPU with nsys: a few minutes
-    python benchmarks/week5_nsys.py --out /tmp/w5nsys    # anywhere else (default: benchmarks/results/week5_nsys)
+    python benchmarks/week5_nsys.py --out /tmp/w5nsys    # anywhere else (default: benchmarks/results/notebooks/week5_nsys)
 
 The script runs itself (`--child`) under
 `nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop`, so only the
@@ -38,7 +38,7 @@ from labkit import bench, profiling
 from labkit.env import LabkitError
 
 NAME = "week5_nsys"
-DEFAULT_OUT = bench.RESULTS_DIR / NAME
+DEFAULT_OUT = bench.RESULTS_DIR / "notebooks" / NAME
 REPORTS = ("cuda_gpu_kern_sum", "nvtx_sum")
 TAIL_LINES = 25
 

@@ -8,7 +8,7 @@ labkit.profiling.profile_steps + diagnose, then are timed against each other (la
 interleaved). Each ladder rung (labkit.train presets on ResNet-18 at full width, a few steps each) gets a
 diagnosis too; the baseline should come out data-loading bound and the top rung GPU compute bound. Also records
 where line_profiler puts the time of a step that ends in loss.item() (on a GPU: on the syncing line). Saves
-benchmarks/results/week5_profiling.json; with --trace-out, one small gzipped GPU trace for tests/data/.
+benchmarks/results/notebooks/week5_profiling.json; with --trace-out, one small gzipped GPU trace for tests/data/.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes and a few rungs (the default without a GPU)")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--out", default=str(bench.RESULTS_DIR), help="folder for week5_profiling.json")
+    ap.add_argument("--out", default=str(bench.RESULTS_DIR / "notebooks"), help="folder for week5_profiling.json")
     ap.add_argument("--scenarios", help=f"comma-separated scenarios (default: all of {', '.join(S.SCENARIOS)})")
     ap.add_argument("--rungs", help="comma-separated ladder rungs (default: all that run here; quick: baseline and "
                                     "the last rung that runs here)")

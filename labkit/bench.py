@@ -8,6 +8,7 @@ spread, and attach the environment record to every saved result.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import os
@@ -294,11 +295,42 @@ def save_result(name: str, data: dict, *, out_dir: str | os.PathLike | None = No
     return write_json(Path(out_dir or RESULTS_DIR) / f"{name}.json", payload)
 
 
+def result_path(name: str, *, topic: str | None = None, results_dir: str | os.PathLike | None = None) -> Path:
+    """Where the recorded file or folder `name` (such as "ladder.json" or "trace_corpus") lives: in the results
+    folder itself (an installed release keeps its records there) or in one of its topic folders (benchmarks/results/
+    ladder/, coldstart/, ...; archive/ holds the superseded ones). Two of the same name are an error, so a name
+    always means one record. A name found nowhere gives the path where it would go: in folder `topic` if given, else
+    at the top (a path that does not exist either way)."""
+    if not name or any(c in name for c in "/\\"):
+        raise LabkitError(f"bad result name {name!r}: use a file or folder name such as 'ladder.json'")
+    root = Path(results_dir or RESULTS_DIR)
+    found = [p for p in (root / name, *sorted(root.glob(f"*/{glob.escape(name)}"))) if p.exists()]
+    if len(found) > 1:
+        raise LabkitError(f"two recorded results are named {name!r} ({', '.join(map(str, found))}): rename one")
+    return found[0] if found else root / (topic or "") / name
+
+
+class Records:
+    """A results folder read by name: `Records() / "ladder.json"` is that record's path in whichever topic folder
+    holds it (`result_path`), so a reader names a record without naming its topic."""
+
+    def __init__(self, results_dir: str | os.PathLike | None = None):
+        self.root = Path(results_dir or RESULTS_DIR)
+
+    def __truediv__(self, name: str | os.PathLike) -> Path:
+        return result_path(str(name), results_dir=self.root)
+
+    def __repr__(self) -> str:
+        return f"Records({str(self.root)!r})"
+
+
 def load_result(name_or_path: str | os.PathLike, *, results_dir: str | os.PathLike | None = None) -> dict:
-    """Load a saved result by name (from benchmarks/results/) or by path, with a clear error if it is missing."""
+    """Load a saved result by name (from benchmarks/results/ and its topic folders, see `result_path`) or by path,
+    with a clear error if it is missing."""
     p = Path(name_or_path)
     if not p.suffix:
-        p = Path(results_dir or RESULTS_DIR) / f"{p}.json"
+        p = (result_path(f"{p}.json", results_dir=results_dir) if len(p.parts) == 1
+             else Path(results_dir or RESULTS_DIR) / f"{p}.json")
     if not p.exists():
         raise LabkitError(f"no recorded result at {p}: run the benchmark that writes it, or check the name")
     try:

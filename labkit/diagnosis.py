@@ -100,7 +100,7 @@ FIXES = {
     "compute_cpu": "The arithmetic itself is the limit on this CPU: on a GPU it would move to tensor cores "
                    "(bf16 autocast); on the CPU only fewer FLOPs (a smaller model or batch) or more cores help.",
 }
-# added to the compute fix when the card ran at its power limit (benchmarks/results/step_power_h200.json)
+# added to the compute fix when the card ran at its power limit (benchmarks/results/ladder/step_power_h200.json)
 POWER_FIX = (" The card ran at its power limit, so its clock sank to keep within the watts: a change that only "
              "shortens kernels at full clock gains less or nothing; spending fewer joules per image still pays "
              "(fewer bytes moved, fewer or cheaper multiplications).")

@@ -304,7 +304,7 @@ def torch_switches(*, tf32: bool | None = None, cudnn_benchmark: bool | None = N
 
     None leaves a switch as it is, untouched, and a block leaves no trace: setting the float32 matmul precision,
     even to its current value, changes torch.compile's cache keys, so a compile-cache artifact built in one process
-    would miss in another that had run such a block (`benchmarks/results/cold_start_warmup_keys.json`). Strict fp32
+    would miss in another that had run such a block (`benchmarks/results/coldstart/cold_start_warmup_keys.json`). Strict fp32
     needs tf32=False: cuDNN convolutions use TF32 by default.
     """
     cudnn = torch.backends.cudnn

@@ -3,7 +3,7 @@
 A busy GPU runs below its maximum clock when it reaches its power limit: the driver lowers the clock until the board
 draws no more than the limit, and sets the "power cap" clock-event reason while it does. Kernels that spend more
 energy (more bits switched, more bytes moved) then run at a lower clock, so the same step can be faster on other
-data or weights (`benchmarks/results/step_power_h200.json`). A record that says its clock and power says whether
+data or weights (`benchmarks/results/ladder/step_power_h200.json`). A record that says its clock and power says whether
 its speed was the card's or the limit's.
 
     meter = Meter.open(device)          # None without a CUDA GPU or NVML

@@ -202,15 +202,15 @@ def synthetic_snapshot() -> dict:
     return {"segments": segments, "device_traces": [trace]}
 
 
-RECORD_FOLDER = "week3_snapshot"  # under benchmarks/results: what benchmarks/week3_snapshot.py wrote on a GPU
+RECORD_FOLDER = "week3_snapshot"  # under benchmarks/results/notebooks: what benchmarks/week3_snapshot.py wrote on a GPU
 PRECISIONS = ("fp32", "bf16")
 
 
 def recorded_folder() -> Path:
-    """Where the recorded GPU snapshots live (benchmarks/results/week3_snapshot, or the installed copy)."""
-    from labkit.bench import RESULTS_DIR
+    """Where the recorded GPU snapshots live (benchmarks/results/notebooks/week3_snapshot, or the installed copy)."""
+    from labkit.bench import result_path
 
-    return Path(RESULTS_DIR) / RECORD_FOLDER
+    return result_path(RECORD_FOLDER, topic="notebooks")
 
 
 def recorded_snapshots() -> dict[str, Path]:

@@ -16,7 +16,7 @@ class MatmulConv2d(nn.Conv2d):
     """A Conv2d (same weight, same result) that torch.compile computes as one matrix product over its patches.
 
     For the two convolutions of ResNet-18 that cuDNN runs far below its rate elsewhere in the network
-    (`benchmarks/results/top_rung_conv_shapes_h200.json`, batch 4096 on an H200): the 3x3 stem over 3 input
+    (`benchmarks/results/ladder/top_rung_conv_shapes_h200.json`, batch 4096 on an H200): the 3x3 stem over 3 input
     channels (17-21 TFLOP/s, where the 3x3 convolutions run 282-744) and the 1x1 stride-2 shortcuts, whose input
     gradient cuDNN writes at full resolution, three zeros in four. As a matrix product over channels_last patches,
     inductor fuses the patch gather into one kernel and the shortcut's sparse input gradient into the add it flows

@@ -51,7 +51,7 @@ class TrainConfig:
     cudnn_benchmark: bool = False        # let cuDNN time its algorithms for each shape and keep the fastest
     cudnn_limit: int = 10                # with cudnn_benchmark: how many of cuDNN's candidate algorithms it times per shape (PyTorch's default 10; 0: all). Fewer: a shorter first step
     cudnn_warmup: bool | None = None     # with cudnn_benchmark on CUDA: time the backward convolutions' algorithms in a thread while the data and model load. None: where `labkit train` starts tiered (whole run shorter there: cold_start_tiered_final.json)
-    matmul_edges: bool = False           # with compile: the stem's convolution (3 input channels) and the 1x1 stride-2 shortcuts as matrix products (labkit.models.MatmulConv2d), shapes cuDNN runs far below its rate. 1.03x at steady speed, but its saved forward loads later, so a 5-epoch run is slower: not in the ladder (docs/results.md)
+    matmul_edges: bool = False           # with compile: the stem's convolution (3 input channels) and the 1x1 stride-2 shortcuts as matrix products (labkit.models.MatmulConv2d), shapes cuDNN runs far below its rate. 1.03x at steady speed, but its saved forward loads later, so a 5-epoch run is slower: not in the ladder (docs/results/top_rung.md)
     compile: str | None = None           # torch.compile mode: None | default | max-autotune-no-cudagraphs | reduce-overhead | max-autotune (the last two replay CUDA graphs)
     accumulation: int = 1                # micro-batches per optimizer step (batch_size is split among them)
     checkpointing: bool = False          # recompute each stage's activations in backward to save memory

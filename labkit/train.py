@@ -639,7 +639,7 @@ def _skip_reason(name: str, device: torch.device, quick: bool) -> str | None:
 # A quick CPU run keeps the batch rung at quick mode's batch. On 2 cores a larger batch is no faster per image
 # (batch 256 ran at 1.59x the baseline against channels_last's 1.65x at 64), and on 4,096 images it only cuts the
 # optimizer steps (48 against 192), so the rung ended at 72.9%, below the baseline's band (both in
-# benchmarks/results/ladder_quick_cpu.json as of commit bb5d680). At batch 64 it measures the fused SGD alone.
+# benchmarks/results/ladder/ladder_quick_cpu.json as of commit bb5d680). At batch 64 it measures the fused SGD alone.
 QUICK_CPU_BATCH = 64
 QUICK_CPU_BATCH_NOTE = (f"batch_fused keeps batch {QUICK_CPU_BATCH} on a CPU: 2 cores run a larger batch no faster "
                         "per image, and on quick mode's 4,096 images it only cuts the steps (batch 256: 48 against "
@@ -971,7 +971,7 @@ def ladder_markdown(result: dict) -> str:
 
 
 def quick_ladder_summary(result: dict) -> str:
-    """The README's sentence on a recorded quick CPU ladder (benchmarks/results/ladder_quick_cpu.json): each
+    """The README's sentence on a recorded quick CPU ladder (benchmarks/results/ladder/ladder_quick_cpu.json): each
     rung's steady img/s over the baseline's, its accuracy, and the machine-load verdict."""
     rows = report.ladder_rows(result["rungs"])
     base = rows[0]
@@ -999,7 +999,7 @@ def _mode_note(base: TrainConfig, quick: bool) -> str:
     if not quick:
         return f"full: {size}"
     return (f"quick (CPU demo size): {size}, batch {QUICK_CPU_BATCH}; it shows the method on a CPU, not GPU speeds "
-            "(the recorded H100 ladder: docs/results.md)")
+            "(the recorded H100 ladder: docs/results/ladder.md)")
 
 
 def _ladder_rung(cfg: TrainConfig, dev: torch.device, ds: D.ImageData, peaks: tuple[float | None, float | None],
@@ -1106,7 +1106,7 @@ def add_cli(sub) -> None:
                    help="folder for ladder.json, ladder.md, ladder.png, rewritten after each rung (default runs/ladder)")
     p.add_argument("--json", metavar="PATH",
                    help="also write the result (ladder.json's content) to this file, e.g. a record under "
-                        "benchmarks/results/")
+                        "benchmarks/results/ladder/")
     p.add_argument("--list", action="store_true", help="list the rungs and what each changes, then exit")
     p.add_argument("--ablation", action="store_true",
                    help="leave-one-out from the top rung instead: baseline, top, then top without each change "

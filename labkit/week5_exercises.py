@@ -27,10 +27,10 @@ import torch
 from labkit import diagnosis as D
 from labkit import exercises as ex
 from labkit import profiling as P
-from labkit.bench import RESULTS_DIR
+from labkit.bench import result_path
 
 PHASE_NAMES = ("data", "forward", "backward", "optimizer")
-NSYS_DIR = RESULTS_DIR / "week5_nsys"  # benchmarks/week5_nsys.py writes here
+NSYS_DIR = result_path("week5_nsys", topic="notebooks")  # benchmarks/week5_nsys.py writes here
 
 
 # ------------------------------------------------------------------------------------------ 5.1 schedule
@@ -443,7 +443,7 @@ def clear_cases(live_cpu: bool = True) -> list[dict]:
     from labkit import scenarios as S
 
     found = [(f"{p.name.split('.')[0]} (recorded GPU trace)", D.diagnose(p))
-             for p in sorted((RESULTS_DIR / "trace_corpus").glob("*.pt.trace.json.gz"))]
+             for p in sorted(result_path("trace_corpus", topic="diagnosis").glob("*.pt.trace.json.gz"))]
     if live_cpu:
         for name, fixed in (("overhead", False), ("compute", False), ("overhead", True)):
             cfg = S.with_changes(S.scenario_config(name, fixed=fixed, quick=True), n_samples=1024)
@@ -458,7 +458,7 @@ def clear_cases(live_cpu: bool = True) -> list[dict]:
 def _recorded_scenarios() -> list[dict]:
     """The scenarios of week5_profiling.json (a GPU run), decided from their recorded shares: busy time is
     compute, idle time goes to its cause; a scenario's data range ranks by its share (in-thread loading)."""
-    path = RESULTS_DIR / "week5_profiling.json"
+    path = result_path("week5_profiling.json")
     if not path.is_file():
         return []
     rec = json.loads(path.read_text())
@@ -486,7 +486,7 @@ def _clear(shares: list[float]) -> bool:
 @ex.exercise("5.5", "a bottleneck verdict from the numbers", reference=_reference_verdict)
 def check_verdict(verdict) -> str:
     cases = clear_cases()
-    assert cases, "no clear cases found (the recorded traces under benchmarks/results/trace_corpus are missing)"
+    assert cases, "no clear cases found (the recorded traces under benchmarks/results/diagnosis/trace_corpus are missing)"
     wrong = []
     for c in cases:
         got = verdict(dict(c["numbers"]))
@@ -501,7 +501,7 @@ def check_verdict(verdict) -> str:
                          "for the kernels it launches")
     kinds = sorted({c["kind"] for c in cases})
     gpu = any(c["device"] == "cuda" for c in cases)
-    left = "" if gpu else (f"; the recorded GPU traces ({RESULTS_DIR / 'trace_corpus'}) are not here, so no GPU case "
+    left = "" if gpu else (f"; the recorded GPU traces ({result_path('trace_corpus', topic='diagnosis')}) are not here, so no GPU case "
                            f"was checked")
     return f"agrees with labkit.diagnosis on all {len(cases)} clear cases ({', '.join(kinds)}){left}"
 

@@ -2,7 +2,7 @@
 
 6.1 computes model FLOPs utilization (MFU, PaLM's definition: 3 x the forward FLOPs per training image, over the
 datasheet peak) from img/s, counting the forward with `torch.utils.flop_counter.FlopCounterMode`; checked against
-labkit.models' count and against the MFU that `benchmarks/results/ladder.json` records for its top rung.
+labkit.models' count and against the MFU that `benchmarks/results/ladder/ladder.json` records for its top rung.
 6.2 is the top rungs' training step in eager PyTorch: channels_last, bf16 autocast, a fused (or foreach) SGD with
 Nesterov momentum, no host sync. It runs beside labkit's own step on a width-8 ResNet-18 from the same weights;
 the losses and weights must agree within AMP tolerance, and a dispatch-level watch checks the convolutions' dtype

@@ -472,7 +472,7 @@ def test_recorded_memory_shows_what_amp_saves_and_why_old_peaks_rose():
     import json
     from pathlib import Path
 
-    res = Path(__file__).resolve().parents[1] / "benchmarks/results"
+    res = Path(__file__).resolve().parents[1] / "benchmarks/results/notebooks"
     mem = json.loads((res / "week3_memory.json").read_text())
     alone = {(r["precision"], r["cudnn_benchmark"]): r for r in mem["isolated"]}
     for bench_mode in (True, False):

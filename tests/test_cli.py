@@ -167,7 +167,7 @@ def test_the_labkit_command_leaves_through_leave():
 
 
 def test_ladder_json_writes_the_record_where_asked(tmp_path, monkeypatch, capsys):
-    # `labkit ladder --quick --json benchmarks/results/ladder_quick_cpu.json` is how the CPU record is made
+    # `labkit ladder --quick --json benchmarks/results/ladder/ladder_quick_cpu.json` is how the CPU record is made
     from labkit import train as T
 
     seen = {}

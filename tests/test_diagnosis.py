@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from labkit import diagnosis as D
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "benchmarks" / "results" / "trace_corpus"
+CORPUS = ROOT / "benchmarks" / "results" / "diagnosis" / "trace_corpus"
 
 
 

@@ -111,7 +111,7 @@ def test_doctor_says_when_every_process_recompiles_torch_and_how_to_keep_its_byt
 def test_torch_switches_leave_matmul_precision_alone_unless_tf32_is_given(monkeypatch):
     # setting the float32 matmul precision, even to its current value, changes torch.compile's cache keys: a block
     # that sets only cuDNN switches (the cuDNN warm-up, evaluation) must not write it, or a compile-cache artifact
-    # built in one process misses in the next (benchmarks/results/cold_start_warmup_keys.json)
+    # built in one process misses in the next (benchmarks/results/coldstart/cold_start_warmup_keys.json)
     calls = []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: calls.append(p))
     with env.torch_switches(cudnn_benchmark=True, cudnn_limit=3, cudnn_deterministic=False):

@@ -117,7 +117,7 @@ def test_training_records_the_steady_epochs_readings_and_none_without_a_meter(mo
     assert GP.describe(p) == "1,680/1,980 MHz, 693/700 W, power cap 100%"
 
 
-CORPUS = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "trace_corpus"
+CORPUS = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "diagnosis" / "trace_corpus"
 CAPPED = {"power_limit_w": 700.0, "max_sm_clock_mhz": 1980, "samples": 60, "sm_clock_mhz": 1470, "power_w": 693.0,
           "at_limit": 1.0, "reasons": {"power cap": 1.0}}
 

@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 from labkit import report
+from labkit.bench import Records
 
 ROOT = Path(__file__).resolve().parents[1]
-RES = ROOT / "benchmarks" / "results"
+RES = Records(ROOT / "benchmarks" / "results")  # a record by name, in whichever topic folder holds it
 FIGURE = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?(?:–\d[\d,]*(?:\.\d+)?)?\s?(?:TFLOP/s|s\b|%|x\b))")
 
 
@@ -66,7 +67,7 @@ def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
 
 def test_results_page_lead_is_time_to_accuracy_with_spreads_from_the_records():
     h = _headline()
-    page = (ROOT / "docs" / "results.md").read_text()
+    page = (ROOT / "docs" / "results" / "ladder.md").read_text()
     lead = _section(page, "## The headline: time to the baseline's accuracy", "## The ResNet-18 ladder on an H100")
     assert page.index("## The headline") < page.index("## The ResNet-18 ladder")
     for sentence in (f"Its target is {h['target']}, the lower of the baseline's two runs",

@@ -1,5 +1,5 @@
 """The Holistic Trace Analysis cross-check: labkit.hta, diagnose(hta=True) and the committed
-benchmarks/results/trace_corpus/hta_crosscheck.json with the results page's paragraph on it. HTA is an optional
+benchmarks/results/diagnosis/trace_corpus/hta_crosscheck.json with the results page's paragraph on it. HTA is an optional
 extra that CI does not install: everything here but the last test runs without it."""
 
 import json
@@ -13,14 +13,19 @@ from labkit import hta as H
 from labkit.errors import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "benchmarks" / "results" / "trace_corpus"
-RESULTS_PAGE = ROOT / "docs" / "results.md"
+CORPUS = ROOT / "benchmarks" / "results" / "diagnosis" / "trace_corpus"
+RESULTS_PAGES = ROOT / "docs" / "results"  # one page per topic; docs/results.md is their index
 SMALL = CORPUS / "slow_decode_workers0.pt.trace.json.gz"  # the smallest corpus trace: fast to read
 
 
-def results_page() -> str:
-    """docs/results.md with its line breaks folded into spaces, so a sentence matches across lines."""
-    return " ".join(RESULTS_PAGE.read_text().split())
+def page_text(*names: str) -> str:
+    """The results pages `names` (docs/results/<name>.md), one after another."""
+    return "\n".join((RESULTS_PAGES / f"{name}.md").read_text() for name in names)
+
+
+def results_page(*names: str) -> str:
+    """The results pages `names` with their line breaks folded into spaces, so a sentence matches across lines."""
+    return " ".join(page_text(*names).split())
 
 
 def _records():
@@ -54,7 +59,7 @@ def test_the_crosscheck_covers_the_corpus_and_says_why_for_each_disagreement():
 
 def test_results_page_states_the_crosscheck_as_recorded():
     _, hta = _records()
-    page, s = results_page(), hta["summary"]
+    page, s = results_page("diagnosis"), hta["summary"]
     rows = {r["name"]: r for r in hta["traces"]}
     q = s["by_quantity"]
     assert f"Holistic Trace Analysis {hta['hta_version']}" in page
@@ -159,7 +164,7 @@ def test_with_hta_installed_the_reading_matches_the_committed_one():
 
 def test_results_page_states_the_corpus_accuracy_and_interventions_as_recorded():
     corpus, _ = _records()
-    page = results_page()
+    page = results_page("diagnosis")
     acc = corpus["accuracy"]
     assert acc["all"] == 1.0 and acc["recorded"] == 14 and "it names the intended cause of all 14" in page
     rows = {t["name"]: t for t in corpus["traces"]}

@@ -141,7 +141,7 @@ def test_the_notebook_states_the_speed_tiers_the_check_uses():
 
 
 def test_the_tiers_come_from_the_reference_measured_through_the_sandbox_on_an_h200():
-    rec = json.loads((ROOT / "benchmarks" / "results" / "grade_reference_gpu_lab5_h200.json").read_text())
+    rec = json.loads((ROOT / "benchmarks" / "results" / "grading" / "grade_reference_gpu_lab5_h200.json").read_text())
     assert rec["card"] == "NVIDIA H200" and rec["hardware"] == "tensor_core_gpu" and rec["all_gradable_full_marks"]
     by = {v["check"]: v for v in rec["labs"]["lab5"]["verdicts"]}
     assert set(by) == set(harness.checks_for("lab5")) and all(v["score"] == v["max_score"] for v in by.values())
@@ -154,7 +154,7 @@ def test_the_tiers_come_from_the_reference_measured_through_the_sandbox_on_an_h2
     assert rec["spread"] == {"speedup": m["speedup"], "speedup_iqr": m["speedup_iqr"], "timed_rounds": m["timed_rounds"]}
     assert f"{m['speedup']:.2f}x" in rec["note"] and f"IQR {m['speedup_iqr']:g}" in rec["note"]
     assert "lab5_kernels_h200.json" in rec["note"]
-    kern = json.loads((ROOT / "benchmarks" / "results" / "lab5_kernels_h200.json").read_text())
+    kern = json.loads((ROOT / "benchmarks" / "results" / "kernels" / "lab5_kernels_h200.json").read_text())
     assert kern["env"]["device_name"] == rec["card"] and kern["cols"] == lab5_checks.SPEED_SHAPE["cols"]
     alone = kern["rows"][str(lab5_checks.SPEED_SHAPE["rows"])]
     # without the per-pass input draws both sides pay, the kernels alone beat the eager composition by more

@@ -15,9 +15,10 @@ import pytest
 
 from labkit import diagnosis, report
 from labkit import train as T
+from labkit.bench import Records
 
 ROOT = Path(__file__).resolve().parents[1]
-RES = ROOT / "benchmarks" / "results"
+RES = Records(ROOT / "benchmarks" / "results")  # a record by name, in whichever topic folder holds it
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 # a number, an optional range, then a unit; "x"/"×" only where no number follows (32×32 is a shape, not a ratio)
@@ -184,7 +185,7 @@ CONSTANTS = {
 
 def test_the_readme_states_the_recorded_quick_cpu_ladder_per_rung():
     """`make demo`'s paragraph quotes ladder_quick_cpu.json (made by `labkit ladder --quick --json
-    benchmarks/results/ladder_quick_cpu.json --overwrite`): every rung's speedup and accuracy, the wall time and
+    benchmarks/results/ladder/ladder_quick_cpu.json --overwrite`): every rung's speedup and accuracy, the wall time and
     whether other programs shared the cores. Re-recorded, the sentence is T.quick_ladder_summary(record)."""
     rec = load("ladder_quick_cpu")
     assert rec["quick"] and rec["complete"] and rec["env"]["device_type"] == "cpu"

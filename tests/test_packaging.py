@@ -1,5 +1,5 @@
 """The project's promises about itself: dependency lists agree, CI runs the README's test command, and every GPU
-number in the README and on the results page (docs/results.md) is the one in its result file."""
+number in the README and on the results pages (docs/results/) is the one in its result file."""
 
 import math
 import os
@@ -11,15 +11,22 @@ from pathlib import Path
 
 import pytest
 
+from labkit.bench import Records
 from labkit.env import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS_PAGE = ROOT / "docs" / "results.md"
+RES = Records(ROOT / "benchmarks" / "results")  # a record by name, in whichever topic folder holds it
+RESULTS_PAGES = ROOT / "docs" / "results"  # one page per topic; docs/results.md is their index
 
 
-def results_page() -> str:
-    """docs/results.md with its line breaks folded into spaces, so a sentence matches across lines."""
-    return " ".join(RESULTS_PAGE.read_text().split())
+def page_text(*names: str) -> str:
+    """The results pages `names` (docs/results/<name>.md), one after another."""
+    return "\n".join((RESULTS_PAGES / f"{name}.md").read_text() for name in names)
+
+
+def results_page(*names: str) -> str:
+    """The results pages `names` with their line breaks folded into spaces, so a sentence matches across lines."""
+    return " ".join(page_text(*names).split())
 
 
 def _names(reqs):
@@ -111,7 +118,7 @@ def test_the_demo_is_the_doctor_then_the_default_ladder():
 def test_results_files_name_card_torch_commit_command():
     import json
 
-    for p in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+    for p in sorted((ROOT / "benchmarks" / "results").glob("*/*.json")):
         env = json.loads(p.read_text()).get("env", {})
         for key in ("device_name", "torch", "git_commit", "command"):
             assert env.get(key), f"{p.name} lacks env.{key}"
@@ -122,14 +129,14 @@ def test_readme_gpu_numbers_come_from_the_committed_ladder():
 
     from labkit import report
 
-    ladder = json.loads((ROOT / "benchmarks" / "results" / "ladder.json").read_text())
+    ladder = json.loads((RES / "ladder.json").read_text())
     readme = (ROOT / "README.md").read_text()
-    assert report.ladder_table(ladder["rungs"]) in RESULTS_PAGE.read_text()  # the README links the table there
-    for text in (readme, RESULTS_PAGE.read_text()):
-        assert ladder["env"]["device_name"] in text and "benchmarks/results/ladder.png" in text
+    assert report.ladder_table(ladder["rungs"]) in page_text("ladder")  # the README links the table there
+    for text in (readme, page_text("ladder")):
+        assert ladder["env"]["device_name"] in text and "benchmarks/results/ladder/ladder.png" in text
     rungs = ladder["rungs"]
     # the headline is time to the baseline's accuracy; the top rung's img/s ratio is said to be throughput alone
-    load = lambda name: json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())  # noqa: E731
+    load = lambda name: json.loads((RES / f"{name}.json").read_text())  # noqa: E731
     h = report.headline(load("ladder_ablation"), ladder, load("cold_start_tiered_final"))
     folded = " ".join(readme.split())
     cold = report.cold_time_to_accuracy(load("time_to_accuracy_h200"))
@@ -143,8 +150,8 @@ def test_readme_gpu_numbers_come_from_the_committed_ladder():
 def test_results_page_grading_ddp_and_top_rung_numbers_match_their_results():
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = results_page()
+    res = RES
+    page = results_page("top_rung", "ddp", "grading", "coldstart")
     grade = json.loads((res / "grade_reference_gpu.json").read_text())
     speed = next(v for v in grade["labs"]["lab4"]["verdicts"] if v["check"] == "lab4.speed")["measurements"]
     assert grade["all_gradable_full_marks"]
@@ -207,8 +214,8 @@ def test_results_page_grading_ddp_and_top_rung_numbers_match_their_results():
 def test_results_page_explains_the_compile_rung_with_the_recorded_profile():
     import json
 
-    page = results_page()
-    prof = json.loads((ROOT / "benchmarks" / "results" / "week5_profiling.json").read_text())
+    page = results_page("ladder")
+    prof = json.loads((RES / "week5_profiling.json").read_text())
     assert prof["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
     eager, comp, graphs = (prof["rungs"][k]["evidence"] for k in ("cudnn_benchmark", "compile", "cuda_graphs"))
     assert comp["kernel_ms_per_step"] < eager["kernel_ms_per_step"] and comp["gpu_idle_share"] > eager["gpu_idle_share"]
@@ -222,8 +229,8 @@ def test_results_page_explains_the_compile_rung_with_the_recorded_profile():
 def test_results_page_cold_compile_times_and_executed_notebooks_match_their_records():
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = results_page()
+    res = RES
+    page = results_page("ladder", "notebooks")
     ct = json.loads((res / "compile_time.json").read_text())
     assert ct["env"]["device_name"] == "NVIDIA H100 80GB HBM3" and set(ct["rungs"]) == {"compile", "cuda_graphs", "muon"}
     r = {k: (v["cold"]["first_step_s"], v["warm"]["first_step_s"]) for k, v in ct["rungs"].items()}
@@ -257,8 +264,8 @@ def test_results_page_top_rung_peers_and_muon_numbers_match_their_results():
     """The top rung's claims: >= 85k img/s, the accuracy band, the peers ratios, and the Muon records behind them."""
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = results_page()
+    res = RES
+    page = results_page("top_rung", "ladder", "ddp", "grading")
     load = lambda name: json.loads((res / f"{name}.json").read_text())  # noqa: E731
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     ladder, peers = load("ladder"), load("peers")
@@ -287,7 +294,7 @@ def test_results_page_top_rung_peers_and_muon_numbers_match_their_results():
     assert all(top["config"][k] == v for k, v in b4["changes"].items())  # the variant measured is the rung
     assert f"batch 4096 to {b4['img_per_s_median']:,.0f} img/s at {pct(b4['accuracy_median'])}" in page
     # "inside the spread the rung shows across the recorded seeds and runs"
-    rung_runs = [r["accuracy"] for f in res.glob("top_rung_*.json") for k, v in json.loads(f.read_text())
+    rung_runs = [r["accuracy"] for f in (ROOT / "benchmarks" / "results").glob("*/top_rung_*.json") for k, v in json.loads(f.read_text())
                  .get("variants", {}).items() if k == "rung (batch 512)" for r in v.get("runs", [])]
     assert len(rung_runs) >= 10 and f"runs ({100 * min(rung_runs):.1f}–{100 * max(rung_runs):.1f}%)" in page
     assert min(rung_runs) <= b4["accuracy_median"] <= max(rung_runs)
@@ -302,8 +309,8 @@ def test_results_page_matmul_edges_figures_match_their_h200_records():
     """The stem and shortcut section: each figure, ratio and spread from the six H200 records it names."""
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = results_page()
+    res = RES
+    page = results_page("top_rung", "ladder")
     load = lambda name: json.loads((res / f"top_rung_{name}_h200.json").read_text())  # noqa: E731
     pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     recs = {n: load(n) for n in ("conv_shapes", "matmul_edges", "matmul_edges_train", "matmul_edges_eager",
@@ -370,8 +377,8 @@ def test_results_page_matmul_edges_and_tuning_from_a_cold_start_match_their_h200
     """'What a 5-epoch run gains from them': the table's spreads, and the tuned runs' figures, from their records."""
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = results_page()
+    res = RES
+    page = results_page("coldstart", "log")
     load = lambda name: json.loads((res / f"cold_start_{name}_h200.json").read_text())  # noqa: E731
     recs = {n: load(n) for n in ("matmul_edges", "tuned_edges", "tuned_artifact")}
     for r in recs.values():
@@ -488,8 +495,8 @@ def test_top_rung_train_variants_repeat_seeds_and_survive_a_diverging_run(capsys
 def test_results_page_sandboxed_grading_numbers_match_their_record():
     import json
 
-    d = json.loads((ROOT / "benchmarks" / "results" / "grade_reliability_sandbox.json").read_text())
-    s, page = d["summary"], results_page()
+    d = json.loads((RES / "grade_reliability_sandbox.json").read_text())
+    s, page = d["summary"], results_page("grading", "coldstart")
     runs = d["calls"]["all_steps"]["runs"] + d["calls"]["spot_checked"]["runs"]
     assert len(runs) == s["sandboxed_runs"] and all(r["sandbox"] == "bwrap" for r in runs)
     before = d["calls"]["before_sandbox"]["runs"]
@@ -504,28 +511,28 @@ def test_results_page_sandboxed_grading_numbers_match_their_record():
 def test_results_page_grading_time_per_student_matches_its_records():
     import json
 
-    page = results_page()
-    gpu = json.loads((ROOT / "benchmarks" / "results" / "grade_time_lab4_h100.json").read_text())
+    page = results_page("grading", "coldstart")
+    gpu = json.loads((RES / "grade_time_lab4_h100.json").read_text())
     lab = gpu["labs"]["lab4_speedrun"]
     assert all(s.split("/")[0] == s.split("/")[1] for r in lab["runs"].values() for x in r for s in x["scores"])
     (lo, hi), (blo, bhi) = lab["range_s"]["this"], lab["range_s"]["before"]
     assert (f"a median {lab['median_s']['this']:.1f} s, against {lab['median_s']['before']:.1f} s before "
             f"({lab['ratio']:.2f}x; {lo:.1f}–{hi:.1f} s against {blo:.1f}–{bhi:.1f} s)") in page
     assert gpu["env"]["device_name"] == "NVIDIA H100 80GB HBM3"
-    cap = json.loads((ROOT / "benchmarks" / "results" / "grade_time_lab4_h200.json").read_text())
+    cap = json.loads((RES / "grade_time_lab4_h200.json").read_text())
     lab = cap["labs"]["lab4_speedrun"]
     assert all(s == "14/16" for r in lab["runs"].values() for x in r for s in x["scores"])  # 2: written, by hand
     (lo, hi), (blo, bhi) = lab["range_s"]["this"], lab["range_s"]["before"]
     assert (f"a median {lab['median_s']['this']:.1f} s, against {lab['median_s']['before']:.1f} s before "
             f"({lab['ratio']:.2f}x; {lo:.1f}–{hi:.1f} s against {blo:.1f}–{bhi:.1f} s)") in " ".join(page.split())
     assert cap["env"]["device_name"] == "NVIDIA H200" and cap["env"]["git_commit"].startswith("00fb4e2")
-    ref = json.loads((ROOT / "benchmarks" / "results" / "grade_reference_gpu_lab4_h200.json").read_text())
+    ref = json.loads((RES / "grade_reference_gpu_lab4_h200.json").read_text())
     speed = next(v for v in ref["labs"]["lab4"]["verdicts"] if v["check"] == "lab4.speed")
     assert ref["all_gradable_full_marks"] and all(v["sandbox"] == "bwrap" for v in ref["labs"]["lab4"]["verdicts"])
     assert speed["message"].startswith("3.80x the naive step (77229 vs 20329 img/s") and ref["speedups"]["lab4.speed"] == 3.8
     assert "3.80x the naive step (77,229 vs 20,329 img/s at batch 512)" in " ".join(page.split())
     assert ref["env"]["device_name"] == "NVIDIA H200" and ref["env"]["git_commit"].startswith("fe0c4d1")
-    again = json.loads((ROOT / "benchmarks" / "results" / "grade_reference_gpu_handin_h200.json").read_text())
+    again = json.loads((RES / "grade_reference_gpu_handin_h200.json").read_text())
     assert again["all_gradable_full_marks"] and set(again["labs"]) == {"lab1", "lab4"}
     assert all(v["sandbox"] == "bwrap" and v["device"] == "cuda:0" for lab in again["labs"].values()
                for v in lab["verdicts"])
@@ -533,7 +540,7 @@ def test_results_page_grading_time_per_student_matches_its_records():
     assert speed["message"].startswith("3.72x the naive step (77164 vs 20800 img/s")
     assert "lab 4's speed 3.72x the naive step (77,164 vs 20,800 img/s)" in " ".join(page.split())
     assert again["env"]["device_name"] == "NVIDIA H200" and again["env"]["git_commit"].startswith("727b9f9")
-    cpu = json.loads((ROOT / "benchmarks" / "results" / "grade_time_cpu.json").read_text())
+    cpu = json.loads((RES / "grade_time_cpu.json").read_text())
     ratios = [v["ratio"] for v in cpu["labs"].values()]
     assert len(ratios) == 4 and f"take {min(ratios):.2f}–{max(ratios):.2f}x the time" in page
     assert cpu["env"]["device_type"] == "cpu"
@@ -542,12 +549,12 @@ def test_results_page_grading_time_per_student_matches_its_records():
 def test_results_page_cold_start_numbers_match_their_record():
     import json
 
-    d = json.loads((ROOT / "benchmarks" / "results" / "cold_start.json").read_text())
+    d = json.loads((RES / "cold_start.json").read_text())
     cold = [r["first_step_s"] for r in d["jobs"]["first step, cold"]["runs"]]
     art = [r["first_step_s"] for r in d["jobs"]["first step, artifact"]["runs"]]
     assert d["rung"] == "muon" and len(cold) == len(art) == 2
     assert (f"first `muon` step takes {min(art):.1f}–{max(art):.1f} s, against {min(cold):.1f}–{max(cold):.1f} s "
-            "with nothing cached") in " ".join(results_page().split())
+            "with nothing cached") in " ".join(results_page("ladder", "log").split())
 
 
 def _span(xs, fmt="{:.1f}") -> str:
@@ -558,8 +565,8 @@ def test_results_page_cold_start_whole_runs_levers_and_candidates_match_their_re
     import json
     import statistics
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("log").split())
     g = json.loads((res / "cold_start.json").read_text())
     runs = lambda d, label: d["jobs"][label]["runs"]  # noqa: E731
     cold, art, eager = (runs(g, f"whole run {k}") for k in ("muon, cold", "muon, artifact", "batch_fused"))
@@ -618,8 +625,8 @@ def test_results_page_cold_start_whole_runs_levers_and_candidates_match_their_re
 def test_results_page_stages_of_the_whole_run_and_the_compile_workers_match_their_records():
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("log").split())
     runs = lambda d, label: d["jobs"][label]["runs"]  # noqa: E731
     col = lambda d, label, key: [r[key] for r in runs(d, label)]  # noqa: E731
     after = lambda d, label: [r["wall_s"] - sum(v or 0 for v in r["stages_s"].values()) for r in runs(d, label)]  # noqa: E731
@@ -651,8 +658,8 @@ def test_results_page_bytecode_autotune_and_evaluation_findings_match_their_reco
     import json
     import statistics
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("log").split())
     runs = lambda d, label: d["jobs"][label]["runs"]  # noqa: E731
     col = lambda d, label, key: [r[key] for r in runs(d, label)]  # noqa: E731
     b = json.loads((res / "cold_start_bytecode.json").read_text())
@@ -718,8 +725,8 @@ def test_results_page_bytecode_autotune_and_evaluation_findings_match_their_reco
 def test_results_page_ddp_rounds_and_lab4_regrade_match_their_records():
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("ddp", "grading", "coldstart").split())
     d = json.loads((res / "ddp_scaling_rounds3.json").read_text())
     assert d["env"]["device_name"] == "NVIDIA H200" and d["env"]["gpu_count"] == 2 and d["complete"]
     pct = lambda xs: ", ".join(f"{100 * x:.1f}%" for x in xs)  # noqa: E731
@@ -755,8 +762,8 @@ def test_results_page_ablation_and_boundary_remeasurement_match_their_records():
 
     from labkit import report
 
-    res = ROOT / "benchmarks" / "results"
-    page = results_page()
+    res = RES
+    page = results_page("ladder", "grading")
     ab = json.loads((res / "ladder_ablation.json").read_text())
     target = report.target_accuracy(ab)
     assert " ".join(report.ablation_table(ab["rungs"], target).split()) in page
@@ -792,8 +799,8 @@ def test_results_page_ladder_paragraph_matches_the_ladder_record():
 
     from labkit import report
 
-    ladder = json.loads((ROOT / "benchmarks" / "results" / "ladder.json").read_text())
-    page = results_page()
+    ladder = json.loads((RES / "ladder.json").read_text())
+    page = results_page("ladder")
     assert f"commit {ladder['measured_commit'][:12]}, {ladder['env']['timestamp']}" in page
     from labkit.waves import datasheet_peak
 
@@ -845,8 +852,8 @@ def _own_bn_numbers_match(res, page, pct):
 def test_results_page_cudnn_warmup_rows_match_their_records():
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("log").split())
     art, off = "whole run muon, artifact", "whole run muon, artifact, no warm-up"
 
     def cell(d, label, key):
@@ -881,8 +888,8 @@ def test_results_page_cudnn_warmup_rows_match_their_records():
 def test_results_page_cudnn_choice_and_saved_forward_rows_match_their_records():
     import json
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("log").split())
 
     def runs(d, label):
         return d["jobs"][label]["runs"]
@@ -936,8 +943,8 @@ def test_results_page_tiered_start_rows_match_their_records():
     import json
     import statistics
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("log").split())
     tiered = json.loads((res / "cold_start_tiered.json").read_text())
     warm = json.loads((res / "cold_start_tiered_warmup.json").read_text())
     for d, variant in ((tiered, "--variant waiting:env.LABKIT_TIERED=0"),
@@ -1014,8 +1021,8 @@ def test_results_page_fast_exit_gate_and_tiered_warmup_match_their_records():
     import json
     import statistics
 
-    res = ROOT / "benchmarks" / "results"
-    page = " ".join(results_page().split())
+    res = RES
+    page = " ".join(results_page("coldstart", "log").split())
     recs = {name: json.loads((res / f"{name}.json").read_text()) for name in
             ("cold_start_fast_exit", "cold_start_tiered_gate", "cold_start_tiered_warmup_rounds",
              "cold_start_tiered_final", "cold_start_tiered_repeat")}
@@ -1129,8 +1136,8 @@ def test_results_page_compiling_in_regions_matches_its_h200_record():
     import json
     import statistics
 
-    page = results_page()
-    r = json.loads((ROOT / "benchmarks" / "results" / "compile_regions_h200.json").read_text())
+    page = results_page("coldstart")
+    r = json.loads((RES / "compile_regions_h200.json").read_text())
     assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
     assert r["env"]["git_commit"].startswith("81039b0") and r["env"]["command"].startswith("compile_regions.py")
     assert "(`compile_regions_h200.json`, NVIDIA H200, torch 2.11.0+cu130, commit 81039b0, 2 rounds)" in page
@@ -1162,8 +1169,8 @@ def test_results_page_saved_regions_match_their_h200_record():
     """'Saved and loaded, as a run would take them': the table, the per-round gain and the loss check."""
     import json
 
-    page = results_page()
-    r = json.loads((ROOT / "benchmarks" / "results" / "compile_regions_saved_h200.json").read_text())
+    page = results_page("coldstart")
+    r = json.loads((RES / "compile_regions_saved_h200.json").read_text())
     assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
     assert r["env"]["git_commit"].startswith("bcdd00d") and "--parts compile,saved --splits 1,4" in r["env"]["command"]
     assert "(`compile_regions_saved_h200.json`, same card, commit bcdd00d, 3 rounds)" in page
@@ -1197,8 +1204,8 @@ def test_results_page_step_parts_match_their_h200_records():
     import json
     import statistics
 
-    page = results_page()
-    rec = ROOT / "benchmarks" / "results"
+    page = results_page("top_rung")
+    rec = RES
     r = json.loads((rec / "step_parts_h200.json").read_text())
     assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
     assert r["env"]["git_commit"].startswith("453621e") and r["env"]["command"].startswith("step_parts.py")
@@ -1253,8 +1260,8 @@ def test_results_page_power_limit_matches_its_h200_record():
     """'At the power limit': every figure of the table and its bullets from step_power_h200.json."""
     import json
 
-    page = results_page()
-    r = json.loads((ROOT / "benchmarks" / "results" / "step_power_h200.json").read_text())
+    page = results_page("top_rung", "log")
+    r = json.loads((RES / "step_power_h200.json").read_text())
     assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
     assert r["env"]["git_commit"].startswith("fb73a0d") and r["env"]["command"].startswith("step_power.py")
     assert (f"(`step_power_h200.json`, NVIDIA H200, torch 2.11.0+cu130, commit fb73a0d, {r['rounds']} rounds of "
@@ -1288,8 +1295,8 @@ def test_results_page_ladder_power_table_matches_its_h200_record():
     """'At the power limit': each rung's steady clock and power, as labkit train read them, from ladder_power_h200.json."""
     import json
 
-    page = results_page()
-    r = json.loads((ROOT / "benchmarks" / "results" / "ladder_power_h200.json").read_text())
+    page = results_page("top_rung")
+    r = json.loads((RES / "ladder_power_h200.json").read_text())
     assert r["env"]["device_name"] == "NVIDIA H200" and r["env"]["torch"] == "2.11.0+cu130" and r["note"]
     assert r["env"]["git_commit"].startswith("d15ed2e") and r["repeats"] == 1
     assert r["env"]["command"] == "ladder.py --epochs 5 --repeats 1 --no-real-data --out /root/out"
@@ -1317,8 +1324,8 @@ def test_results_page_regions_from_a_shared_cache_match_their_h200_records():
     times from compile_regions_cached_h200.json and compile_regions_cached_nobench_h200.json."""
     import json
 
-    page = results_page()
-    rec = ROOT / "benchmarks" / "results"
+    page = results_page("coldstart")
+    rec = RES
     a = json.loads((rec / "compile_regions_cached_h200.json").read_text())
     b = json.loads((rec / "compile_regions_cached_nobench_h200.json").read_text())
     for r, commit, parts in ((a, "f9be5b9", "saved,cached"), (b, "726ff9a", "cached")):
@@ -1358,8 +1365,8 @@ def test_results_page_quick_mode_on_a_gpu_matches_its_records():
     from labkit import cli
     from labkit.notebooks import notebook_paths
 
-    page = " ".join(RESULTS_PAGE.read_text().split())
-    res = ROOT / "benchmarks" / "results"
+    page = " ".join(page_text("notebooks").split())
+    res = RES
     cmds = json.loads((res / "gpu_quick_commands_h200.json").read_text())
     nbs = json.loads((res / "gpu_quick_notebooks_h200.json").read_text())
     for r in (cmds, nbs):

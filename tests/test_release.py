@@ -78,10 +78,11 @@ def test_release_holds_the_course_for_students(built):
 def test_release_ships_the_weeks_with_blank_answers_and_the_recorded_artifacts_they_read(built):
     """A CPU student reads week 3's snapshots and week 5's traces; no weekly notebook holds a worked answer."""
     from labkit import exercises as ex
+    from labkit.bench import result_path
 
     folder, _ = built
     for d in release.ARTIFACT_DIRS:
-        src = sorted(p.name for p in (ROOT / "benchmarks" / "results" / d).iterdir() if p.is_file())
+        src = sorted(p.name for p in result_path(d, results_dir=ROOT / "benchmarks" / "results").iterdir() if p.is_file())
         assert src and sorted(p.name for p in (folder / "labkit" / "results" / d).iterdir()) == src
         assert f'"results/{d}/*"' in (folder / "pyproject.toml").read_text()  # installed with the package
     for nb in (folder / "notebooks").glob("*.ipynb"):

@@ -8,7 +8,7 @@ from labkit import graph_breaks, profiling
 from labkit import trace_tour as TT
 from labkit.env import REPO_ROOT, LabkitError
 
-CORPUS = REPO_ROOT / "benchmarks" / "results" / "trace_corpus"
+CORPUS = REPO_ROOT / "benchmarks" / "results" / "diagnosis" / "trace_corpus"
 
 
 def _ev(name, ts, dur, cat="cpu_op", tid=1):

@@ -2,7 +2,7 @@
 
 A compiled rung's first step waits for torch.compile: tens of seconds on a machine with nothing cached, most of a
 short run. The course's modules teach what makes each step fast; this package is the research that made the
-start fast too, measured in `benchmarks/cold_start.py` and written up in docs/results.md:
+start fast too, measured in `benchmarks/cold_start.py` and written up in docs/results/ (coldstart.md, log.md):
 
 - `compile_artifacts`: torch.compile's graphs and kernels saved once per card and torch version (the compile-cache
   artifact), loaded before compiling again;

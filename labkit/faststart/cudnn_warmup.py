@@ -13,7 +13,7 @@ while cuDNN times it there, and the step's backward finds the choice. The forwar
 that calls the model, so their timing stays in the first step.
 
 Measured on an H100 with the top rung's artifact, on and off in alternating fresh processes: timing on a thread
-of its own filled a cache no step reads (`benchmarks/results/cold_start_warmup_thread.json`); timing on the
+of its own filled a cache no step reads (`benchmarks/results/coldstart/cold_start_warmup_thread.json`); timing on the
 training thread with the artifact loading beside it shortened the first step but not the whole run
 (`cold_start_warmup_main.json`); this design left both within noise (`cold_start_warmup.json`) where the first
 step waited for the compiled forward. Beside the tiered start (`labkit.faststart.tiered`), whose first step runs eager,
