@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from autograder.notebook_limits import MAX_CELLS, MAX_OUTPUTS
+
 RENDER_TIMEOUT_S = 60.0  # one student's pages and formgrader copies, seconds: an honest one takes about one
 RENDER_MEMORY_BYTES = 3 * 2**30  # the rendering child's address space, bytes
 
@@ -218,8 +220,6 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/=\r\n ]*")
 _CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # nbformat's rule for cell ids
 GRADE_ID = re.compile(r"[A-Za-z0-9_-]+")  # the ids nbgrader itself accepts (its cell-metadata check)
 _NBGRADER_FLAGS = ("grade", "solution", "locked", "task")
-MAX_CELLS = 5000  # cells in a notebook formgrader is given (a course notebook has tens)
-MAX_OUTPUTS = 20000  # outputs in all its cells
 # bytes of one rebuilt copy: within what the grader keeps of a file (grade.MAX_KEPT_BYTES, 16 MiB), which intake's
 # 50 MiB notebooks outgrow (printed output; and a text escapes to up to 3x its UTF-8 bytes as ASCII JSON)
 MAX_PLAIN_BYTES = 15 * 2**20

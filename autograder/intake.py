@@ -31,8 +31,8 @@ from pathlib import Path
 import nbformat
 
 from autograder import lmsnames
-from autograder.feedback import MAX_CELLS, MAX_OUTPUTS
 from autograder.lmsnames import safe_id  # noqa: F401 (also intake.safe_id, for callers)
+from autograder.notebook_limits import MAX_CELLS, MAX_OUTPUTS
 from autograder.sandbox import MAX_JSON_VALUES, json_values
 from autograder.shown import name as shown  # noqa: F401 (also intake.shown, for callers)
 from autograder.spool import Spool, TooLarge

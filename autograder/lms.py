@@ -26,7 +26,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, gpu_policy, grade, intake, late, lmsnames, manual, shown
+from autograder import classbook, gpu_policy, intake, late, lmsnames, manual, shown
+from autograder.results import load_result
 from labkit.bench import write_json
 from labkit.env import LabkitError
 
@@ -51,7 +52,7 @@ def load_class(out: str | Path) -> tuple[list, dict[str, dict], dict]:
     rows = {r["student_id"]: r for r in final["students"]}
     results = []
     for sid in rows:
-        res = grade.load_result(out / "students" / sid / "result.json", key, sid)
+        res = load_result(out / "students" / sid / "result.json", key, sid)
         if res is None:
             raise LabkitError(f"{sid}: done-marker in {out} missing or not the grader's own; regrade before exporting")
         results.append(res)

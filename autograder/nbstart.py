@@ -9,7 +9,9 @@ student and every course copy, so a class pays it hundreds of times. Nothing her
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 SKIPPED = "rfc3987_syntax"
 
@@ -24,3 +26,17 @@ def nbgrader_command(*args: str) -> list[str]:
     code = (f"import sys; sys.modules.setdefault({SKIPPED!r}, None); "
             "from nbgrader.apps.nbgraderapp import main; main()")
     return [sys.executable, "-c", code, *args]
+
+
+def py_env(extra: dict | None = None) -> dict[str, str]:
+    """Environment for nbgrader and harness processes: this interpreter's tools first on PATH, repo importable."""
+    from labkit.env import REPO_ROOT  # here, not at the top: labkit.env imports torch
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONSTARTUP", "PYTHONINSPECT", "JPY_"))}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    # GPU indices in PCI order, the order of the /dev/nvidiaN nodes the sandbox passes through one of
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.update(extra or {})
+    return env

@@ -213,9 +213,24 @@ def handouts(out: Path, roster: Path) -> list[Path]:
                                per_student=True)
 
 
-def _lab_files(root: Path, course: Path, stage: Path, work: Path) -> None:
-    from autograder.course import generate_release
+def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:
+    """Run nbgrader generate_assignment on a copy of the course in `dest`; returns the release notebook's path."""
+    from autograder.nbstart import nbgrader_command, py_env
+    from autograder.sandbox import Limits, run_limited
 
+    course, dest = Path(course), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(course / "nbgrader_config.py", dest / "nbgrader_config.py")
+    shutil.copytree(course / "source" / assignment, dest / "source" / assignment, dirs_exist_ok=True)
+    out = run_limited(nbgrader_command("generate_assignment", assignment, "--force"),
+                      cwd=dest, env=py_env(), limits=Limits(wall_s=600, memory_bytes=None))
+    release = dest / "release" / assignment / f"{assignment}.ipynb"
+    if not out.ok or not release.exists():
+        raise LabkitError(f"nbgrader generate_assignment {assignment} failed: {out.output[-400:]}")
+    return release
+
+
+def _lab_files(root: Path, course: Path, stage: Path, work: Path) -> None:
     for lab in LABS:
         nb = generate_release(course, lab, work / lab)
         for p in sorted(nb.parent.rglob("*")):

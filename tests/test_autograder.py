@@ -23,6 +23,7 @@ import pytest
 
 from autograder import course as courses
 from autograder import grade, harness, intake, jail, rehearsal, sandbox, suite, trusted
+from autograder.release import generate_release
 from labkit.env import REPO_ROOT, LabkitError
 
 PY = sys.executable
@@ -491,7 +492,7 @@ def graded_class(tmp_path_factory):
     base = tmp_path_factory.mktemp("klass")
     cls, work = base / "class", base / "work"  # the scratch folder lies outside what the vandal can reach
     course = rehearsal.build_toy_course(cls / "course")
-    release = courses.generate_release(course, AID, base / "release")
+    release = generate_release(course, AID, base / "release")
     canary = base / "instructor" / "secret.txt"
     canary.parent.mkdir()
     canary.write_text(CANARY)
@@ -710,7 +711,7 @@ def graded_lab2(tmp_path_factory):
     if not src.exists():
         pytest.skip(f"{LAB2} is not in assignments/source")
     base = tmp_path_factory.mktemp("lab2")
-    release = courses.generate_release(REPO_ROOT / "assignments", LAB2, base / "release")
+    release = generate_release(REPO_ROOT / "assignments", LAB2, base / "release")
     builder = suite.SuiteBuilder(src, release, LAB2)
     body = builder.reference[builder.target[0]].split("\n", 1)[1]
     if _LAB2_YIELD not in body:
@@ -747,7 +748,7 @@ def test_kernels_use_private_sockets_so_a_taken_port_cannot_kill_them(tmp_path):
     if os.name != "posix":
         pytest.skip("Unix sockets: POSIX only (elsewhere kernels keep TCP)")
     course = rehearsal.build_toy_course(tmp_path / "course")
-    release = courses.generate_release(course, AID, tmp_path / "release")
+    release = generate_release(course, AID, tmp_path / "release")
     builder = suite.SuiteBuilder(course / "source" / AID / f"{AID}.ipynb", release, AID, rehearsal.BODIES)
     suite.write_submissions([v for v in builder.variants() if v.name == "reference"], tmp_path / "subs")
     before = set(Path("/tmp").glob("lk-sock-*"))
@@ -885,7 +886,7 @@ def test_scores_written_back_leave_no_extra_credit_or_comment_the_submission_wro
 
     from autograder import report
 
-    courses.generate_release(rehearsal.build_toy_course(tmp_path / "course"), AID, tmp_path / "made")
+    generate_release(rehearsal.build_toy_course(tmp_path / "course"), AID, tmp_path / "made")
     db = tmp_path / "made" / "gradebook.db"
     with Gradebook(f"sqlite:///{db}") as gb:
         gb.add_student("eve")

@@ -130,7 +130,7 @@ def test_a_failed_nbgrader_run_is_reported_by_its_real_exception():
 
 def test_lab_1_from_before_its_written_answer_gets_the_question_and_the_answer_back(tmp_path):
     """The issue's case: lab 1's written answer and the locked question before it, both missing."""
-    from autograder.course import generate_release
+    from autograder.release import generate_release
 
     src = course.REPO_ROOT / "assignments"
     released = generate_release(src, "lab1_loss_scaling", tmp_path / "rel").read_bytes()
