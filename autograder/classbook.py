@@ -19,7 +19,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder import gpu_policy, late, manual, review, shown
+from autograder import gpu_policy, late, manual, review
+from autograder.base import shown
 from labkit.bench import write_json
 
 MANIFEST = "class.json"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from autograder import shown
+from autograder.base import shown
 
 
 def add_late_args(p: argparse.ArgumentParser) -> None:
@@ -148,7 +148,7 @@ def add_commands(sub) -> None:
 
 def _cli_merge(args) -> int:
     from autograder import intake, merge
-    from autograder.progress import table
+    from autograder.base.progress import table
 
     rep = merge.merge(args.slices, args.out, submissions=args.submissions, roster=args.roster,
                       policy=late_policy(args), lms_regex=args.lms_regex or intake.LMS_REGEX,
@@ -199,7 +199,8 @@ def _cli_similarity(args) -> int:
 
 
 def _cli_variant(args) -> int:
-    from autograder import course_secret, lab3_variants
+    from autograder import lab3_variants
+    from autograder.base import course_secret
 
     secret = course_secret.for_grading(args.open_kit)
     students: list[str | None] = list(args.student)
@@ -214,7 +215,7 @@ def _cli_variant(args) -> int:
 
 
 def _cli_secret(args) -> int:
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     print(course_secret.new_secret())
     return 0

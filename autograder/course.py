@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import manual, report, trusted
+from autograder.base.nbstart import nbgrader_command, py_env
 from autograder.feedback import GRADE_ID
-from autograder.nbstart import nbgrader_command, py_env
 from autograder.sandbox import (
     LeftFileError,
     Limits,

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from autograder.notebook_limits import MAX_CELLS, MAX_OUTPUTS
+from autograder.base.notebook_limits import MAX_CELLS, MAX_OUTPUTS
 
 RENDER_TIMEOUT_S = 60.0  # one student's pages and formgrader copies, seconds: an honest one takes about one
 RENDER_MEMORY_BYTES = 3 * 2**30  # the rendering child's address space, bytes
@@ -115,7 +115,7 @@ def _serve(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever the libraries print goes to stderr, never into a reply
-    from autograder.nbstart import skip_iri_checker
+    from autograder.base.nbstart import skip_iri_checker
 
     skip_iri_checker()
     import nbgrader.converters  # noqa: F401  (once, before the first request: the grader waits on nothing else)

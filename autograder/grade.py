@@ -9,7 +9,7 @@ skipped on the next run unless their hand-in or the assignment changed, so an in
 stopped. At the end the marks are merged into one gradebook, `grades.csv` and a summary.
 
 Isolation: the generated assignment is held in memory and the hand-ins are spooled where no sandbox sees them
-and checked by sha256 when read (autograder.spool), every file the grader writes for a student is checked (and
+and checked by sha256 when read (autograder.base.spool), every file the grader writes for a student is checked (and
 restored) after the others ran, and each student's processes are all dead before the
 next student starts. Students graded side by side (--jobs > 1, one per GPU) run as the same user at the same
 time; against a deliberately hostile class, grade one at a time or inside a container. Run the grader as an
@@ -35,8 +35,6 @@ from pathlib import Path
 
 from autograder import (
     classbook,
-    course_secret,
-    faults,
     feedback,
     gpu_policy,
     intake,
@@ -46,16 +44,16 @@ from autograder import (
     manual,
     report,
     shard,
-    shown,
     trusted,
 )
 from autograder import course as courses
+from autograder.base import course_secret, faults, shown
+from autograder.base.nbstart import nbgrader_command
 from autograder.course import Course
 from autograder.disk_cap import DISK_BYTES, remove_tree
 from autograder.feedback import RENDER_TIMEOUT_S
 from autograder.jail import Jail
 from autograder.late import LatePolicy
-from autograder.nbstart import nbgrader_command
 from autograder.results import StudentResult, load_result, result_key, sealed_result
 from autograder.sandbox import (
     MAX_JSON_VALUES,
@@ -751,7 +749,7 @@ def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outpu
 
 
 def _run_all(todo, course: Course, cfg: GradeConfig, outputs: Outputs, hardware, results, sealed: Path) -> int:
-    from autograder.progress import bar as tqdm  # one line per student when the log is not a terminal
+    from autograder.base.progress import bar as tqdm  # one line per student when the log is not a terminal
 
     gpus = [h for h in hardware if h["index"] is not None]
     if gpus:

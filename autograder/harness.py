@@ -45,8 +45,8 @@ import traceback
 import warnings
 from pathlib import Path
 
+from autograder.base.spool import entry_header
 from autograder.disk_cap import DISK_BYTES
-from autograder.spool import entry_header
 
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE_CLASSES = ("tensor_core_gpu", "gpu", "cpu")
@@ -578,7 +578,7 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
 
 def _secret_label() -> str:
     """Which key the hidden values came from, for the verdict ("course secret" or the public open-kit default)."""
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     try:
         return course_secret.load().label
@@ -745,7 +745,7 @@ def grade(check: str, student_file: str, points: float) -> float | None:
     mode = os.environ.get("NBGRADER_EXECUTION", "")
     path = Path(student_file).resolve()
     if mode == "autograde":  # a graded run: its hidden cases come from the course secret, or it stops here
-        from autograder import course_secret
+        from autograder.base import course_secret
 
         course_secret.load(graded=True)
     with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():

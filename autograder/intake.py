@@ -12,7 +12,7 @@ and named with its candidates (`Intake.unmatched`: the grader stops on it). Anyt
 and skipped. A student's notebook is `<assignment>.ipynb`, or the only
 notebook they handed in under another name (LMS downloads rename files). Archives are unpacked with caps on
 size and file count and refuse paths that leave their folder or name one file twice. Every hand-in is copied here into the grader's
-scratch folder (autograder.spool), its sha256 taken on the way and checked whenever it is read, so what gets graded
+scratch folder (autograder.base.spool), its sha256 taken on the way and checked whenever it is read, so what gets graded
 is what was handed in, even if a submission graded earlier rewrites files on disk, and a class of large hand-ins
 is never held in memory at once.
 """
@@ -31,11 +31,11 @@ from pathlib import Path
 import nbformat
 
 from autograder import lmsnames
+from autograder.base.notebook_limits import MAX_CELLS, MAX_OUTPUTS
+from autograder.base.shown import name as shown  # noqa: F401 (also intake.shown, for callers)
+from autograder.base.spool import Spool, TooLarge
 from autograder.lmsnames import safe_id  # noqa: F401 (also intake.safe_id, for callers)
-from autograder.notebook_limits import MAX_CELLS, MAX_OUTPUTS
 from autograder.sandbox import MAX_JSON_VALUES, json_values
-from autograder.shown import name as shown  # noqa: F401 (also intake.shown, for callers)
-from autograder.spool import Spool, TooLarge
 from labkit.env import LabkitError
 
 # The default --lms-regex: it stands for "each LMS's own documented pattern" (autograder.lmsnames); another

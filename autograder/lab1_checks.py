@@ -134,7 +134,7 @@ def hidden_edge_cases(student: str | None = None,
     """The hidden test's scaler settings and overflow steps, from the course secret and the student or the hand-in
     (autograder.harness.hidden_draws): (kwargs, cases), each case (label, overflow steps of 8, NaN instead of inf,
     unscale_ before step). Never the defaults, so a scaler that ignores its arguments fails."""
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     r = course_secret.rng("lab1.hidden/edge_cases", student, handin=handin)
     kw = dict(init_scale=2.0 ** int(r.integers(6, 11)), growth_factor=float(r.choice([3.0, 4.0, 8.0])),

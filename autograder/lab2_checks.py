@@ -320,7 +320,7 @@ def _hidden_cases(student: str | None = None,
     """The hidden sampler cases (lengths, batch size) and the sampler's seed, from the course secret and the
     student or the hand-in (autograder.harness.hidden_draws): the kinds of case are public (uniform, tied, fewer
     than a batch, long-tailed), their sizes and values are not."""
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     r = course_secret.rng("lab2.hidden/sampler_cases", student, handin=handin)
     # Each kind of case varies around a size the reference solution was measured on, well inside the checks'

@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from autograder import course_secret, lab3_variants, remeasure
+from autograder import lab3_variants, remeasure
+from autograder.base import course_secret
 from autograder.harness import CheckFailed, Tiers, require
 from autograder.student import lab3 as scen
 

@@ -28,7 +28,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import course_secret
+from autograder.base import course_secret
 
 LETTERS = "ABCDEFGHI"
 KINDS = ("data", "overhead", "sync", "compute")

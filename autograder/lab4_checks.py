@@ -155,7 +155,7 @@ def hidden_case(student: str | None = None, handin: str | None = None) -> tuple[
     """The hidden test's hyper-parameters and seed, from the course secret and the student or the hand-in
     (autograder.harness.hidden_draws): near the public ones (the step must use what it is given), never equal to
     them."""
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     r = course_secret.rng("lab4.hidden/hyper", student, handin=handin)
     hyper = {"lr": round(float(r.uniform(0.01, 0.04)), 4), "momentum": round(float(r.uniform(0.7, 0.88)), 3),

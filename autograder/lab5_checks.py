@@ -202,7 +202,7 @@ def check_layouts(ctx) -> dict:
 def hidden_cases(student: str | None = None, handin: str | None = None) -> list[dict]:
     """The hidden test's cases, from the course secret and the student or the hand-in (hidden_draws): odd sizes,
     every dtype and layout, other smoothings, incoming gradients and logit scales than the public cases'."""
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     r = course_secret.rng("lab5.hidden/cases", student, handin=handin)
     dtypes, layouts = list(scen.DTYPES), list(scen.LAYOUTS)

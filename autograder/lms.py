@@ -26,7 +26,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, gpu_policy, intake, late, lmsnames, manual, shown
+from autograder import classbook, gpu_policy, intake, late, lmsnames, manual
+from autograder.base import shown
 from autograder.results import load_result
 from labkit.bench import write_json
 from labkit.env import LabkitError
@@ -198,9 +199,10 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
                    sandbox: str = "auto", run_checks=None, open_kit: bool = False) -> dict:
     """Grade one Gradescope submission (a folder holding the lab's notebook or its student_*.py) with the
     trusted harness and write results.json; returns it. One test per test cell, scaled to the cell's points.
-    A graded run: without a course secret it refuses unless `open_kit` (autograder.course_secret). Lab 3 is
+    A graded run: without a course secret it refuses unless `open_kit` (autograder.base.course_secret). Lab 3 is
     graded against the course's common variant (hand that one out: `python -m autograder variant lab3`)."""
-    from autograder import course_secret, harness, trusted
+    from autograder import harness, trusted
+    from autograder.base import course_secret
 
     if lab not in GRADESCOPE_LABS:
         raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; the speed "
@@ -250,7 +252,8 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
 def _gradescope_variant(sub: Path) -> str:
     """Gradescope grades lab 3 against the common variant: a hand-in whose slow_train.py carries another tag
     (a student's own handout, another course's) is said to be so, for a person, not graded silently."""
-    from autograder import course_secret, lab3_variants
+    from autograder import lab3_variants
+    from autograder.base import course_secret
 
     root = sub.resolve()
     slow = next((p for p in sorted(sub.rglob("slow_train.py")) if p.is_file() and root in p.resolve().parents), None)

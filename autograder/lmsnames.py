@@ -156,7 +156,7 @@ def _one(lms: str, name: str, found: list[str], *, why: str, **kw) -> Read:
 
 
 def _shown(name: str) -> str:
-    from autograder.shown import name as shown
+    from autograder.base.shown import name as shown
 
     return repr(name) if shown(name) == name else shown(name)
 

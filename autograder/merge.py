@@ -16,7 +16,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import classbook, grade, intake, lmsnames, manual, report, shown
+from autograder import classbook, grade, intake, lmsnames, manual, report
+from autograder.base import shown
 from autograder.late import LatePolicy
 from labkit.env import LabkitError
 
@@ -107,7 +108,7 @@ def merge(folders: list[str | Path], out: str | Path, *, submissions: str | Path
           roster: str | Path | None = None, policy: LatePolicy | None = None, lms_regex: str = intake.LMS_REGEX,
           progress: bool = True, manual_scores: str | Path | None = None) -> MergeReport:
     """Merge slice output folders into `out`; LabkitError before writing anything if they do not fit together."""
-    from autograder.progress import bar, stage
+    from autograder.base.progress import bar, stage
 
     out = Path(out).resolve()
     folders = [Path(f).resolve() for f in folders]

@@ -104,7 +104,7 @@ def build_toy_course(root: str | Path, written: bool = False) -> Path:
 def hidden_params(student: str | None = None, handin: str | None = None) -> dict:
     """The hidden test's inputs, from the course secret and the student or the hand-in (harness.hidden_draws):
     reading this code reveals none of them; they reach the student's process only when graded."""
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     r = course_secret.rng("toy.hidden/inputs", student, handin=handin)
     return {"seed": int(r.integers(2**31)), "count": 3, "n": int(r.integers(800, 1200))}

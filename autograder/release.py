@@ -200,14 +200,16 @@ def _student_notebook(src: Path, dest: Path, root: Path = ROOT) -> None:
 def common_slow_train() -> str:
     """Lab 3's slow_train.py for the release: the course's common variant under the course secret (the open kit's
     own slow_train.py without one). Per-student variants are handed out beside the release (`handouts`)."""
-    from autograder import course_secret, lab3_variants
+    from autograder import lab3_variants
+    from autograder.base import course_secret
 
     return lab3_variants.render(lab3_variants.spec_for(None, course_secret.load(graded=False)))
 
 
 def handouts(out: Path, roster: Path) -> list[Path]:
     """Each roster student's own lab 3 slow_train.py, `<out>/<id>/slow_train.py`, from the course secret."""
-    from autograder import course_secret, lab3_variants
+    from autograder import lab3_variants
+    from autograder.base import course_secret
 
     return lab3_variants.write(out, lab3_variants.roster_ids(roster), course_secret.load(graded=False),
                                per_student=True)
@@ -215,7 +217,7 @@ def handouts(out: Path, roster: Path) -> list[Path]:
 
 def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:
     """Run nbgrader generate_assignment on a copy of the course in `dest`; returns the release notebook's path."""
-    from autograder.nbstart import nbgrader_command, py_env
+    from autograder.base.nbstart import nbgrader_command, py_env
     from autograder.sandbox import Limits, run_limited
 
     course, dest = Path(course), Path(dest)
@@ -293,7 +295,7 @@ def manifest(stage: Path, ver: str) -> dict:
                       "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
     return {"name": "labkit-student", "version": ver, "instructor_only": "assignments/source (solutions), "
             "autograder/lab*_checks.py (references, answer keys, hidden checks), autograder/lab3_variants.py (the "
-            "variant generator), autograder/course_secret.py, autograder/harness.py and the rest of the grader, the "
+            "variant generator), autograder/base/course_secret.py, autograder/harness.py and the rest of the grader, the "
             "course secret and the per-student lab 3 handouts", "files": files}
 
 
@@ -375,7 +377,8 @@ def needles(root: Path = ROOT) -> dict[str, str]:
 def _secret_needles(root: Path) -> dict[str, str]:
     """The variant generator's tables, the HMAC labels hidden values are derived from, and, when the course secret
     is set, the secret itself, what it derives for each label and the common lab 3 variant's answer key."""
-    from autograder import course_secret, lab3_variants
+    from autograder import lab3_variants
+    from autograder.base import course_secret
 
     out = {}
     gen = root / "autograder" / "lab3_variants.py"
@@ -461,7 +464,8 @@ def build(out: str | Path, *, root: Path = ROOT, course: Path | None = None,
 
     `roster` (a CSV with a student_id column; needs the course secret): also write each student's own lab 3
     slow_train.py to `<out>/lab3_handouts/<id>/`, outside the release, for the instructor to hand out."""
-    from autograder import course_secret, lab3_variants
+    from autograder import lab3_variants
+    from autograder.base import course_secret
 
     out = check_writable(Path(out))
     secret = course_secret.load(graded=False)  # a malformed secret stops here, before any work
@@ -506,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         folder, archive = build(a.out, course=Path(a.course), roster=a.roster)
-        from autograder import course_secret
+        from autograder.base import course_secret
 
         open_kit = course_secret.load(graded=False).open_kit
     except LabkitError as e:

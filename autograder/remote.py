@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from autograder import cgroups, pinning
-from autograder.course_secret import ENV as SECRET_ENV
+from autograder.base.course_secret import ENV as SECRET_ENV
 from autograder.disk_cap import child_limits
 from autograder.jail import GRADER_ROOT, Jail
 from autograder.sandbox import _Capture, _kill, _rss, too_many

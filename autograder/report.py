@@ -19,7 +19,8 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook
 
-from autograder import manual, shown
+from autograder import manual
+from autograder.base import shown
 from labkit.bench import write_json
 
 
@@ -449,7 +450,7 @@ def summary_text(course, results: list, junk: list[str], hardware: list[dict]) -
         lines.append("flagged for a look: " + ", ".join(flagged))
     if junk:
         lines += ["", "skipped input:"] + [f"  {j}" for j in junk]
-    # Every line escaped whole: ids, causes, messages, flags and skipped names are the students' (autograder.shown)
+    # Every line escaped whole: ids, causes, messages, flags and skipped names are the students' (autograder.base.shown)
     return "\n".join(shown.line(x) for x in lines) + "\n"
 
 

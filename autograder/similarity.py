@@ -188,7 +188,7 @@ def _ranges(spans: list[tuple[int, int]]) -> list[list[int]]:
 def compare(files: dict[str, str], starter: str | None = None, cfg: SimilarityConfig | None = None,
             progress: bool = False) -> tuple[list[Pair], dict]:
     """Every pair of `files` (student id -> source), most similar first, and the class statistics."""
-    from autograder.progress import bar
+    from autograder.base.progress import bar
 
     cfg = cfg or SimilarityConfig()
     excluded = {h for h, _, _ in kgram_hashes(tokens(starter), cfg.k)} if starter else set()
@@ -343,9 +343,9 @@ def report_text(assignment: str, pairs: list[Pair], stats: dict, notes: list[str
                 top: int = 10, copies: list[Copy] | None = None) -> str:
     """The instructor's report: copies of known answers, flagged pairs with their matching lines, then the closest
     pairs, then notes. The hand-ins' lines and the notes are the students' text, each shown on one line with its
-    escapes visible (autograder.shown): the report is read in a terminal, and the quoted lines must read as they are."""
-    from autograder import shown
-    from autograder.progress import table
+    escapes visible (autograder.base.shown): the report is read in a terminal, and the quoted lines must read as they are."""
+    from autograder.base import shown
+    from autograder.base.progress import table
 
     flagged = [p for p in pairs if p.flagged]
     lines = [f"similarity of {assignment}: {stats['compared']} files compared ({stats['pairs']} pairs); class median "
@@ -388,7 +388,7 @@ def run(assignment: str, submissions: str | Path, *, course: str | Path = "assig
         progress: bool = True, roster: str | Path | None = None) -> tuple[list[Pair], Path]:
     """Compare a class's hand-ins; writes similarity.txt and similarity.json into `out`; returns (pairs, txt).
     `roster`: the class list CSV grading used (ids with `_` in them are read whole, as there)."""
-    from autograder.progress import stage
+    from autograder.base.progress import stage
 
     if not Path(submissions).exists():
         raise LabkitError(f"submissions folder {submissions} does not exist")

@@ -797,13 +797,13 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
 
 
 def test_nbgrader_starts_without_the_iri_checker_and_still_validates_notebooks(tmp_path):
-    """autograder.nbstart: the grader's nbgrader processes leave out rfc3987_syntax (1.3 s of grammar building each),
+    """autograder.base.nbstart: the grader's nbgrader processes leave out rfc3987_syntax (1.3 s of grammar building each),
     and nbformat's validation, which does not use it, still rejects a broken notebook."""
-    from autograder.nbstart import nbgrader_command
+    from autograder.base.nbstart import nbgrader_command
 
     out = subprocess.run(nbgrader_command("--version"), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
-    code = ("import sys; from autograder.nbstart import skip_iri_checker; skip_iri_checker(); import nbformat\n"
+    code = ("import sys; from autograder.base.nbstart import skip_iri_checker; skip_iri_checker(); import nbformat\n"
             "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('x = 1')]); nbformat.validate(nb)\n"
             "nb.cells[0]['cell_type'] = 'nonsense'\n"
             "try:\n    nbformat.validate(nb)\nexcept nbformat.ValidationError:\n    print('rejected')\n"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import course_secret, jail, lab3_variants, labkit_answers
-from autograder.course_secret import Secret
+from autograder import jail, lab3_variants, labkit_answers
+from autograder.base import course_secret
+from autograder.base.course_secret import Secret
 from labkit.errors import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import cgroups, faults, grade, rehearsal, sandbox
+from autograder import cgroups, grade, rehearsal, sandbox
+from autograder.base import faults
 
 AID = rehearsal.TOY_ID
 

@@ -1,5 +1,5 @@
 """Strings a student controls reach people escaped, in every output: terminal, summary.txt, grade_log.txt,
-grades.csv, the Canvas and Gradescope exports and the HTML feedback (autograder.shown).
+grades.csv, the Canvas and Gradescope exports and the HTML feedback (autograder.base.shown).
 
 The attack: an LMS-named hand-in whose student part holds ANSI escapes and newlines (a clear-screen, forged
 "nothing flagged" and "14 of 14 graded" lines, then hidden text), a bidi override, and code whose error message
@@ -20,7 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grade, intake, lms, rehearsal, report, shown
+from autograder import grade, intake, lms, rehearsal, report
+from autograder.base import shown
 
 AID = rehearsal.TOY_ID
 # ESC (clear screen, home, hide), newlines that forge lines, a carriage return, a bidi override and isolate,

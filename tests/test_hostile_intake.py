@@ -431,7 +431,7 @@ def test_a_class_of_large_hand_ins_is_spooled_to_disk_not_held_in_memory(tmp_pat
     import hashlib
     import tracemalloc
 
-    from autograder import spool
+    from autograder.base import spool
 
     monkeypatch.setattr(intake, "MAX_HANDIN_BYTES", 12 * 2**20)
     subs = tmp_path / "subs"
@@ -478,7 +478,7 @@ def test_a_spooled_file_changed_after_intake_is_refused_where_it_is_read(tmp_pat
     """The sandboxes never see the spool, but if anything rewrites a copy there, grading must not go on with it
     (nor with a digest computed from it): the change is refused by name, for that student."""
     from autograder import course as courses
-    from autograder import spool
+    from autograder.base import spool
 
     subs = tmp_path / "subs"
     (subs / "amy").mkdir(parents=True)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import course_secret, harness, lab3_variants
+from autograder import harness, lab3_variants
+from autograder.base import course_secret
 from autograder.harness import run_check, run_checks
 
 ROOT = Path(__file__).resolve().parents[1]

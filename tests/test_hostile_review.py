@@ -345,7 +345,8 @@ def test_a_lab_3_variant_mix_up_through_an_lms_zip_is_a_verdict_for_a_person(tmp
     import json
     import zipfile
 
-    from autograder import course_secret, grade, lab3_variants
+    from autograder import grade, lab3_variants
+    from autograder.base import course_secret
 
     secret = course_secret.Secret(b"a course secret for these tests", course_secret.COURSE_LABEL)
     monkeypatch.setenv(course_secret.ENV, secret.key.decode())

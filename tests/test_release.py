@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import course_secret, harness, lab3_variants, labkit_answers, release, selfcheck
+from autograder import harness, lab3_variants, labkit_answers, release, selfcheck
+from autograder.base import course_secret
 from autograder.harness import CHECKS, STUDENT_FILES, student_file_from_notebook
 from autograder.selfcheck import PUBLIC
 from labkit import notebooks

@@ -129,7 +129,7 @@ class Spool(MutableMapping):
 
         The lengths make it one hand-in's alone: names and bytes joined by NUL bytes gave the same digest to a file
         holding "\\0k1\\0" and to two files split there, so a changed hand-in kept its earlier grade, and its hidden
-        cases (drawn for the digest, autograder.course_secret.rng)."""
+        cases (drawn for the digest, autograder.base.course_secret.rng)."""
         h = hashlib.sha256()
         for name in sorted(self._entries):
             path, digest, size = self._entries[name]
