@@ -23,7 +23,7 @@ from pathlib import Path
 from autograder import manual, report, trusted
 from autograder.base.nbstart import nbgrader_command, py_env
 from autograder.feedback import GRADE_ID
-from autograder.sandbox import (
+from autograder.sandbox.limits import (
     LeftFileError,
     Limits,
     TooLarge,

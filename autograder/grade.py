@@ -38,7 +38,6 @@ from autograder import (
     feedback,
     gpu_policy,
     intake,
-    jail,
     labkit_answers,
     lmsnames,
     manual,
@@ -50,12 +49,13 @@ from autograder import course as courses
 from autograder.base import course_secret, faults, shown
 from autograder.base.nbstart import nbgrader_command
 from autograder.course import Course
-from autograder.disk_cap import DISK_BYTES, remove_tree
 from autograder.feedback import RENDER_TIMEOUT_S
-from autograder.jail import Jail
 from autograder.late import LatePolicy
 from autograder.results import StudentResult, load_result, result_key, sealed_result
-from autograder.sandbox import (
+from autograder.sandbox import jail
+from autograder.sandbox.disk_cap import DISK_BYTES, remove_tree
+from autograder.sandbox.jail import Jail
+from autograder.sandbox.limits import (
     MAX_JSON_VALUES,
     MAX_LEFT_BYTES,
     LeftFileError,

@@ -1,7 +1,7 @@
 """The trusted grading harness: checks that drive a sandboxed student process and keep every decision here.
 
 A check (a function in a trusted `labN_checks` module) never imports the student's file. The student's code
-runs in a process of its own, inside the sandbox (autograder.jail: no view of the course, the checks, the
+runs in a process of its own, inside the sandbox (autograder.sandbox.jail: no view of the course, the checks, the
 grader or other students), behind one socket (autograder.student.channel). The check sends a probe request
 (`Context.call`), gets back what the student's code produced, computes the reference itself and compares.
 Speed is timed by this process's clock around each request, alternating with a baseline that runs in a
@@ -46,7 +46,7 @@ import warnings
 from pathlib import Path
 
 from autograder.base.spool import entry_header
-from autograder.disk_cap import DISK_BYTES
+from autograder.sandbox.disk_cap import DISK_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE_CLASSES = ("tensor_core_gpu", "gpu", "cpu")
@@ -242,7 +242,7 @@ class Context:
     memory_bytes: int | None = None  # resident memory allowed to the student's processes, bytes
     disk_bytes: int | None = DISK_BYTES  # space the files in the student's folders may take, bytes (disk_cap)
     deadline: float = float("inf")  # time.monotonic() when the running check's budget ends
-    cache: Path | None = None  # the student's own compile-cache folder (autograder.jail.cache_env), if any
+    cache: Path | None = None  # the student's own compile-cache folder (autograder.sandbox.jail.cache_env), if any
     student_id: str | None = None  # whose submission this is (lab 3 grades that student's variant); None: unknown
     hide: tuple[str, ...] = ()  # labkit modules the student's sandbox does not show (autograder.labkit_answers)
     handin: str | None = None  # the hand-in's digest: hidden checks draw a case set for it (hidden_draws)
@@ -256,7 +256,7 @@ class Context:
 
     def student(self):
         """The student's runner process (sandboxed), started on first use (or early, by the worker)."""
-        from autograder.remote import Remote, RemoteFailed
+        from autograder.sandbox.remote import Remote, RemoteFailed
 
         if self._student is None or self._student.cause or self._student.proc.poll() is not None:
             try:
@@ -269,7 +269,7 @@ class Context:
 
     def baseline(self):
         """A runner process that never held student code: the baseline's and references' side of timings."""
-        from autograder.remote import Remote
+        from autograder.sandbox.remote import Remote
 
         if self._baseline is None or self._baseline.cause or self._baseline.proc.poll() is not None:
             folder = self.work_dir / "baseline"
@@ -283,7 +283,7 @@ class Context:
 
     def call(self, probe: str, params: dict | None = None, *, timeout_s: float | None = None):
         """Run `probe` on the student's code; the result, or CheckFailed with the student's own error."""
-        from autograder.remote import RemoteFailed, StudentFailed
+        from autograder.sandbox.remote import RemoteFailed, StudentFailed
 
         remote = self.student()
         try:
@@ -295,7 +295,7 @@ class Context:
         return result
 
     def baseline_call(self, probe: str, params: dict | None = None, *, timeout_s: float | None = None):
-        from autograder.remote import StudentFailed
+        from autograder.sandbox.remote import StudentFailed
 
         try:
             result, _ = self.baseline().call(probe, params, timeout_s=min(timeout_s or self._left(), self._left()))
@@ -307,7 +307,7 @@ class Context:
                    warm: list | None = None):
         """Time baseline and student requests alternately (the idle side frozen): (baseline s, student s) lists;
         the warm-up requests' seconds go into `warm` when given."""
-        from autograder.remote import RemoteFailed, StudentFailed, interleaved
+        from autograder.sandbox.remote import RemoteFailed, StudentFailed, interleaved
 
         student = self.student()
         try:
@@ -326,9 +326,9 @@ class Context:
         run are compared with those that follow a baseline run: work the student's process left queued (a GPU
         kernel still running after its reply) slows only the former, so those are then dropped from the ratio
         and the slowdown is reported. The GPU's state before and after the rounds goes into the notes
-        (autograder.gpu_state): a verdict timed on a throttling card is marked to be measured again.
+        (autograder.sandbox.gpu_state): a verdict timed on a throttling card is marked to be measured again.
         """
-        from autograder.gpu_state import Watch
+        from autograder.sandbox.gpu_state import Watch
         from labkit.bench import ABResult, Timing
 
         watch = Watch(self.device)  # the card's clocks, temperature, power, throttling: read here, never by them
@@ -495,7 +495,7 @@ def _jail_for(folder: Path, device_type: str, sandbox: str, *, cache: Path | Non
               hide: tuple[str, ...] = (), disk_bytes: int | None = DISK_BYTES):
     """The sandbox of one runner: the student's (with their compile cache, without the labkit modules that answer
     their lab) or the baseline's (nothing of theirs; trusted code, sandboxed unless the whole run is unsandboxed)."""
-    from autograder.jail import Jail, visible_gpu
+    from autograder.sandbox.jail import Jail, visible_gpu
 
     gpu = visible_gpu() if device_type != "cpu" else None
     return Jail(writable=[folder], gpu=gpu, trusted=baseline or sandbox == "none", cache=cache, hide=hide,
@@ -506,7 +506,7 @@ def _early_runners(path: Path, device: str, sandbox: str, memory_gb: float | Non
                    baseline: bool, hide: tuple[str, ...] = (), disk_bytes: int | None = DISK_BYTES) -> tuple:
     """The student's runner, and the baseline's if a check needs one, started before this process imports torch
     so that the three processes load at once (None where one cannot start here: Context retries and reports)."""
-    from autograder.remote import Remote
+    from autograder.sandbox.remote import Remote
 
     student = base = None
     with contextlib.suppress(Exception):
@@ -530,7 +530,7 @@ def _worker(student_file: str, names: list[str], device: str, sandbox: str, memo
     sys.dont_write_bytecode = True
     os.environ.setdefault("TQDM_DISABLE", "1")
     if sandbox == "auto":
-        from autograder.jail import probe
+        from autograder.sandbox.jail import probe
 
         sandbox = "bwrap" if probe() is None else "none"
     from autograder import labkit_answers
@@ -603,7 +603,7 @@ def run_checks(names: list[str], student_file: str | os.PathLike, *, timeout_s: 
 
     The student's code runs in a sandboxed process of its own (`sandbox`: "bwrap" requires bubblewrap, "none"
     trusts the submission, "auto" sandboxes where bubblewrap works), `memory_gb` caps its resident memory and
-    `disk_gb` what it may write to its folders (autograder.disk_cap; None: the default, 8 GiB).
+    `disk_gb` what it may write to its folders (autograder.sandbox.disk_cap; None: the default, 8 GiB).
     `cache` is this student's own compile-cache folder (shared with their notebook's run; never another
     student's, never the baseline's).
     `timeout_s` bounds the whole run (default: the sum of the checks' budgets). If the process runs out of

@@ -35,7 +35,7 @@ from autograder.base.notebook_limits import MAX_CELLS, MAX_OUTPUTS
 from autograder.base.shown import name as shown  # noqa: F401 (also intake.shown, for callers)
 from autograder.base.spool import Spool, TooLarge
 from autograder.lmsnames import safe_id  # noqa: F401 (also intake.safe_id, for callers)
-from autograder.sandbox import MAX_JSON_VALUES, json_values
+from autograder.sandbox.limits import MAX_JSON_VALUES, json_values
 from labkit.env import LabkitError
 
 # The default --lms-regex: it stands for "each LMS's own documented pattern" (autograder.lmsnames); another

@@ -274,7 +274,7 @@ def gradescope_sandbox(sandbox: str) -> str:
     a submission then ran as the grader, beside the course secret and the trusted checks, and could outlive the
     run to rewrite results.json. Now that stops the run before any student code runs, with the fix in the
     message; Gradescope then reports that its autograder failed, not a grade."""
-    from autograder.jail import probe
+    from autograder.sandbox.jail import probe
 
     if sandbox not in ("auto", "bwrap", "none"):
         raise LabkitError(f"--sandbox {sandbox!r}: choose auto, bwrap or none")

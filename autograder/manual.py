@@ -18,7 +18,7 @@ import re
 import warnings
 from pathlib import Path
 
-from autograder.sandbox import MAX_JSON_VALUES, json_values
+from autograder.sandbox.limits import MAX_JSON_VALUES, json_values
 from labkit.errors import LabkitError
 
 SOURCE = "manual"  # a cell's "source" once an instructor's score is in

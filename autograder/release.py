@@ -218,7 +218,7 @@ def handouts(out: Path, roster: Path) -> list[Path]:
 def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:
     """Run nbgrader generate_assignment on a copy of the course in `dest`; returns the release notebook's path."""
     from autograder.base.nbstart import nbgrader_command, py_env
-    from autograder.sandbox import Limits, run_limited
+    from autograder.sandbox.limits import Limits, run_limited
 
     course, dest = Path(course), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Two kinds, neither a failure for the student (the points stand as measured until the instructor regrades):
   - "measure again": the GPU throttled (thermal or power) or its clocks moved during the timed rounds
-    (autograder.gpu_state, read by the trusted grading process only);
+    (autograder.sandbox.gpu_state, read by the trusted grading process only);
   - "near a boundary: regrade recommended": the measured ratio lies within the check's own measured spread
     (the interquartile range of its per-round ratios) of a tier boundary, so another run could land on the
     other side of it.

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.sandbox import LeftFileError, Limits, Outcome, read_left, run_limited
+from autograder.sandbox.limits import LeftFileError, Limits, Outcome, read_left, run_limited
 from labkit.env import REPO_ROOT
 
 RESULT_MARK = "@@labkit-trusted-verdicts@@"

@@ -2,7 +2,7 @@
 
 The GPU grading record of issue #25: a ratio within its measured spread of a tier boundary is measured again
 before it is scored (autograder.remeasure), and every verdict records the card, its clocks, temperature, power
-and throttle reasons before and after the timed rounds (autograder.gpu_state). One command, a few minutes on
+and throttle reasons before and after the timed rounds (autograder.sandbox.gpu_state). One command, a few minutes on
 an H100, through the trusted harness without nbgrader (like grade_reference_gpu.py):
 
   1. the reference solution (from the lab's source notebook) is graded: its ratio and per-step times;

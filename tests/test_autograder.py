@@ -22,8 +22,10 @@ import psutil
 import pytest
 
 from autograder import course as courses
-from autograder import grade, harness, intake, jail, rehearsal, sandbox, suite, trusted
+from autograder import grade, harness, intake, rehearsal, suite, trusted
 from autograder.release import generate_release
+from autograder.sandbox import jail
+from autograder.sandbox import limits as sandbox
 from labkit.env import REPO_ROOT, LabkitError
 
 PY = sys.executable
@@ -96,7 +98,7 @@ def test_sandbox_stops_a_thread_flood(tmp_path):
 
 
 def test_a_hand_in_starting_threads_by_the_thousand_is_stopped(tmp_path):
-    from autograder import jail, remote
+    from autograder.sandbox import jail, remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -124,7 +126,8 @@ def test_sandbox_kills_a_daemon_that_left_the_session(tmp_path):
 
 
 def test_a_students_compile_cache_reaches_their_runner_only(tmp_path):
-    from autograder import harness, jail
+    from autograder import harness
+    from autograder.sandbox import jail
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -147,8 +150,8 @@ def test_a_students_compile_cache_reaches_their_runner_only(tmp_path):
 
 
 def test_killing_a_sandbox_does_not_wait_for_its_zombies(tmp_path):
-    from autograder import jail
-    from autograder.remote import Remote
+    from autograder.sandbox import jail
+    from autograder.sandbox.remote import Remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -164,8 +167,8 @@ def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(t
     """While one side is timed the other is frozen. SIGSTOP alone left a helper inside a long system call using
     a core and memory bandwidth beside the baseline's timing; freeze() returns only once every thread of the
     hand-in has stopped, and nothing of it runs until thaw()."""
-    from autograder import jail
-    from autograder.remote import _STOPPED, Remote, _tasks
+    from autograder.sandbox import jail
+    from autograder.sandbox.remote import _STOPPED, Remote, _tasks
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -197,7 +200,7 @@ def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(t
 def test_a_hand_in_that_cannot_be_frozen_is_stopped_with_that_cause(tmp_path, monkeypatch):
     """A thread that never stops (here: one reported running throughout) must not be timed beside: the runner is
     stopped and the check fails with the cause 'freeze', instead of the baseline being timed next to it."""
-    from autograder import jail, remote
+    from autograder.sandbox import jail, remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -230,8 +233,8 @@ def total(x):
 
 
 def _toy_remote(tmp_path, code: str):
-    from autograder import jail
-    from autograder.remote import Remote
+    from autograder.sandbox import jail
+    from autograder.sandbox.remote import Remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -245,7 +248,7 @@ def test_a_hand_in_that_wakes_while_frozen_fails_the_check(tmp_path):
     """Stopped when the timing starts is not stopped throughout: a process can have the kernel wake it (a POSIX
     timer that sends it SIGCONT once it has stopped, pushed back all the while it runs). Here the test sends the
     SIGCONT; check_frozen() finds the CPU the hand-in's spinners used after the freeze."""
-    from autograder import remote
+    from autograder.sandbox import remote
 
     r = _toy_remote(tmp_path, suite._SPINNER + "\ndef total(x):\n    return int((x * x).sum())\n")
     try:
@@ -263,7 +266,7 @@ def test_a_hand_in_that_wakes_while_frozen_fails_the_check(tmp_path):
 def test_a_thread_that_came_or_went_while_frozen_fails_the_check(tmp_path, monkeypatch):
     """A stopped thread can neither start another nor end, and one that woke, spent CPU and ended would take its
     CPU time out of the count: a thread set that changed is itself the sign that the side ran."""
-    from autograder import remote
+    from autograder.sandbox import remote
 
     r = _toy_remote(tmp_path, "def total(x):\n    return int((x * x).sum())\n")
     try:
@@ -446,7 +449,7 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):
 
 
 def test_grading_refuses_to_start_without_a_sandbox_unless_submissions_are_trusted(tmp_path, monkeypatch):
-    from autograder import jail
+    from autograder.sandbox import jail
 
     course = rehearsal.build_toy_course(tmp_path / "c")
     (tmp_path / "subs" / "amy").mkdir(parents=True)
@@ -776,7 +779,7 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
     """sandbox.read_left: the grader's only way to read a file from a folder student code could write."""
     import os
 
-    from autograder.sandbox import LeftFileError, TooLarge, left_folder, read_left
+    from autograder.sandbox.limits import LeftFileError, TooLarge, left_folder, read_left
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "mine.py").write_text("x = 1\n")
@@ -822,7 +825,7 @@ def test_a_graded_notebook_rewritten_into_millions_of_values_is_refused_unread_i
 
     from autograder import course as courses
     from autograder import manual
-    from autograder.sandbox import MAX_JSON_VALUES, LeftFileError, load_left_json
+    from autograder.sandbox.limits import MAX_JSON_VALUES, LeftFileError, load_left_json
 
     huge = b'{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [' + b"[]," * (20 * 2**20) + b"[]]}"
     deep = b'{"cells": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder import jail, lab3_variants, labkit_answers
+from autograder import lab3_variants, labkit_answers
 from autograder.base import course_secret
 from autograder.base.course_secret import Secret
+from autograder.sandbox import jail
 from labkit.errors import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -83,7 +83,7 @@ def test_loader_right_when_checked_but_cheating_when_timed_gets_no_speed_points(
 
 
 def test_importing_the_trusted_checks_fails_cleanly_with_zero(tmp_path):
-    from autograder.jail import probe
+    from autograder.sandbox.jail import probe
 
     if probe() is not None:
         pytest.skip(f"no sandbox here ({probe()}): the trusted modules are importable without one")

@@ -50,7 +50,7 @@ def test_replaying_results_while_timed_gets_no_speed_points(tmp_path):
 
 
 def test_importing_the_trusted_checks_fails_cleanly(tmp_path):
-    from autograder import jail
+    from autograder.sandbox import jail
 
     if jail.probe() is not None:
         pytest.skip(f"no sandbox here: {jail.probe()}")

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import harness, jail
+from autograder import harness
 from autograder import lab4_checks as L
 from autograder.harness import CheckFailed, Context, Tiers, run_checks, student_file_from_notebook
+from autograder.sandbox import jail
 
 ROOT = Path(__file__).resolve().parents[1]
 ANY_SPEED = Tiers(((0.01, 1.0),))  # every measured ratio earns the points: only the verification can fail

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import jail, rehearsal, remeasure, review
+from autograder import rehearsal, remeasure, review
 from autograder.harness import CheckFailed, Context
+from autograder.sandbox import jail
 
 SANDBOX = "bwrap" if jail.probe() is None else "none"
 FIRST = 3 + 8 * (2 + 7)  # total() calls up to the end of the first measurement

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import jail, rehearsal, remeasure, review
+from autograder import rehearsal, remeasure, review
 from autograder.harness import CheckFailed, Context, NotGradable, Tiers
+from autograder.sandbox import jail
 from labkit.bench import ABResult, Timing
 
 SANDBOX = "bwrap" if jail.probe() is None else "none"

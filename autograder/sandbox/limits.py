@@ -7,7 +7,7 @@ that sums the resident memory of every process in the session and kills the tree
 Every process carries a random token in its environment, so a daemon that escaped the session (double fork,
 setsid) is still found and killed when the command ends. Output is kept as a bounded head and tail, so a
 submission that floods stdout cannot fill the disk or the grader's memory; what it writes to its folders is held
-to the jail's disk caps (autograder.disk_cap).
+to the jail's disk caps (autograder.sandbox.disk_cap).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import psutil
 
-from autograder import cgroups
-from autograder.disk_cap import child_limits
+from autograder.sandbox import cgroups
+from autograder.sandbox.disk_cap import child_limits
 
 TOKEN_VAR = "LABKIT_GRADER_TOKEN"
 
@@ -56,7 +56,7 @@ class Outcome:
     timed_out: bool = False  # killed for passing Limits.wall_s
     out_of_memory: bool = False  # killed for passing Limits.memory_bytes
     too_many_processes: bool = False  # killed for passing Limits.max_processes or Limits.max_threads
-    out_of_disk: str | None = None  # what broke the jail's disk caps (autograder.disk_cap), if it was killed for it
+    out_of_disk: str | None = None  # what broke the jail's disk caps (autograder.sandbox.disk_cap), if it was killed for it
     peak_rss_bytes: int = 0  # largest total resident memory the watchdog saw, bytes
     output: str = ""  # stdout and stderr interleaved, head and tail only
     output_bytes: int = 0  # how many bytes the command wrote in all
@@ -225,8 +225,8 @@ def run_limited(cmd: list[str], *, cwd: str | os.PathLike, env: dict[str, str] |
 
     `token` marks every process of this run (a fresh random one if None); pass a token you recorded if you
     want to be able to kill the run's leftovers after a crash of the caller (see kill_token). With `jail` (an
-    autograder.jail.Jail) the command runs in that sandbox, whose PID namespace takes every process with it, and
-    under the jail's disk caps (autograder.disk_cap).
+    autograder.sandbox.jail.Jail) the command runs in that sandbox, whose PID namespace takes every process with it, and
+    under the jail's disk caps (autograder.sandbox.disk_cap).
     """
     limits = limits or Limits()
     token = token or secrets.token_hex(16)

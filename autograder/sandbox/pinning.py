@@ -1,7 +1,7 @@
 """One CPU set and one thread count for both sides of a speed check: the student's runner and the baseline's.
 
 A ratio of two timings compares code only if the two processes ran on the same CPUs with the same number of
-intra-op threads. Both runners (autograder.remote.Remote) are started by the trusted side with the same `Pin`:
+intra-op threads. Both runners (autograder.sandbox.remote.Remote) are started by the trusted side with the same `Pin`:
 its CPU set is applied with sched_setaffinity in the runner's first process before exec (inherited by bubblewrap,
 the runner and everything they start), its thread count goes into OMP_NUM_THREADS, MKL_NUM_THREADS,
 OPENBLAS_NUM_THREADS and LABKIT_TORCH_THREADS, which the runner applies with torch.set_num_threads before the
@@ -125,7 +125,7 @@ def for_device(device_type: str) -> Pin:
 
 
 def preexec(pin: Pin, then=None):
-    """A preexec_fn that pins the child, then runs `then` (the sandbox's limits, autograder.disk_cap.child_limits)."""
+    """A preexec_fn that pins the child, then runs `then` (the sandbox's limits, autograder.sandbox.disk_cap.child_limits)."""
 
     def fn():
         pin.apply()

@@ -1,6 +1,6 @@
 """cgroup v2 caps for a sandbox, where the machine delegates a cgroup subtree to the grader; nothing elsewhere.
 
-The watchdogs (autograder.sandbox, autograder.remote) add up the resident memory of a sandbox's processes and
+The watchdogs (autograder.sandbox.limits, autograder.sandbox.remote) add up the resident memory of a sandbox's processes and
 count them. Memory that belongs to no process escapes them: files in a tmpfs, the page cache. A cgroup's
 memory.max counts all of it (tmpfs pages are charged to the cgroup that wrote them), and the kernel enforces it
 at the moment of allocation, not at the watchdog's next look; pids.max refuses a fork past the cap. So where
@@ -8,7 +8,7 @@ cgroup v2 is mounted and the grader's own cgroup is writable (systemd's Delegate
 cgroup namespace read-write), each sandbox gets a cgroup of its own with memory.max (swap 0, the OOM killer
 taking the whole group) and pids.max, its first process moved into it before exec, and the kernel's own count
 of hits (memory.events, pids.events) read back as the sandbox's cause. The io controller, where offered, is
-enabled but given no limits: io bandwidth is not capped (disk space is, by autograder.disk_cap).
+enabled but given no limits: io bandwidth is not capped (disk space is, by autograder.sandbox.disk_cap).
 
 To give sandboxes cgroups beside it, the grader moves its own process into a leaf (`labkit-grader`) of its
 cgroup and enables the controllers for the children, as cgroup v2's no-internal-process rule requires. Where any

@@ -1,6 +1,6 @@
 """What a student's processes may leave on the grader's disk, and the watch that holds them to it.
 
-A sandbox writes only to its own folders (the scratch course, the compile cache: `autograder.jail.Jail`), but
+A sandbox writes only to its own folders (the scratch course, the compile cache: `autograder.sandbox.jail.Jail`), but
 those are folders of the grader's disk: one hand-in writing without end would fill it, and every classmate
 graded after it would fail for want of space. Two bounds, both per sandbox:
 

@@ -10,8 +10,8 @@ Policy (one place, used for the notebook kernel and for the student side of ever
   repository, the course, the submissions, other students or the grader's output;
 - one writable folder (the student's own scratch folder) and a private /tmp;
 - one GPU passed through for GPU labs (`gpu=N`), nothing else of /dev beyond the basic nodes.
-Memory, wall-clock, process-count and disk limits (`autograder.disk_cap`) are enforced from outside by
-`autograder.sandbox` and `autograder.remote`, which also freezes (SIGSTOP) the whole sandbox while a baseline is
+Memory, wall-clock, process-count and disk limits (`autograder.sandbox.disk_cap`) are enforced from outside by
+`autograder.sandbox.limits` and `autograder.sandbox.remote`, which also freezes (SIGSTOP) the whole sandbox while a baseline is
 being timed.
 
 Bubblewrap is the tool made for this (Flatpak's sandbox): no daemon, no root needed where unprivileged user
@@ -29,9 +29,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.disk_cap import DISK_BYTES, MAX_FILES, DiskWatch
+from autograder.sandbox.disk_cap import DISK_BYTES, MAX_FILES, DiskWatch
 
-GRADER_ROOT = Path(__file__).resolve().parents[1]
+GRADER_ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = GRADER_ROOT / "autograder" / "student"  # the only part of the grader a student process may import
 VIEW = "/opt/labkit-grader"  # where the public grader and labkit appear inside the sandbox (on sys.path)
 SANDBOX_UID = 65534  # "nobody"
@@ -71,7 +71,7 @@ class Jail:
     max_files: int | None = MAX_FILES  # files and folders there together
 
     def disk_watch(self) -> DiskWatch:
-        """The watch on what this sandbox writes (autograder.disk_cap): its writable folders and its cache."""
+        """The watch on what this sandbox writes (autograder.sandbox.disk_cap): its writable folders and its cache."""
         return DiskWatch([*self.writable, *([self.cache] if self.cache is not None else [])], self.disk_bytes,
                          self.max_files)
 

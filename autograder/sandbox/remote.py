@@ -1,12 +1,12 @@
 """The trusted side's handle on a runner process: start it (sandboxed), call probes, freeze it, time it, end it.
 
 A `Remote` is one `autograder.student.runner` process behind one socket. The student's runner lives in the
-sandbox (autograder.jail); the baseline's runner holds no student code at all. Every request is timed here,
+sandbox (autograder.sandbox.jail); the baseline's runner holds no student code at all. Every request is timed here,
 in the grader's process, with the grader's clock: nothing the student's process does can move it. While one
 side is being timed the other is frozen (SIGSTOP on every process it has, a wait until every thread of them has
 stopped, and a check afterwards that none of them ran meanwhile), so a submission cannot slow the baseline by
 spinning threads or children in the background.
-Memory, process count, disk (autograder.disk_cap) and wall clock are watched from outside; past a limit the whole
+Memory, process count, disk (autograder.sandbox.disk_cap) and wall clock are watched from outside; past a limit the whole
 sandbox is killed and the call fails with the cause.
 """
 
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import psutil
 
-from autograder import cgroups, pinning
 from autograder.base.course_secret import ENV as SECRET_ENV
-from autograder.disk_cap import child_limits
-from autograder.jail import GRADER_ROOT, Jail
-from autograder.sandbox import _Capture, _kill, _rss, too_many
+from autograder.sandbox import cgroups, pinning
+from autograder.sandbox.disk_cap import child_limits
+from autograder.sandbox.jail import GRADER_ROOT, Jail
+from autograder.sandbox.limits import _Capture, _kill, _rss, too_many
 from autograder.student import channel
 
 # A thread stops on SIGSTOP only when it next leaves the kernel: one inside a long system call (an mmap of a GiB
@@ -136,7 +136,7 @@ class Remote:
             time.sleep(0.1)
 
     def check_pinned(self) -> None:
-        """Raise if a process of this runner left the CPU set both sides were pinned to (autograder.pinning): a
+        """Raise if a process of this runner left the CPU set both sides were pinned to (autograder.sandbox.pinning): a
         timing of the student's then compares more CPUs with fewer; the baseline's is the grader's fault."""
         why = self.pin.drift(self.members())
         if why is None:
