@@ -19,8 +19,9 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder import gpu_policy, late, manual, review
+from autograder import gpu_policy, manual, review
 from autograder.base import shown
+from autograder.intake import late
 from labkit.bench import write_json
 
 MANIFEST = "class.json"

@@ -33,24 +33,15 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autograder import (
-    classbook,
-    feedback,
-    gpu_policy,
-    intake,
-    labkit_answers,
-    lmsnames,
-    manual,
-    report,
-    shard,
-    trusted,
-)
+from autograder import classbook, feedback, gpu_policy, labkit_answers, manual, report, trusted
 from autograder import course as courses
 from autograder.base import course_secret, faults, shown
 from autograder.base.nbstart import nbgrader_command
 from autograder.course import Course
 from autograder.feedback import RENDER_TIMEOUT_S
-from autograder.late import LatePolicy
+from autograder.intake import lmsnames, shard
+from autograder.intake import submissions as intake
+from autograder.intake.late import LatePolicy
 from autograder.results import StudentResult, load_result, result_key, sealed_result
 from autograder.sandbox import jail
 from autograder.sandbox.disk_cap import DISK_BYTES, remove_tree
@@ -105,9 +96,9 @@ class GradeConfig:
     roster: str | None = None  # class list (CSV with student_id, or a Canvas export): each hand-in to one listed id
     progress: bool = True  # tqdm bar over students
     trusted_submissions: bool = False  # run students' code without the sandbox (only where bubblewrap is missing)
-    shard: str | None = None  # "K/N": grade only slice K of N of the class (autograder.shard); None: everyone
+    shard: str | None = None  # "K/N": grade only slice K of N of the class (autograder.intake.shard); None: everyone
     allow_ungradable: bool = False  # grade a lab whose checks need hardware this machine lacks (they score 0)
-    late: LatePolicy | None = None  # due date, grace and penalties applied to the total (autograder.late)
+    late: LatePolicy | None = None  # due date, grace and penalties applied to the total (autograder.intake.late)
     open_kit: bool = False  # grade without a course secret, on the public open-kit default (rehearsals only)
     manual_scores: str | None = None  # CSV student_id,cell,score: instructor's grades of written answers
 

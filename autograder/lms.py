@@ -26,8 +26,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, gpu_policy, intake, late, lmsnames, manual
+from autograder import classbook, gpu_policy, manual
 from autograder.base import shown
+from autograder.intake import late, lmsnames
+from autograder.intake import submissions as intake
 from autograder.results import load_result
 from labkit.bench import write_json
 from labkit.env import LabkitError
@@ -62,7 +64,7 @@ def load_class(out: str | Path) -> tuple[list, dict[str, dict], dict]:
 
 def lms_names(submissions: str | Path | None, lms_regex: str = intake.LMS_REGEX, roster=None) -> dict[str, dict]:
     """student id -> {"canvas_id", "prefix"} from Canvas download names in the submissions folder, the ids read
-    as intake reads them (autograder.lmsnames; `roster`: the class list, a path or a Roster)."""
+    as intake reads them (autograder.intake.lmsnames; `roster`: the class list, a path or a Roster)."""
     out: dict[str, dict] = {}
     if submissions is None or not Path(submissions).is_dir():
         return out

@@ -16,9 +16,11 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import classbook, grade, intake, lmsnames, manual, report
+from autograder import classbook, grade, manual, report
 from autograder.base import shown
-from autograder.late import LatePolicy
+from autograder.intake import lmsnames
+from autograder.intake import submissions as intake
+from autograder.intake.late import LatePolicy
 from labkit.env import LabkitError
 
 log = logging.getLogger("autograder")

@@ -310,7 +310,8 @@ def class_files(submissions: str | Path, assignment: str, scratch: Path, lms_reg
                 roster=None) -> tuple[dict[str, str], list[str]]:
     """student id -> the module their %%writefile cell writes (or a handed-in student_*.py); and notes.
     `roster`: the class list (path or lmsnames.Roster) the names are matched to, as grading matches them."""
-    from autograder import harness, intake
+    from autograder import harness
+    from autograder.intake import submissions as intake
 
     kw = {"lms_regex": lms_regex} if lms_regex else {}
     found = intake.collect(submissions, assignment, scratch=scratch / "intake", roster=roster, **kw)
@@ -395,7 +396,7 @@ def run(assignment: str, submissions: str | Path, *, course: str | Path = "assig
     if starter is not None and not Path(starter).is_file():
         raise LabkitError(f"starter file {starter} does not exist")
     if roster is not None:
-        from autograder import lmsnames
+        from autograder.intake import lmsnames
 
         roster = lmsnames.load_roster(roster)  # a clear error on a bad class list, before any work
     out = Path(out)

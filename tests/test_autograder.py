@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from autograder import course as courses
-from autograder import grade, harness, intake, rehearsal, suite, trusted
+from autograder import grade, harness, rehearsal, suite, trusted
+from autograder.intake import submissions as intake
 from autograder.release import generate_release
 from autograder.sandbox import jail
 from autograder.sandbox import limits as sandbox

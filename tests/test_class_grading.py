@@ -24,10 +24,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import classbook, commands, gpu_policy, grade, late, lms, merge, rehearsal, shard, similarity
+from autograder import classbook, commands, gpu_policy, grade, lms, merge, rehearsal, similarity
 from autograder.__main__ import build_parser
 from autograder.__main__ import main as cli_main
 from autograder.base import progress
+from autograder.intake import late, shard
 from labkit.env import REPO_ROOT, LabkitError
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 
 import nbformat
 
-from autograder import course, grade, intake, lab3_variants, rehearsal
+from autograder import course, grade, lab3_variants, rehearsal
 from autograder.base import course_secret
+from autograder.intake import submissions as intake
 from labkit import handin
 
 COURSE = course_secret.Secret(b"a course secret for these tests", course_secret.COURSE_LABEL)

@@ -20,8 +20,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grade, intake, lms, rehearsal, report
+from autograder import grade, lms, rehearsal, report
 from autograder.base import shown
+from autograder.intake import submissions as intake
 
 AID = rehearsal.TOY_ID
 # ESC (clear screen, home, hide), newlines that forge lines, a carriage return, a bidi override and isolate,

@@ -22,7 +22,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import classbook, grade, intake, late, merge, similarity
+from autograder import classbook, grade, merge, similarity
+from autograder.intake import late
+from autograder.intake import submissions as intake
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import similarity_class  # noqa: E402
@@ -512,7 +514,7 @@ def test_a_full_disk_under_the_spool_stops_the_run_instead_of_dropping_a_file(tm
     code = textwrap.dedent(f"""
         import resource, signal
         from pathlib import Path
-        from autograder import intake
+        from autograder.intake import submissions as intake
         from labkit.env import LabkitError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
         resource.setrlimit(resource.RLIMIT_FSIZE, (2 * 2**20, 2 * 2**20))

@@ -249,7 +249,8 @@ def test_the_copy_as_handed_in_carries_escapes_markup_and_odd_names_as_inert_tex
 
     import nbformat
 
-    from autograder import feedback, intake
+    from autograder import feedback
+    from autograder.intake import submissions as intake
 
     esc = "\x1b]8;;javascript:steal()\x1b\\\\click\x1b]8;;\x1b\\\\ \x1b[2J \u202eevil\u202c <script>steal()</script>"
     nb = nbformat.v4.new_notebook()

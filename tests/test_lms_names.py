@@ -13,7 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import intake, lmsnames
+from autograder.intake import lmsnames
+from autograder.intake import submissions as intake
 from labkit.env import LabkitError
 
 AID = "lab3_profile_fix"

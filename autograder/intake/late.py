@@ -2,7 +2,7 @@
 
 Submission times come from, in order of trust:
   1. an explicit CSV (`student_id,submitted_at`, ISO 8601), e.g. exported from the LMS;
-  2. the stamp the LMS itself writes, in its documented place (autograder.lmsnames): Blackboard's
+  2. the stamp the LMS itself writes, in its documented place (autograder.intake.lmsnames): Blackboard's
      `_attempt_2025-03-04-23-15-02` after the username, D2L's `Mar 4, 2025 1115 PM` after the student's name,
      Gradescope's `:created_at:` in its export's metadata, or the `timestamp` group of the instructor's own
      --lms-regex. Canvas and Moodle names carry no time (Canvas marks late ones `_LATE`); nor do the kit's plain
@@ -30,7 +30,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import intake, lmsnames
+from autograder.intake import lmsnames
+from autograder.intake import submissions as intake
 from labkit.env import LabkitError
 
 MAX_NESTED_ZIP_BYTES = 200 * 2**20  # a student's zip inside a class zip is read into memory to date it
@@ -99,7 +100,7 @@ def parse_time(text: str, tz: str = "UTC", what: str = "time") -> dt.datetime:
 def time_from_name(name: str, tz: str = "UTC", lms_regex: str | None = None) -> dt.datetime | None:
     """The submission time the LMS itself wrote into a download's file name, in its documented place, or None.
 
-    Only the LMS's own part of the name is read (autograder.lmsnames): Blackboard's attempt stamp and D2L's
+    Only the LMS's own part of the name is read (autograder.intake.lmsnames): Blackboard's attempt stamp and D2L's
     stamp after the student's name. A date in the student's own file name, in any format and however many, is
     never read; Canvas, Moodle and plain names carry none."""
     got = lmsnames.read_name(name, lms_regex=lms_regex)
@@ -229,7 +230,7 @@ def submission_times(submissions: str | Path, *, lms_regex: str = intake.LMS_REG
                      times_csv: str | None = None, roster=None, assignment: str = "") -> dict[str, Stamp]:
     """student id -> Stamp for every hand-in under `submissions` (folder or .zip) whose time can be known.
 
-    Student ids are derived exactly as autograder.intake derives them (folder names, each LMS's pattern,
+    Student ids are derived exactly as autograder.intake.submissions derives them (folder names, each LMS's pattern,
     `roster`: the class list, a path or an lmsnames.Roster; `assignment` reads names without one)."""
     src = Path(submissions)
     names = _Names(assignment, lmsnames.load_roster(roster), None if lms_regex == intake.LMS_REGEX else lms_regex)

@@ -3,7 +3,7 @@
 Three layouts are understood, mixed freely in one folder (or inside one .zip of it):
   - a folder per student: `DIR/<student>/<assignment>.ipynb`, or nbgrader's `DIR/<student>/<assignment>/...`;
   - LMS downloads: flat files `DIR/<LMS's part><the student's file>.ipynb|.zip|.py`, the student id read from
-    the LMS's part by that LMS's documented pattern (autograder.lmsnames: Canvas, Moodle, Blackboard, D2L, the
+    the LMS's part by that LMS's documented pattern (autograder.intake.lmsnames: Canvas, Moodle, Blackboard, D2L, the
     kit's plain `<student>_<anything>`, or the instructor's --lms-regex), and Gradescope's export folders;
   - a single archive of either of the above.
 With the class list (--roster) every hand-in is matched to exactly one listed id, the longest the name starts
@@ -30,15 +30,15 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import lmsnames
 from autograder.base.notebook_limits import MAX_CELLS, MAX_OUTPUTS
 from autograder.base.shown import name as shown  # noqa: F401 (also intake.shown, for callers)
 from autograder.base.spool import Spool, TooLarge
-from autograder.lmsnames import safe_id  # noqa: F401 (also intake.safe_id, for callers)
+from autograder.intake import lmsnames
+from autograder.intake.lmsnames import safe_id  # noqa: F401 (also intake.safe_id, for callers)
 from autograder.sandbox.limits import MAX_JSON_VALUES, json_values
 from labkit.env import LabkitError
 
-# The default --lms-regex: it stands for "each LMS's own documented pattern" (autograder.lmsnames); another
+# The default --lms-regex: it stands for "each LMS's own documented pattern" (autograder.intake.lmsnames); another
 # regular expression given replaces them.
 LMS_REGEX = r"^(?P<student_id>[A-Za-z0-9.\-]+)_(?P<file>.+)$"
 MAX_NOTEBOOK_BYTES = 50 * 2**20  # a notebook larger than this is refused (outputs committed by mistake)
