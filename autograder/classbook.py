@@ -4,7 +4,7 @@
 (`extra_credit`) into the nbgrader gradebook as extra credit, applies the late policy to the total, adds the
 columns extra_credit, submitted_at, time_source, days_late, late_penalty, total, not_gradable_here and review to
 grades.csv and the late assessment to each student's feedback pages, lists late, bonus and not-gradable
-students and the verdicts to look at again (autograder.review) in the summary, and keeps `final.json` (what
+students and the verdicts to look at again (autograder.checks.review) in the summary, and keeps `final.json` (what
 the LMS exports read) and `class.json` (what a merge needs: the assignment's cells, checks and source digest,
 the slice, the students) beside them.
 """
@@ -19,8 +19,9 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder import gpu_policy, manual, review
+from autograder import manual
 from autograder.base import shown
+from autograder.checks import gpu_policy, review
 from autograder.intake import late
 from labkit.bench import write_json
 

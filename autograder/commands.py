@@ -201,8 +201,8 @@ def _cli_similarity(args) -> int:
 
 
 def _cli_variant(args) -> int:
-    from autograder import lab3_variants
     from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     secret = course_secret.for_grading(args.open_kit)
     students: list[str | None] = list(args.student)

@@ -20,8 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import manual, report, trusted
+from autograder import manual, report
 from autograder.base.nbstart import nbgrader_command, py_env
+from autograder.checks import trusted
 from autograder.feedback import GRADE_ID
 from autograder.sandbox.limits import (
     LeftFileError,

@@ -33,10 +33,11 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autograder import classbook, feedback, gpu_policy, labkit_answers, manual, report, trusted
+from autograder import classbook, feedback, labkit_answers, manual, report
 from autograder import course as courses
 from autograder.base import course_secret, faults, shown
 from autograder.base.nbstart import nbgrader_command
+from autograder.checks import gpu_policy, trusted
 from autograder.course import Course
 from autograder.feedback import RENDER_TIMEOUT_S
 from autograder.intake import lmsnames, shard
@@ -304,7 +305,7 @@ def check_variants(subs: list[intake.Submission], course: Course, secret, classm
     not graded: its answers are for another variant, and a person decides; one without a tag is graded, noted."""
     if not any(c.check.startswith("lab3.") for c in course.calls):
         return
-    from autograder import lab3_variants
+    from autograder.checks import lab3_variants
 
     for sub in subs:
         if sub.problem:

@@ -26,8 +26,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, gpu_policy, manual
+from autograder import classbook, manual
 from autograder.base import shown
+from autograder.checks import gpu_policy
 from autograder.intake import late, lmsnames
 from autograder.intake import submissions as intake
 from autograder.results import load_result
@@ -203,8 +204,8 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
     trusted harness and write results.json; returns it. One test per test cell, scaled to the cell's points.
     A graded run: without a course secret it refuses unless `open_kit` (autograder.base.course_secret). Lab 3 is
     graded against the course's common variant (hand that one out: `python -m autograder variant lab3`)."""
-    from autograder import harness, trusted
     from autograder.base import course_secret
+    from autograder.checks import harness, trusted
 
     if lab not in GRADESCOPE_LABS:
         raise LabkitError(f"{lab}: Gradescope runs labs {', '.join(GRADESCOPE_LABS)} (no GPU there; the speed "
@@ -254,8 +255,8 @@ def run_gradescope(lab: str, submission: str | Path, results_path: str | Path, *
 def _gradescope_variant(sub: Path) -> str:
     """Gradescope grades lab 3 against the common variant: a hand-in whose slow_train.py carries another tag
     (a student's own handout, another course's) is said to be so, for a person, not graded silently."""
-    from autograder import lab3_variants
     from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     root = sub.resolve()
     slow = next((p for p in sorted(sub.rglob("slow_train.py")) if p.is_file() and root in p.resolve().parents), None)
@@ -292,7 +293,7 @@ def gradescope_sandbox(sandbox: str) -> str:
 
 
 def _gradescope_student_file(sub: Path, lab: str, aid: str, tmp: Path) -> Path | None:
-    from autograder import harness
+    from autograder.checks import harness
 
     want = harness.STUDENT_FILES[lab]
     root = sub.resolve()

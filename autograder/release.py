@@ -38,7 +38,7 @@ PUBLIC_PROBES = ["__init__.py", "probes.py", "lab1.py", "lab2.py", "lab3.py", "l
 PUBLIC_CHECKS = ["selfcheck.py", "selfcheck_core.py", "selfcheck_labs.py", "labkit_answers.py"]
 # New grader modules that never ship: the variant generator knows every variant's answers, and the secret's module
 # is how hidden cases are drawn (no student needs either). The scan holds their code as needles too.
-INSTRUCTOR_ONLY = ["lab3_variants.py", "course_secret.py"]
+INSTRUCTOR_ONLY = ["checks/lab3_variants.py", "base/course_secret.py"]  # under autograder/
 # The labels hidden values are derived from (course_secret.seed/rng/derive("label", ...)): trusted code's words.
 HMAC_LABEL = re.compile(r"course_secret\.(?:seed|rng|derive)\(\s*f?[\"']([^\"'{]+)")
 LAB3_SLOW = "labs/lab3_profile_fix/slow_train.py"
@@ -200,16 +200,16 @@ def _student_notebook(src: Path, dest: Path, root: Path = ROOT) -> None:
 def common_slow_train() -> str:
     """Lab 3's slow_train.py for the release: the course's common variant under the course secret (the open kit's
     own slow_train.py without one). Per-student variants are handed out beside the release (`handouts`)."""
-    from autograder import lab3_variants
     from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     return lab3_variants.render(lab3_variants.spec_for(None, course_secret.load(graded=False)))
 
 
 def handouts(out: Path, roster: Path) -> list[Path]:
     """Each roster student's own lab 3 slow_train.py, `<out>/<id>/slow_train.py`, from the course secret."""
-    from autograder import lab3_variants
     from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     return lab3_variants.write(out, lab3_variants.roster_ids(roster), course_secret.load(graded=False),
                                per_student=True)
@@ -294,8 +294,8 @@ def manifest(stage: Path, ver: str) -> dict:
         files.append({"path": rel, "part": _part(rel), "bytes": p.stat().st_size,
                       "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
     return {"name": "labkit-student", "version": ver, "instructor_only": "assignments/source (solutions), "
-            "autograder/lab*_checks.py (references, answer keys, hidden checks), autograder/lab3_variants.py (the "
-            "variant generator), autograder/base/course_secret.py, autograder/harness.py and the rest of the grader, the "
+            "autograder/checks/lab*_checks.py (references, answer keys, hidden checks), autograder/checks/lab3_variants.py (the "
+            "variant generator), autograder/base/course_secret.py, autograder/checks/harness.py and the rest of the grader, the "
             "course secret and the per-student lab 3 handouts", "files": files}
 
 
@@ -304,7 +304,7 @@ def manifest(stage: Path, ver: str) -> dict:
 
 def _hidden_checks(root: Path) -> list[str]:
     """Registered lab checks that are not public checks of the release: the hidden ones."""
-    from autograder.harness import CHECKS
+    from autograder.checks.harness import CHECKS
     from autograder.selfcheck import PUBLIC
 
     return sorted(n for n in CHECKS if n.startswith("lab") and n not in PUBLIC)
@@ -325,7 +325,7 @@ def _literals(tree: ast.AST, text: str) -> list[str]:
 def _public_text(root: Path) -> str:
     """Text that is public by design: the probes, and the lab notebooks' cells that are neither solution nor
     hidden test (a trusted line repeated there, e.g. a docstring, is no leak)."""
-    from autograder import lab3_variants
+    from autograder.checks import lab3_variants
 
     parts = [p.read_text() for p in sorted((root / "autograder" / "student").glob("*.py"))]
     parts += [lab3_variants.render(lab3_variants.CLASSIC), common_slow_train()]  # handed out: public by design
@@ -339,7 +339,7 @@ def _public_text(root: Path) -> str:
 
 def needles(root: Path = ROOT) -> dict[str, str]:
     """What must never appear in the release: {text: why}. Texts are compared with all whitespace removed."""
-    from autograder.harness import CHECKS
+    from autograder.checks.harness import CHECKS
 
     out = {m: "an nbgrader solution or hidden-test region" for m in SOLUTION_MARKERS}
     out["ANSWER_KEY"] = "an answer key"
@@ -348,7 +348,7 @@ def needles(root: Path = ROOT) -> dict[str, str]:
         c = CHECKS[name]
         out[name] = "the name of a hidden check"
         out[c.func] = f"the function of hidden check {name}"
-    for path in sorted((root / "autograder").glob("lab*_checks.py")):
+    for path in sorted((root / "autograder" / "checks").glob("lab*_checks.py")):
         text = path.read_text()
         tree = ast.parse(text)
         funcs = {CHECKS[n].func for n in hidden if CHECKS[n].module.endswith(path.stem)}
@@ -363,8 +363,8 @@ def needles(root: Path = ROOT) -> dict[str, str]:
                     out[seg] = f"a hidden probe value of {path.name} ({name})"
     out.update(_secret_needles(root))
     public = _public_text(root)
-    trusted = [*(root / "autograder").glob("lab*_checks.py"), *(root / "autograder" / n for n in INSTRUCTOR_ONLY)]
-    for path in [*trusted, root / "autograder" / "harness.py"]:
+    trusted = [*(root / "autograder" / "checks").glob("lab*_checks.py"), *(root / "autograder" / n for n in INSTRUCTOR_ONLY)]
+    for path in [*trusted, root / "autograder" / "checks" / "harness.py"]:
         for line in path.read_text().splitlines():
             s = line.strip()
             if len(s) >= 60 and not s.startswith(("#", '"', "'", "from ", "import ")) and s not in public:
@@ -377,11 +377,11 @@ def needles(root: Path = ROOT) -> dict[str, str]:
 def _secret_needles(root: Path) -> dict[str, str]:
     """The variant generator's tables, the HMAC labels hidden values are derived from, and, when the course secret
     is set, the secret itself, what it derives for each label and the common lab 3 variant's answer key."""
-    from autograder import lab3_variants
     from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     out = {}
-    gen = root / "autograder" / "lab3_variants.py"
+    gen = root / "autograder" / "checks" / "lab3_variants.py"
     text = gen.read_text()
     for node in ast.parse(text).body:
         value = getattr(node, "value", None)
@@ -390,7 +390,9 @@ def _secret_needles(root: Path) -> dict[str, str]:
             seg = ast.get_source_segment(text, node) or ""
             if len(re.sub(r"\s+", "", seg)) >= 30:
                 out[seg] = "the variant generator's tables (lab3_variants.py)"
-    labels = sorted({m for p in (root / "autograder").glob("*.py") for m in HMAC_LABEL.findall(p.read_text())})
+    # trusted code only: the sandboxed half (autograder/student) holds no label
+    grader = [p for p in (root / "autograder").rglob("*.py") if "student" not in p.relative_to(root / "autograder").parts]
+    labels = sorted({m for p in grader for m in HMAC_LABEL.findall(p.read_text())})
     out.update({lb: "an HMAC label of the course secret (trusted code)" for lb in labels if len(lb) >= 8})
     secret = course_secret.load(graded=False)
     if not secret.open_kit:
@@ -464,8 +466,8 @@ def build(out: str | Path, *, root: Path = ROOT, course: Path | None = None,
 
     `roster` (a CSV with a student_id column; needs the course secret): also write each student's own lab 3
     slow_train.py to `<out>/lab3_handouts/<id>/`, outside the release, for the instructor to hand out."""
-    from autograder import lab3_variants
     from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     out = check_writable(Path(out))
     secret = course_secret.load(graded=False)  # a malformed secret stops here, before any work

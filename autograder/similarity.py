@@ -1,6 +1,6 @@
 """`python -m autograder similarity ASSIGNMENT --submissions DIR`: pairs of hand-ins far more alike than the class.
 
-Each hand-in's module (the `%%writefile student_*.py` cell, autograder.harness.student_file_from_notebook) is
+Each hand-in's module (the `%%writefile student_*.py` cell, autograder.checks.harness.student_file_from_notebook) is
 turned into a stream of normalized Python tokens: comments, blank lines, indentation tokens, trailing commas and
 statements that do nothing (`pass`, `...`, a lone literal or docstring) dropped, every name the student chose
 replaced by one symbol (keywords, builtins and attribute names kept, but not attributes of self, whatever a
@@ -310,7 +310,7 @@ def class_files(submissions: str | Path, assignment: str, scratch: Path, lms_reg
                 roster=None) -> tuple[dict[str, str], list[str]]:
     """student id -> the module their %%writefile cell writes (or a handed-in student_*.py); and notes.
     `roster`: the class list (path or lmsnames.Roster) the names are matched to, as grading matches them."""
-    from autograder import harness
+    from autograder.checks import harness
     from autograder.intake import submissions as intake
 
     kw = {"lms_regex": lms_regex} if lms_regex else {}

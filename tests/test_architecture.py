@@ -47,7 +47,7 @@ def _trusted_modules() -> set[str]:
 def test_every_grader_module_is_in_one_phase_of_the_map():
     table = phases()
     assert list(table) == ["public", "base", "sandbox", "intake", "checks", "gradebook", "lms", "release", "run"]
-    named = [m for mods in table.values() for m in mods]
+    named = [f"{phase}/{m}" if _package(phase) else m for phase, mods in table.items() for m in mods]
     assert len(named) == len(set(named)), "a module is named in two phases"
     where, source = module_phases(), _trusted_modules()
     assert source - set(where) == set(), f"autograder modules missing from ARCHITECTURE.md: {source - set(where)}"

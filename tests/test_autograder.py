@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from autograder import course as courses
-from autograder import grade, harness, rehearsal, suite, trusted
+from autograder import grade, rehearsal, suite
+from autograder.checks import harness, trusted
 from autograder.intake import submissions as intake
 from autograder.release import generate_release
 from autograder.sandbox import jail
@@ -127,7 +128,7 @@ def test_sandbox_kills_a_daemon_that_left_the_session(tmp_path):
 
 
 def test_a_students_compile_cache_reaches_their_runner_only(tmp_path):
-    from autograder import harness
+    from autograder.checks import harness
     from autograder.sandbox import jail
 
     if jail.probe():

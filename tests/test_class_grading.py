@@ -24,10 +24,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import classbook, commands, gpu_policy, grade, lms, merge, rehearsal, similarity
+from autograder import classbook, commands, grade, lms, merge, rehearsal, similarity
 from autograder.__main__ import build_parser
 from autograder.__main__ import main as cli_main
 from autograder.base import progress
+from autograder.checks import gpu_policy
 from autograder.intake import late, shard
 from labkit.env import REPO_ROOT, LabkitError
 
@@ -195,7 +196,7 @@ def test_a_gpu_lab_is_refused_on_a_cpu_machine_unless_allowed(tmp_path, monkeypa
     import ast
 
     # The table follows lab 4's tiers (read from its source: the trusted module imports torch and the harness).
-    tree = ast.parse((REPO_ROOT / "autograder" / "lab4_checks.py").read_text())
+    tree = ast.parse((REPO_ROOT / "autograder" / "checks" / "lab4_checks.py").read_text())
     tiers = next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
                  and any(getattr(t, "id", None) == "SPEED_TIERS" for t in n.targets))
     assert set(gpu_policy.NEEDS_GPU["lab4.speed"]) == {k.value for k in tiers.keys}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import classbook, grade, harness, review
+from autograder import classbook, grade
+from autograder.checks import harness, review
 from autograder.sandbox import gpu_state
 from labkit.env import REPO_ROOT
 

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 
 import nbformat
 
-from autograder import course, grade, lab3_variants, rehearsal
+from autograder import course, grade, rehearsal
 from autograder.base import course_secret
+from autograder.checks import lab3_variants
 from autograder.intake import submissions as intake
 from labkit import handin
 

@@ -278,7 +278,8 @@ def test_renaming_self_does_not_hide_a_copy():
 
 
 def test_a_gradescope_upload_cannot_point_the_grader_at_the_course_solution(tmp_path):
-    from autograder import harness, lms
+    from autograder import lms
+    from autograder.checks import harness
 
     aid = harness.ASSIGNMENTS["lab1"]
     want = harness.STUDENT_FILES["lab1"]
@@ -304,7 +305,7 @@ def test_gradescope_refuses_to_grade_where_bubblewrap_cannot_start(tmp_path):
     results; `--sandbox none`, said by name, still trusts the submission, without the secret in its environment."""
     import subprocess
 
-    from autograder import harness
+    from autograder.checks import harness
 
     fake = tmp_path / "bin"
     fake.mkdir()

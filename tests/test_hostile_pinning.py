@@ -12,7 +12,7 @@ import os
 import psutil
 import pytest
 
-from autograder import lab3_checks
+from autograder.checks import lab3_checks
 from autograder.sandbox import jail, pinning, remote
 
 TOY = "def total(x):\n    return int((x * x).sum())\n"

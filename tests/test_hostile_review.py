@@ -1,5 +1,5 @@
 """A cheating student (and an honest one) against the grader's newest review features: the "too noisy" rule of
-the speed re-measurement (autograder.remeasure), the copy as handed in for markers (autograder.feedback), the
+the speed re-measurement (autograder.checks.remeasure), the copy as handed in for markers (autograder.feedback), the
 manual scores on feedback pages (autograder.manual, autograder.report) and the class tools reading names against
 a class list (autograder.merge, autograder.similarity).
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import rehearsal, remeasure, review
-from autograder.harness import CheckFailed, Context, NotGradable, Tiers
+from autograder import rehearsal
+from autograder.checks import remeasure, review
+from autograder.checks.harness import CheckFailed, Context, NotGradable, Tiers
 from autograder.sandbox import jail
 from labkit.bench import ABResult, Timing
 
@@ -347,8 +348,9 @@ def test_a_lab_3_variant_mix_up_through_an_lms_zip_is_a_verdict_for_a_person(tmp
     import json
     import zipfile
 
-    from autograder import grade, lab3_variants
+    from autograder import grade
     from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     secret = course_secret.Secret(b"a course secret for these tests", course_secret.COURSE_LABEL)
     monkeypatch.setenv(course_secret.ENV, secret.key.decode())

@@ -110,7 +110,7 @@ def rng(label: str, student: str | None = None, secret: Secret | None = None, ha
     `handin`, the digest of what the student handed in, draws a hidden check's cases for that hand-in alone: the
     same bytes regraded draw the same cases, and any change draws new ones. Whatever a hand-in manages to learn of
     its cases (by timing, memory or a crash it picks by them) is then no use to the next hand-in, nor to a
-    classmate's: to answer them it would have to change, and changing draws others (autograder.harness.Check).
+    classmate's: to answer them it would have to change, and changing draws others (autograder.checks.harness.Check).
     """
     import numpy as np
 

@@ -3,7 +3,7 @@
 A speed-up measured while the card throttled (too hot, at its power cap) or while its clocks moved is not a
 measurement an instructor can defend: `Watch` reads the card before the timed rounds (warm-up included) and
 after the last one, `judge` says why such a verdict should be measured again, and the instructor's summary
-lists it (autograder.review). It is not a failure for the student: the points stand as measured until the
+lists it (autograder.checks.review). It is not a failure for the student: the points stand as measured until the
 instructor regrades.
 
 Only the trusted grading process reads the card (nvidia-smi, or NVML through `pynvml` when that imports); the

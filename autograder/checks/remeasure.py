@@ -2,7 +2,7 @@
 
 A speed check times its baseline and the student's code alternately and scores the median of the per-round
 ratios against its tiers. When that median lies within the rounds' own spread (IQR) of a tier boundary
-(autograder.review.near_boundary: the one definition of "near"), another run could land on the other side, so
+(autograder.checks.review.near_boundary: the one definition of "near"), another run could land on the other side, so
 the trusted side times the check again, with more rounds and the same interleaving, verification and sandboxed
 runners as the first time, and scores the pooled rounds of both runs. At most one re-measurement per check
 (`measured` has no loop): a submission whose speed jitters wildly costs one more measurement of up to twice the
@@ -30,8 +30,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from autograder import review
-from autograder.harness import WARMUP_EXCESS_S, NotGradable
+from autograder.checks import review
+from autograder.checks.harness import WARMUP_EXCESS_S, NotGradable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from autograder.harness import CheckFailed, hidden_draws, require
+from autograder.checks.harness import CheckFailed, hidden_draws, require
 from autograder.student import lab1 as scen
 from autograder.student.lab1 import LOSS_UNIT, Net, problem  # noqa: F401  (the notebook's plots import them)
 
@@ -132,7 +132,7 @@ def check_dynamic_scaler(ctx) -> dict:
 def hidden_edge_cases(student: str | None = None,
                       handin: str | None = None) -> tuple[dict, list[tuple[str, set, bool, bool]]]:
     """The hidden test's scaler settings and overflow steps, from the course secret and the student or the hand-in
-    (autograder.harness.hidden_draws): (kwargs, cases), each case (label, overflow steps of 8, NaN instead of inf,
+    (autograder.checks.harness.hidden_draws): (kwargs, cases), each case (label, overflow steps of 8, NaN instead of inf,
     unscale_ before step). Never the defaults, so a scaler that ignores its arguments fails."""
     from autograder.base import course_secret
 

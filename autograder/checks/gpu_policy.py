@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from autograder.harness import Tiers
+from autograder.checks.harness import Tiers
 from labkit.env import LabkitError
 
 log = logging.getLogger("autograder")
@@ -58,7 +58,7 @@ def lab4_speed_tiers(device, hardware: str) -> tuple[str, Tiers] | None:
     klass = lab4_speed_class(device, hardware)
     return None if klass is None else (klass, LAB4_SPEED_TIERS[klass])
 
-# Check name -> the hardware classes (autograder.harness.hardware_class) that can grade it.
+# Check name -> the hardware classes (autograder.checks.harness.hardware_class) that can grade it.
 # lab4.speed: lab4_checks.SPEED_TIERS has tiers for these classes only (a test ties the two).
 # lab5.speed: lab5_checks.SPEED_TIERS likewise (the fused kernel is memory-bound: one tier set for both classes).
 NEEDS_GPU: dict[str, tuple[str, ...]] = {"lab4.speed": ("tensor_core_gpu", "gpu"), "lab5.speed": ("tensor_core_gpu", "gpu")}

@@ -6,11 +6,11 @@ Two kinds, neither a failure for the student (the points stand as measured until
   - "near a boundary: regrade recommended": the measured ratio lies within the check's own measured spread
     (the interquartile range of its per-round ratios) of a tier boundary, so another run could land on the
     other side of it.
-A speed verdict that was measured again before it was scored (autograder.remeasure: its first ratio was near a
+A speed verdict that was measured again before it was scored (autograder.checks.remeasure: its first ratio was near a
 boundary) is listed too, as "re-measured before scoring" (nothing to do: it was scored on the pooled rounds), and
 its "regrade recommended" line, if the pooled ratio is still near, says that it was already re-measured once.
 A speed verdict whose rounds disagreed by more than the ratio while the baseline's held steady was scored as
-measured (the spread is the hand-in's own, autograder.remeasure.too_wide): listed as "scored despite its own
+measured (the spread is the hand-in's own, autograder.checks.remeasure.too_wide): listed as "scored despite its own
 spread", for a look at what the code does between rounds (it may be sleeping on purpose).
 Everything here reads the trusted verdict's measurements; nothing comes from the student's process.
 """

@@ -22,8 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from autograder import gpu_policy, remeasure
-from autograder.harness import CheckFailed, NotGradable, Tiers, hidden_draws, require
+from autograder.checks import gpu_policy, remeasure
+from autograder.checks.harness import CheckFailed, NotGradable, Tiers, hidden_draws, require
 from autograder.student import lab4 as scen
 from autograder.student.lab4 import HYPER, MEAN, STD, NaiveStep, make_batches  # noqa: F401  (public names)
 from labkit.env import native_bf16
@@ -153,7 +153,7 @@ def check_correctness(ctx) -> dict:
 
 def hidden_case(student: str | None = None, handin: str | None = None) -> tuple[dict, int]:
     """The hidden test's hyper-parameters and seed, from the course secret and the student or the hand-in
-    (autograder.harness.hidden_draws): near the public ones (the step must use what it is given), never equal to
+    (autograder.checks.harness.hidden_draws): near the public ones (the step must use what it is given), never equal to
     them."""
     from autograder.base import course_secret
 
@@ -214,7 +214,7 @@ class _Verifier:
     more than half the rounds: with R = 9 and v = 3 that is k >= 5, caught with probability at least 1 - 4/84
     (95%) by the quota alone, and k >= 7 always; a cheat in fewer rounds leaves the median to the honest rounds.
     A cheat that waits for the quota's three fetches and then skips k rounds is caught with 1 - (3/4)^k.
-    A re-measurement near a tier boundary (autograder.remeasure) is a `phase` of its own on the same chain: its
+    A re-measurement near a tier boundary (autograder.checks.remeasure) is a `phase` of its own on the same chain: its
     warm-up and timed rounds get the same quotas, drawn the same way, so rounds timed a second time are spot-checked
     like the first ones and the pooled median still needs a faster step in more than half of all timed rounds.
     """

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder import remeasure
-from autograder.harness import CheckFailed, Tiers, hidden_draws, require
+from autograder.checks import remeasure
+from autograder.checks.harness import CheckFailed, Tiers, hidden_draws, require
 from autograder.student import lab2 as pub
 
 # Samples/s of the packed loader over the PIL image-file loader, both on the CPU with one thread each.
@@ -318,7 +318,7 @@ def check_bucket_sampler(ctx) -> dict:
 def _hidden_cases(student: str | None = None,
                   handin: str | None = None) -> tuple[dict[str, tuple[list[int], int]], int]:
     """The hidden sampler cases (lengths, batch size) and the sampler's seed, from the course secret and the
-    student or the hand-in (autograder.harness.hidden_draws): the kinds of case are public (uniform, tied, fewer
+    student or the hand-in (autograder.checks.harness.hidden_draws): the kinds of case are public (uniform, tied, fewer
     than a batch, long-tailed), their sizes and values are not."""
     from autograder.base import course_secret
 

@@ -19,8 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from autograder import remeasure
-from autograder.harness import CheckFailed, NotGradable, Tiers, hidden_draws, require
+from autograder.checks import remeasure
+from autograder.checks.harness import CheckFailed, NotGradable, Tiers, hidden_draws, require
 from autograder.student import lab5 as scen
 
 # Public cases. Forward and backward: contiguous fp32, odd sizes, several column blocks, and logits large enough

@@ -1,7 +1,7 @@
 """Lab 3, profile and fix: the answer key, and the checks of the student's fixed training loop.
 
 The baseline is the student's own variant of the slow script, regenerated here from the course secret and the
-student id (autograder.lab3_variants; the open-kit default gives everyone the repository's slow_train.py). The
+student id (autograder.checks.lab3_variants; the open-kit default gives everyone the repository's slow_train.py). The
 student's file defines `bottlenecks() -> {site letter: kind}` and a `train(...)` with the slow script's
 signature and result that must compute the same losses and accuracy, without a host sync per step, faster.
 Every run of the student's code happens in a probe of `autograder.student.lab3` in the sandbox; the references
@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from autograder import lab3_variants, remeasure
 from autograder.base import course_secret
-from autograder.harness import CheckFailed, Tiers, require
+from autograder.checks import lab3_variants, remeasure
+from autograder.checks.harness import CheckFailed, Tiers, require
 from autograder.student import lab3 as scen
 
 SITES = lab3_variants.LETTERS
