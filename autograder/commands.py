@@ -165,8 +165,8 @@ def _cli_merge(args) -> int:
 def _cli_export(args) -> int:
     from pathlib import Path
 
-    from autograder import lms
     from autograder.intake import submissions as intake
+    from autograder.lms import exports as lms
 
     dest = args.dest or str(Path(args.out) / "lms" / args.to)
     for line in lms.export(args.out, args.to, dest, title=args.title, roster=args.roster,
@@ -176,7 +176,7 @@ def _cli_export(args) -> int:
 
 
 def _cli_gradescope(args) -> int:
-    from autograder import lms
+    from autograder.lms import exports as lms
 
     r = lms.run_gradescope(args.lab, args.submission, args.results, course=args.course, sandbox=args.sandbox,
                            open_kit=args.open_kit)
@@ -187,8 +187,8 @@ def _cli_gradescope(args) -> int:
 def _cli_similarity(args) -> int:
     from dataclasses import replace
 
-    from autograder import similarity
     from autograder.grade import default_out
+    from autograder.gradebook import similarity
 
     cfg = similarity.SimilarityConfig()
     cfg = replace(cfg, **{k: v for k, v in (("min_similarity", args.min_similarity), ("z", args.z)) if v is not None})

@@ -20,10 +20,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import manual, report
 from autograder.base.nbstart import nbgrader_command, py_env
 from autograder.checks import trusted
-from autograder.feedback import GRADE_ID
+from autograder.gradebook import manual, report
+from autograder.gradebook.feedback import GRADE_ID
 from autograder.sandbox.limits import (
     LeftFileError,
     Limits,

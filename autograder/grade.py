@@ -33,17 +33,18 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autograder import classbook, feedback, labkit_answers, manual, report
 from autograder import course as courses
+from autograder import labkit_answers
 from autograder.base import course_secret, faults, shown
 from autograder.base.nbstart import nbgrader_command
 from autograder.checks import gpu_policy, trusted
 from autograder.course import Course
-from autograder.feedback import RENDER_TIMEOUT_S
+from autograder.gradebook import classbook, feedback, manual, report
+from autograder.gradebook.feedback import RENDER_TIMEOUT_S
+from autograder.gradebook.results import StudentResult, load_result, result_key, sealed_result
 from autograder.intake import lmsnames, shard
 from autograder.intake import submissions as intake
 from autograder.intake.late import LatePolicy
-from autograder.results import StudentResult, load_result, result_key, sealed_result
 from autograder.sandbox import jail
 from autograder.sandbox.disk_cap import DISK_BYTES, remove_tree
 from autograder.sandbox.jail import Jail
@@ -359,7 +360,7 @@ def _fill_old_release(submitted: Path, course: Course, sub: intake.Submission) -
 
 
 def _release_version() -> str:
-    from autograder.release import version
+    from autograder.release.build import version
 
     try:
         return version()

@@ -16,8 +16,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import classbook, grade, manual, report
+from autograder import grade
 from autograder.base import shown
+from autograder.gradebook import classbook, manual, report
 from autograder.intake import lmsnames
 from autograder.intake import submissions as intake
 from autograder.intake.late import LatePolicy

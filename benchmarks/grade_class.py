@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autograder import grade, rehearsal, suite  # noqa: E402
-from autograder.release import generate_release  # noqa: E402
+from autograder.release.build import generate_release  # noqa: E402
 from labkit import bench  # noqa: E402
 from labkit.env import LabkitError  # noqa: E402
 

@@ -40,7 +40,7 @@ CPU_LABS = (TOY, "lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix")
 _BUILD = """
 import shutil, sys
 from pathlib import Path
-from autograder.release import generate_release
+from autograder.release.build import generate_release
 lab, base, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 if lab == "toy_sum_squares":
     from autograder import rehearsal

@@ -53,7 +53,7 @@ def test_every_grader_module_is_in_one_phase_of_the_map():
     assert source - set(where) == set(), f"autograder modules missing from ARCHITECTURE.md: {source - set(where)}"
     assert set(where) - source == set(), f"ARCHITECTURE.md names modules that do not exist: {set(where) - source}"
     packages = {p.name for p in (ROOT / "autograder").iterdir() if (p / "__init__.py").is_file()} - {"student"}
-    assert packages <= set(table) - set(TOP_LEVEL), f"packages that are no phase of the map: {packages - set(table)}"
+    assert packages == set(table) - set(TOP_LEVEL), f"one package per phase: {packages ^ (set(table) - set(TOP_LEVEL))}"
 
 
 def test_each_phase_is_imported_only_by_itself_and_the_phases_below_it():

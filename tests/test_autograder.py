@@ -25,7 +25,7 @@ from autograder import course as courses
 from autograder import grade, rehearsal, suite
 from autograder.checks import harness, trusted
 from autograder.intake import submissions as intake
-from autograder.release import generate_release
+from autograder.release.build import generate_release
 from autograder.sandbox import jail
 from autograder.sandbox import limits as sandbox
 from labkit.env import REPO_ROOT, LabkitError
@@ -826,7 +826,7 @@ def test_a_graded_notebook_rewritten_into_millions_of_values_is_refused_unread_i
     import tracemalloc
 
     from autograder import course as courses
-    from autograder import manual
+    from autograder.gradebook import manual
     from autograder.sandbox.limits import MAX_JSON_VALUES, LeftFileError, load_left_json
 
     huge = b'{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [' + b"[]," * (20 * 2**20) + b"[]]}"
@@ -867,7 +867,7 @@ def test_a_graded_notebook_rewritten_into_millions_of_values_is_refused_unread_i
 def test_the_cells_scored_are_the_assignments_whatever_the_scratch_gradebook_holds():
     """report.course_cells: the master's cells and points; a row the assignment lacks, a second row for a cell and
     a score above the cell's points change nothing but a flag."""
-    from autograder import report
+    from autograder.gradebook import report
 
     master = [{"notebook": "lab", "cell": "test_a", "max_score": 2.0},
               {"notebook": "lab", "cell": "answer", "max_score": 2.0, "manual": True}]
@@ -889,7 +889,7 @@ def test_scores_written_back_leave_no_extra_credit_or_comment_the_submission_wro
     kernel can, after nbgrader's last save): the feedback page printed its extra credit and an 'instructor' comment."""
     from nbgrader.api import Gradebook
 
-    from autograder import report
+    from autograder.gradebook import report
 
     generate_release(rehearsal.build_toy_course(tmp_path / "course"), AID, tmp_path / "made")
     db = tmp_path / "made" / "gradebook.db"

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import classbook, grade
+from autograder import grade
 from autograder.checks import harness, review
+from autograder.gradebook import classbook
 from autograder.sandbox import gpu_state
 from labkit.env import REPO_ROOT
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import classbook, grade, merge, similarity
+from autograder import grade, merge
+from autograder.gradebook import classbook, similarity
 from autograder.intake import late
 from autograder.intake import submissions as intake
 
@@ -278,8 +279,8 @@ def test_renaming_self_does_not_hide_a_copy():
 
 
 def test_a_gradescope_upload_cannot_point_the_grader_at_the_course_solution(tmp_path):
-    from autograder import lms
     from autograder.checks import harness
+    from autograder.lms import exports as lms
 
     aid = harness.ASSIGNMENTS["lab1"]
     want = harness.STUDENT_FILES["lab1"]
@@ -388,7 +389,7 @@ def test_a_notebook_of_millions_of_tiny_values_is_refused_before_it_is_parsed(tm
     import time
     import tracemalloc
 
-    from autograder.feedback import MAX_CELLS
+    from autograder.gradebook.feedback import MAX_CELLS
 
     subs = tmp_path / "subs"
     subs.mkdir()

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder import labkit_answers, release, selfcheck
+from autograder import labkit_answers, selfcheck
 from autograder.base import course_secret
 from autograder.checks import harness, lab3_variants
 from autograder.checks.harness import CHECKS, STUDENT_FILES, student_file_from_notebook
+from autograder.release import build as release
 from autograder.selfcheck import PUBLIC
 from labkit import notebooks
 from labkit.errors import LabkitError

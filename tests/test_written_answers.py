@@ -17,8 +17,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grade, lms, manual, merge, rehearsal, suite
-from autograder.release import generate_release
+from autograder import grade, merge, rehearsal, suite
+from autograder.gradebook import manual
+from autograder.lms import exports as lms
+from autograder.release.build import generate_release
 from labkit.errors import LabkitError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

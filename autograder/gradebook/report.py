@@ -19,8 +19,8 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook
 
-from autograder import manual
 from autograder.base import shown
+from autograder.gradebook import manual
 from labkit.bench import write_json
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from labkit.errors import LabkitError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LABS = ["lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix", "lab4_speedrun", "lab5_fused_kernel"]
 # The public probes the public checks import (the sandbox-only runner, channel and stubs are not needed).
 PUBLIC_PROBES = ["__init__.py", "probes.py", "lab1.py", "lab2.py", "lab3.py", "lab3_slow.py", "lab4.py", "lab5.py"]

@@ -1,7 +1,7 @@
 """LMS in and out: Canvas gradebook CSV, Gradescope results.json, per-student feedback bundles to upload.
 
 The exports read a grading output folder (a single run or a merge): the sealed done-markers (verified under
-the folder's key) and `final.json` (the total after extra credit and the late policy, autograder.classbook).
+the folder's key) and `final.json` (the total after extra credit and the late policy, autograder.gradebook.classbook).
 
 Canvas: the gradebook import CSV takes the columns Student, ID, SIS User ID, SIS Login ID, Section and one
 column per assignment, named "<title>" or "<title> (<Canvas assignment id>)"; an optional second row
@@ -26,12 +26,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder import classbook, manual
 from autograder.base import shown
 from autograder.checks import gpu_policy
+from autograder.gradebook import classbook, manual
+from autograder.gradebook.results import load_result
 from autograder.intake import late, lmsnames
 from autograder.intake import submissions as intake
-from autograder.results import load_result
 from labkit.bench import write_json
 from labkit.env import LabkitError
 

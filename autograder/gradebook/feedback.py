@@ -12,7 +12,7 @@ student, whether to render pages) to the child's stdin; the child answers one JS
 own pipe; the page and the formgrader copies are files under that course root (a copy of the student's course
 that no student process saw), which the grader reads back. Nothing the child says sets a score.
 
-Run as `python -m autograder.feedback --serve MEMORY_BYTES` only by `Renderer`.
+Run as `python -m autograder.gradebook.feedback --serve MEMORY_BYTES` only by `Renderer`.
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ class Renderer:
         if self._proc is not None and self._proc.poll() is None:
             return
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(Path(__file__).resolve().parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-        self._proc = subprocess.Popen([sys.executable, "-m", "autograder.feedback", "--serve", str(self.memory_bytes)],
+            [str(Path(__file__).resolve().parents[2])] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        self._proc = subprocess.Popen([sys.executable, "-m", "autograder.gradebook.feedback", "--serve", str(self.memory_bytes)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       env=env, cwd="/")
 
@@ -425,5 +425,5 @@ def _write_plain(graded: Path, dest: Path) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 3:
-        sys.exit("autograder.feedback is started by the grader (Renderer), not by hand")
+        sys.exit("autograder.gradebook.feedback is started by the grader (Renderer), not by hand")
     _serve(int(sys.argv[2]))

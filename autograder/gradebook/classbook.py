@@ -19,9 +19,9 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder import manual
 from autograder.base import shown
 from autograder.checks import gpu_policy, review
+from autograder.gradebook import manual
 from autograder.intake import late
 from labkit.bench import write_json
 
@@ -139,7 +139,9 @@ def _write_late_feedback(out: Path, assignment: str, rows: list[dict], policy: l
     The pages were written while grading, before the class's policy was applied; a later run or merge with
     another policy (an extension added, say) rewrites the box, so the page always shows the policy of the last
     run. The grader's resume check reads pages without it (report.without_late_box)."""
-    from autograder import report  # nbgrader loads with report; a merge without feedback pages never needs it
+    from autograder.gradebook import (
+        report,  # nbgrader loads with report; a merge without feedback pages never needs it
+    )
 
     for row in rows:
         folder = out / "feedback" / row["student_id"] / assignment
