@@ -6,7 +6,8 @@ import argparse
 import sys
 from dataclasses import replace
 
-from autograder import commands, shown
+from autograder import commands
+from autograder.base import shown
 from labkit.cli import run
 
 PRESET_NAMES = ("class", "quick")  # autograder.grade.PRESETS, named here so --help need not import the grader
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cli_grade(args) -> int:
-    from autograder.nbstart import skip_iri_checker
+    from autograder.base.nbstart import skip_iri_checker
 
     skip_iri_checker()  # before the grader's imports reach nbformat
     from autograder.grade import PRESETS, default_out, grade_class

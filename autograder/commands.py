@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from autograder import shown
+from autograder.base import shown
 
 
 def add_late_args(p: argparse.ArgumentParser) -> None:
-    """Options of the late policy (autograder.late.LatePolicy)."""
+    """Options of the late policy (autograder.intake.late.LatePolicy)."""
     g = p.add_argument_group("late policy (applied to the total; shown in the summary, grades.csv and feedback bundles)")
     g.add_argument("--due", default=None, metavar="ISO", help="due date, e.g. 2025-03-04T23:59 (time zone: --timezone)")
     g.add_argument("--grace-minutes", type=float, default=0.0, help="minutes after the due date still on time")
@@ -34,7 +34,7 @@ def late_policy(args):
         if args.extensions or args.submitted_csv:
             raise LabkitError("--extensions and --submitted-csv need --due")
         return None
-    from autograder import late
+    from autograder.intake import late
 
     if args.grace_minutes < 0 or args.late_per_day < 0 or not 0 <= args.late_cap <= 100:
         raise LabkitError("--grace-minutes and --late-per-day must be >= 0, --late-cap within 0..100")
@@ -74,7 +74,7 @@ def add_open_kit_arg(p: argparse.ArgumentParser) -> None:
 
 def grade_changes(args) -> dict:
     """GradeConfig fields set by the options add_grade_args added."""
-    from autograder import shard
+    from autograder.intake import shard
 
     if args.shard:
         shard.parse(args.shard)
@@ -147,8 +147,9 @@ def add_commands(sub) -> None:
 
 
 def _cli_merge(args) -> int:
-    from autograder import intake, merge
-    from autograder.progress import table
+    from autograder import merge
+    from autograder.base.progress import table
+    from autograder.intake import submissions as intake
 
     rep = merge.merge(args.slices, args.out, submissions=args.submissions, roster=args.roster,
                       policy=late_policy(args), lms_regex=args.lms_regex or intake.LMS_REGEX,
@@ -164,7 +165,8 @@ def _cli_merge(args) -> int:
 def _cli_export(args) -> int:
     from pathlib import Path
 
-    from autograder import intake, lms
+    from autograder.intake import submissions as intake
+    from autograder.lms import exports as lms
 
     dest = args.dest or str(Path(args.out) / "lms" / args.to)
     for line in lms.export(args.out, args.to, dest, title=args.title, roster=args.roster,
@@ -174,7 +176,7 @@ def _cli_export(args) -> int:
 
 
 def _cli_gradescope(args) -> int:
-    from autograder import lms
+    from autograder.lms import exports as lms
 
     r = lms.run_gradescope(args.lab, args.submission, args.results, course=args.course, sandbox=args.sandbox,
                            open_kit=args.open_kit)
@@ -185,8 +187,8 @@ def _cli_gradescope(args) -> int:
 def _cli_similarity(args) -> int:
     from dataclasses import replace
 
-    from autograder import similarity
     from autograder.grade import default_out
+    from autograder.gradebook import similarity
 
     cfg = similarity.SimilarityConfig()
     cfg = replace(cfg, **{k: v for k, v in (("min_similarity", args.min_similarity), ("z", args.z)) if v is not None})
@@ -199,7 +201,8 @@ def _cli_similarity(args) -> int:
 
 
 def _cli_variant(args) -> int:
-    from autograder import course_secret, lab3_variants
+    from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     secret = course_secret.for_grading(args.open_kit)
     students: list[str | None] = list(args.student)
@@ -214,7 +217,7 @@ def _cli_variant(args) -> int:
 
 
 def _cli_secret(args) -> int:
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     print(course_secret.new_secret())
     return 0

@@ -20,10 +20,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import manual, report, trusted
-from autograder.feedback import GRADE_ID
-from autograder.nbstart import nbgrader_command
-from autograder.sandbox import (
+from autograder.base.nbstart import nbgrader_command, py_env
+from autograder.checks import trusted
+from autograder.gradebook import manual, report
+from autograder.gradebook.feedback import GRADE_ID
+from autograder.sandbox.limits import (
     LeftFileError,
     Limits,
     TooLarge,
@@ -55,18 +56,6 @@ class Course:
     calls: list[trusted.HarnessCall]  # harness calls in the test cells, re-run by the grader
     source_digest: str  # changes when the assignment or the course config changes (then everyone is regraded)
     release: dict = field(default_factory=dict)  # notebook id -> the released notebook's bytes (no solutions)
-
-
-def py_env(extra: dict | None = None) -> dict[str, str]:
-    """Environment for nbgrader and harness processes: this interpreter's tools first on PATH, repo importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONSTARTUP", "PYTHONINSPECT", "JPY_"))}
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    # GPU indices in PCI order, the order of the /dev/nvidiaN nodes the sandbox passes through one of
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env.update(extra or {})
-    return env
 
 
 def known_assignments(course: Path) -> list[str]:
@@ -313,20 +302,6 @@ def _check_grade_ids(data: bytes, rel: Path) -> None:
     bad = [i for i in ids if i is not None and not (isinstance(i, str) and GRADE_ID.fullmatch(i))]
     if bad:
         raise LeftFileError(f"{rel}: a cell's grade_id is not one nbgrader makes (letters, digits, _ and - only)")
-
-
-def generate_release(course: str | Path, assignment: str, dest: Path) -> Path:
-    """Run nbgrader generate_assignment on a copy of the course in `dest`; returns the release notebook's path."""
-    course, dest = Path(course), Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(course / "nbgrader_config.py", dest / "nbgrader_config.py")
-    shutil.copytree(course / "source" / assignment, dest / "source" / assignment, dirs_exist_ok=True)
-    out = run_limited(nbgrader_command("generate_assignment", assignment, "--force"),
-                      cwd=dest, env=py_env(), limits=Limits(wall_s=600, memory_bytes=None))
-    release = dest / "release" / assignment / f"{assignment}.ipynb"
-    if not out.ok or not release.exists():
-        raise LabkitError(f"nbgrader generate_assignment {assignment} failed: {out.output[-400:]}")
-    return release
 
 
 def check_harness(module: str) -> None:

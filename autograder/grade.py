@@ -9,7 +9,7 @@ skipped on the next run unless their hand-in or the assignment changed, so an in
 stopped. At the end the marks are merged into one gradebook, `grades.csv` and a summary.
 
 Isolation: the generated assignment is held in memory and the hand-ins are spooled where no sandbox sees them
-and checked by sha256 when read (autograder.spool), every file the grader writes for a student is checked (and
+and checked by sha256 when read (autograder.base.spool), every file the grader writes for a student is checked (and
 restored) after the others ran, and each student's processes are all dead before the
 next student starts. Students graded side by side (--jobs > 1, one per GPU) run as the same user at the same
 time; against a deliberately hostile class, grade one at a time or inside a container. Run the grader as an
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -31,33 +30,25 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autograder import (
-    classbook,
-    course_secret,
-    faults,
-    feedback,
-    gpu_policy,
-    intake,
-    jail,
-    labkit_answers,
-    lmsnames,
-    manual,
-    report,
-    shard,
-    shown,
-    trusted,
-)
 from autograder import course as courses
+from autograder import labkit_answers
+from autograder.base import course_secret, faults, shown
+from autograder.base.nbstart import nbgrader_command
+from autograder.checks import gpu_policy, trusted
 from autograder.course import Course
-from autograder.disk_cap import DISK_BYTES, remove_tree
-from autograder.feedback import RENDER_TIMEOUT_S
-from autograder.jail import Jail
-from autograder.late import LatePolicy
-from autograder.nbstart import nbgrader_command
-from autograder.sandbox import (
+from autograder.gradebook import classbook, feedback, manual, report
+from autograder.gradebook.feedback import RENDER_TIMEOUT_S
+from autograder.gradebook.results import StudentResult, load_result, result_key, sealed_result
+from autograder.intake import lmsnames, shard
+from autograder.intake import submissions as intake
+from autograder.intake.late import LatePolicy
+from autograder.sandbox import jail
+from autograder.sandbox.disk_cap import DISK_BYTES, remove_tree
+from autograder.sandbox.jail import Jail
+from autograder.sandbox.limits import (
     MAX_JSON_VALUES,
     MAX_LEFT_BYTES,
     LeftFileError,
@@ -107,9 +98,9 @@ class GradeConfig:
     roster: str | None = None  # class list (CSV with student_id, or a Canvas export): each hand-in to one listed id
     progress: bool = True  # tqdm bar over students
     trusted_submissions: bool = False  # run students' code without the sandbox (only where bubblewrap is missing)
-    shard: str | None = None  # "K/N": grade only slice K of N of the class (autograder.shard); None: everyone
+    shard: str | None = None  # "K/N": grade only slice K of N of the class (autograder.intake.shard); None: everyone
     allow_ungradable: bool = False  # grade a lab whose checks need hardware this machine lacks (they score 0)
-    late: LatePolicy | None = None  # due date, grace and penalties applied to the total (autograder.late)
+    late: LatePolicy | None = None  # due date, grace and penalties applied to the total (autograder.intake.late)
     open_kit: bool = False  # grade without a course secret, on the public open-kit default (rehearsals only)
     manual_scores: str | None = None  # CSV student_id,cell,score: instructor's grades of written answers
 
@@ -120,32 +111,6 @@ PRESETS = {
     # Small CPU assignments and CI: short limits so a stuck submission costs minutes, not an hour.
     "quick": GradeConfig(cell_timeout_s=60, wall_timeout_s=300.0, memory_gb=6.0, harness_timeout_s=300.0),
 }
-
-
-@dataclass
-class StudentResult:
-    """One student's grade and how it was reached (this is the done-marker's content)."""
-
-    student_id: str
-    assignment: str
-    status: str  # "graded" or "not graded"
-    score: float = 0.0  # points, after the trusted re-run of the harness checks
-    max_score: float = 0.0  # points available
-    cause: str | None = None  # why it is not graded, or what went wrong besides its answers
-    message: str = ""  # one line for the instructor and the student
-    cells: list[dict] = field(default_factory=list)  # notebook, cell, score, max_score, source
-    checks: list[dict] = field(default_factory=list)  # trusted verdicts: check, passed, message, ratio, per-s numbers
-    notes: list[str] = field(default_factory=list)  # worth knowing, not fatal (cell timeouts, renamed files, ...)
-    flags: list[str] = field(default_factory=list)  # for the instructor to look at (kernel vs trusted disagreement)
-    hardware: dict = field(default_factory=dict)  # class and card the student was graded on
-    wall_s: float = 0.0  # seconds spent grading this student
-    peak_rss_bytes: int = 0  # largest resident memory of the student's processes, bytes
-    digest: str = ""  # hand-in digest; a change means regrade
-    source_digest: str = ""  # assignment digest; a change means regrade
-    outputs: dict = field(default_factory=dict)  # relative path -> sha256 of every file written for this student
-    finished_at: str = ""  # UTC time the result was recorded
-    sandbox: str = ""  # "bwrap" (the student's code ran in the sandbox) or "none" (trusted submissions)
-    grader: str = ""  # digest of the grader's own code that produced this result; another one means regrade
 
 
 @dataclass
@@ -341,7 +306,7 @@ def check_variants(subs: list[intake.Submission], course: Course, secret, classm
     not graded: its answers are for another variant, and a person decides; one without a tag is graded, noted."""
     if not any(c.check.startswith("lab3.") for c in course.calls):
         return
-    from autograder import lab3_variants
+    from autograder.checks import lab3_variants
 
     for sub in subs:
         if sub.problem:
@@ -395,7 +360,7 @@ def _fill_old_release(submitted: Path, course: Course, sub: intake.Submission) -
 
 
 def _release_version() -> str:
-    from autograder.release import version
+    from autograder.release.build import version
 
     try:
         return version()
@@ -580,9 +545,6 @@ def default_out(assignment: str) -> Path:
     return Path("grading") / assignment
 
 
-_KEY_FILE = ".grader-key"  # in the output folder, which no student process ever sees
-
-
 def grader_digest() -> str:
     """sha256 of the grader's own code (autograder/ and labkit/) and of a fingerprint of the course secret: a
     result made by other code, or under another secret (other hidden cases and variants), is regraded."""
@@ -597,48 +559,6 @@ def grader_files(root: Path) -> list[Path]:
     """The code a result depends on: every Python file of autograder/ and labkit/, subpackages included (labkit's
     fast start is one; when only labkit's top level counted, a change there regraded nobody)."""
     return sorted([*root.glob("autograder/**/*.py"), *root.glob("labkit/**/*.py")])
-
-
-def result_key(out: Path) -> bytes:
-    """The output folder's secret for authenticating done-markers (made on first use, readable by the grader only)."""
-    path = out / _KEY_FILE
-    with contextlib.suppress(FileNotFoundError):
-        key = path.read_bytes()
-        if len(key) == 32:
-            return key
-    out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(os.urandom(32))
-    return path.read_bytes()
-
-
-def _mac(key: bytes, d: dict) -> str:
-    body = json.dumps({k: v for k, v in d.items() if k != "mac"}, sort_keys=True, default=str).encode()
-    return hmac.new(key, body, hashlib.sha256).hexdigest()
-
-
-def sealed_result(res: StudentResult, key: bytes) -> bytes:
-    """The done-marker's bytes: the result and its MAC under the output folder's key."""
-    d = json.loads(json.dumps(asdict(res), default=str))
-    d["mac"] = _mac(key, d)
-    return (json.dumps(d, indent=2) + "\n").encode()
-
-
-def load_result(path: Path, key: bytes | None = None, student_id: str | None = None) -> StudentResult | None:
-    """A done-marker, or None if it is missing, unreadable, (with `key`) fails verification, or (with
-    `student_id`) is another student's sealed marker moved into this folder: then the student is graded again."""
-    try:
-        d = json.loads(path.read_text())
-        if key is not None and not (isinstance(d, dict) and hmac.compare_digest(str(d.get("mac", "")), _mac(key, d))):
-            log.warning("%s failed verification (written by something other than this grader); regrading", path)
-            return None
-        if student_id is not None and d.get("student_id") != student_id:
-            log.warning("%s is %r's done-marker, not %r's; regrading", path, d.get("student_id"), student_id)
-            return None
-        return StudentResult(**{k: v for k, v in d.items() if k in StudentResult.__dataclass_fields__})
-    except (OSError, json.JSONDecodeError, TypeError):
-        return None
 
 
 def _setup_logging(out: Path) -> logging.Handler:
@@ -834,7 +754,7 @@ def _plan(subs: list[intake.Submission], course: Course, cfg: GradeConfig, outpu
 
 
 def _run_all(todo, course: Course, cfg: GradeConfig, outputs: Outputs, hardware, results, sealed: Path) -> int:
-    from autograder.progress import bar as tqdm  # one line per student when the log is not a terminal
+    from autograder.base.progress import bar as tqdm  # one line per student when the log is not a terminal
 
     gpus = [h for h in hardware if h["index"] is not None]
     if gpus:

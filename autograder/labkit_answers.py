@@ -3,7 +3,7 @@
 labkit is the course's own library, and some of its modules are a lab's answer in finished form (lab 1's
 scalers are `labkit.loss_scaling`). A submission of that lab must not use them. Two layers:
 
-- the sandbox's view of labkit leaves those modules out (autograder.jail, `Jail.hide`): however the student's
+- the sandbox's view of labkit leaves those modules out (autograder.sandbox.jail, `Jail.hide`): however the student's
   code asks for one (import, importlib, __import__, exec of a string, sys.modules, opening the file and exec'ing
   it), there is nothing to find, and its checks fail;
 - before any check runs, `banned_uses` reads the submission (its syntax tree: imports, attribute access on
@@ -79,7 +79,7 @@ def banned(lab: str) -> tuple[str, ...]:
 
 def sandbox_hides(lab: str) -> tuple[str, ...]:
     """What the sandbox of `lab` ('lab1'..'lab5', or a check name) leaves out: its banned labkit modules by name,
-    and the torch files a stub stands in for ("torch/..."), as autograder.jail.Jail.hide takes them."""
+    and the torch files a stub stands in for ("torch/..."), as autograder.sandbox.jail.Jail.hide takes them."""
     return banned(lab) + TORCH_HIDDEN.get(lab.split(".")[0], ())
 
 

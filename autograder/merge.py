@@ -16,8 +16,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import classbook, grade, intake, lmsnames, manual, report, shown
-from autograder.late import LatePolicy
+from autograder import grade
+from autograder.base import shown
+from autograder.gradebook import classbook, manual, report
+from autograder.intake import lmsnames
+from autograder.intake import submissions as intake
+from autograder.intake.late import LatePolicy
 from labkit.env import LabkitError
 
 log = logging.getLogger("autograder")
@@ -107,7 +111,7 @@ def merge(folders: list[str | Path], out: str | Path, *, submissions: str | Path
           roster: str | Path | None = None, policy: LatePolicy | None = None, lms_regex: str = intake.LMS_REGEX,
           progress: bool = True, manual_scores: str | Path | None = None) -> MergeReport:
     """Merge slice output folders into `out`; LabkitError before writing anything if they do not fit together."""
-    from autograder.progress import bar, stage
+    from autograder.base.progress import bar, stage
 
     out = Path(out).resolve()
     folders = [Path(f).resolve() for f in folders]

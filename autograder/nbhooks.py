@@ -26,7 +26,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
-TOKEN_VAR = "LABKIT_GRADER_TOKEN"  # same name as autograder.sandbox.TOKEN_VAR (this module must import lightly)
+TOKEN_VAR = "LABKIT_GRADER_TOKEN"  # same name as autograder.sandbox.limits.TOKEN_VAR (this module must import lightly)
 
 
 class StderrIsNotFailure(NbGraderPreprocessor):

@@ -97,21 +97,21 @@ def build_toy_course(root: str | Path, written: bool = False) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ toy harness
-# The toy's checks are ordinary harness checks (autograder.harness.CHECKS "toy.*"): the student's file runs in
+# The toy's checks are ordinary harness checks (autograder.checks.harness.CHECKS "toy.*"): the student's file runs in
 # the sandbox (autograder.student.toy), the answers and the clock stay here.
 
 
 def hidden_params(student: str | None = None, handin: str | None = None) -> dict:
     """The hidden test's inputs, from the course secret and the student or the hand-in (harness.hidden_draws):
     reading this code reveals none of them; they reach the student's process only when graded."""
-    from autograder import course_secret
+    from autograder.base import course_secret
 
     r = course_secret.rng("toy.hidden/inputs", student, handin=handin)
     return {"seed": int(r.integers(2**31)), "count": 3, "n": int(r.integers(800, 1200))}
 
 
 def _expect_totals(got, xs_list) -> None:
-    from autograder.harness import require
+    from autograder.checks.harness import require
     from autograder.student.toy import baseline
 
     totals = got.get("totals") if isinstance(got, dict) else None
@@ -131,7 +131,7 @@ def check_correct(ctx) -> dict:
 
 
 def check_hidden(ctx) -> dict:
-    from autograder.harness import hidden_draws
+    from autograder.checks.harness import hidden_draws
     from autograder.student.toy import arrays
 
     for draw in hidden_draws(ctx):
@@ -145,8 +145,8 @@ def check_speed(ctx) -> dict:
 
     import numpy as np
 
-    from autograder import remeasure
-    from autograder.harness import CheckFailed
+    from autograder.checks import remeasure
+    from autograder.checks.harness import CheckFailed
     from autograder.student.toy import pool, windows
 
     t0 = time.monotonic()
@@ -180,15 +180,15 @@ def check_speed(ctx) -> dict:
 
 
 def run_checks(names: list[str], student_file: str, **kw) -> list[dict]:
-    """The harness's verdicts for toy checks (see autograder.harness.run_checks)."""
-    from autograder import harness
+    """The harness's verdicts for toy checks (see autograder.checks.harness.run_checks)."""
+    from autograder.checks import harness
 
     return harness.run_checks(names, student_file, **kw)
 
 
 def run_check(name: str, student_file: str, timeout_s: float = 120.0) -> dict:
     """One toy check in a fresh process (student code sandboxed where bubblewrap works); adds `passed`."""
-    from autograder import harness
+    from autograder.checks import harness
 
     if name not in harness.CHECKS or not name.startswith("toy."):
         return {"passed": False, "message": f"unknown check {name!r} (this harness knows the toy.* checks)"}

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.trusted import find_calls
+from autograder.checks.trusted import find_calls
 
 
 @dataclass
@@ -405,6 +405,7 @@ for path, head in found:
     print("READ", path, head[:80])
 wrote = 0
 for path in [@CANARY@, os.path.join(@REPO@, "autograder", "rehearsal.py"), os.path.join(@REPO@, "autograder", "harness.py"),
+             os.path.join(@REPO@, "autograder", "checks", "harness.py"),
              *glob.glob(os.path.join(@ROOT@, "subs", "*", "*.ipynb"))]:
     try:
         with open(path, "a") as f:
@@ -501,7 +502,8 @@ if "ipykernel" not in _sys.modules:
 # Imports the grader's trusted modules at import time (in the sandbox they do not exist).
 _IMPORT_TRUSTED = r"""
 import importlib
-for _m in ("autograder.rehearsal", "autograder.lab1_checks", "autograder.lab3_checks", "autograder.harness"):
+for _m in ("autograder.rehearsal", "autograder.checks.lab1_checks", "autograder.checks.lab3_checks",
+           "autograder.checks.harness", "autograder.harness"):
     try:
         _mod = importlib.import_module(_m)
         for _name in ("check_speed", "run_checks", "REQUIRED_RATIO", "ANSWER_KEY"):

@@ -1,8 +1,8 @@
 """Grade lab 4's speed check for the reference solution and for a borderline submission, and record both verdicts.
 
 The GPU grading record of issue #25: a ratio within its measured spread of a tier boundary is measured again
-before it is scored (autograder.remeasure), and every verdict records the card, its clocks, temperature, power
-and throttle reasons before and after the timed rounds (autograder.gpu_state). One command, a few minutes on
+before it is scored (autograder.checks.remeasure), and every verdict records the card, its clocks, temperature, power
+and throttle reasons before and after the timed rounds (autograder.sandbox.gpu_state). One command, a few minutes on
 an H100, through the trusted harness without nbgrader (like grade_reference_gpu.py):
 
   1. the reference solution (from the lab's source notebook) is graded: its ratio and per-step times;
@@ -99,7 +99,7 @@ def _state(notes: dict | None) -> dict | None:
 
 def verdict_record(label: str, v: dict) -> dict:
     """One verdict as the record keeps it: score, ratio, spread, re-measurement, pooled result, GPU state."""
-    from autograder import review
+    from autograder.checks import review
 
     m = v.get("measurements") or {}
     out = {"submission": label, "check": v.get("check"), "ok": v.get("ok"), "score": v.get("score"),
@@ -118,7 +118,7 @@ def verdict_record(label: str, v: dict) -> dict:
 def target_boundary(v: dict, target: float | None) -> float:
     """The tier boundary the borderline submission aims at: `target`, else the highest one below 0.9x the
     reference's ratio."""
-    from autograder import review
+    from autograder.checks import review
 
     m = v["measurements"]
     if target is not None:
@@ -154,7 +154,7 @@ def sleep_cycles_per_s(device) -> float:
 
 def grade(path: Path, device: str) -> dict:
     """The trusted harness's lab 4 speed verdict for one file (sandboxed where bubblewrap works)."""
-    from autograder import harness
+    from autograder.checks import harness
 
     return harness.run_checks([CHECK], path, device=device)[0]
 
@@ -169,7 +169,7 @@ def borderline(reference: Path, folder: Path, cycles: int) -> Path:
 
 def run_gpu(device: str, attempts: int, target: float | None, deadline_s: float) -> dict:
     """Grade the reference and the borderline submission on this GPU; the record's body."""
-    from autograder import harness
+    from autograder.checks import harness
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="grade-boundary-") as d:
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
 
 def _quick(args, argv=None) -> int:
     """The dry path: two synthetic verdicts (one far from a boundary, one near it) through the same record code."""
-    from autograder.harness import Tiers
+    from autograder.checks.harness import Tiers
     from labkit import bench
 
     if args.out is None or Path(args.out).resolve() in (Path(bench.RESULTS_DIR).resolve(), (Path(bench.RESULTS_DIR) / "grading").resolve()):
@@ -297,7 +297,7 @@ def _quick(args, argv=None) -> int:
 
 def _synthetic(tiers, runs: list[list[float]]) -> dict:
     """A speed verdict shaped like lab 4's, from per-round ratios handed out one measurement at a time."""
-    from autograder import remeasure
+    from autograder.checks import remeasure
     from labkit.bench import ABResult, Timing
 
     left = list(runs)

@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder import course as courses  # noqa: E402
 from autograder import grade, rehearsal, suite  # noqa: E402
+from autograder.release.build import generate_release  # noqa: E402
 from labkit import bench  # noqa: E402
 from labkit.env import LabkitError  # noqa: E402
 
@@ -45,7 +45,7 @@ MIX = ["reference", "slow_correct", "wrong_fast", "release", "cache", "reference
 def build_class(base: Path, n: int) -> tuple[Path, dict, set]:
     """Course + n hand-ins under base; returns (course, {student id: variant}, speed cells)."""
     course = rehearsal.build_toy_course(base / "course")
-    release = courses.generate_release(course, AID, base / "release")
+    release = generate_release(course, AID, base / "release")
     builder = suite.SuiteBuilder(course / "source" / AID / f"{AID}.ipynb", release, AID, rehearsal.BODIES)
     by_name = {v.name: v for v in builder.variants(flood_lines=20_000)}
     roster = {}

@@ -1,7 +1,7 @@
 """Grade the reference solutions of the graded labs with the trusted harness, without nbgrader or Jupyter.
 
 Extracts each lab's reference module from its source notebook's `%%writefile` cell and runs every check of the
-lab (hidden ones included) through `autograder.harness.run_checks`, each lab in a fresh process. On an H100 the
+lab (hidden ones included) through `autograder.checks.harness.run_checks`, each lab in a fresh process. On an H100 the
 reference solutions of labs 1, 3 and 4 must get full marks, the ResNet-18 speed tiers included; on a CPU the
 GPU-only speed check reports "not gradable on this hardware" and the rest must get full marks.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder import harness  # noqa: E402
+from autograder.checks import harness  # noqa: E402
 from labkit import bench  # noqa: E402
 from labkit.env import LabkitError, pick_device  # noqa: E402
 

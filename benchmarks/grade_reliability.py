@@ -1,7 +1,7 @@
 """How reliable is a speed grade? Run the harness's speed check on the reference solution N times.
 
 No nbgrader and no Jupyter: the reference module is taken from the source notebook's `%%writefile` cell and the
-check runs through `autograder.harness.run_check`, each time in a fresh process, exactly as the grader's trusted
+check runs through `autograder.checks.harness.run_check`, each time in a fresh process, exactly as the grader's trusted
 re-run does. A run where the reference loses speed points is a false failure; the spread of the measured
 ratio shows how close the thresholds sit to the noise.
 
@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder import harness, rehearsal, trusted  # noqa: E402
+from autograder import rehearsal  # noqa: E402
+from autograder.checks import harness, trusted  # noqa: E402
 from labkit import bench  # noqa: E402
 from labkit.env import LabkitError, pick_device  # noqa: E402
 

@@ -40,7 +40,7 @@ CPU_LABS = (TOY, "lab1_loss_scaling", "lab2_data_pipeline", "lab3_profile_fix")
 _BUILD = """
 import shutil, sys
 from pathlib import Path
-from autograder import course as courses
+from autograder.release.build import generate_release
 lab, base, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 if lab == "toy_sum_squares":
     from autograder import rehearsal
@@ -49,7 +49,7 @@ else:
     course = base / "course"
     shutil.copytree(Path("assignments"), course, ignore=shutil.ignore_patterns(
         "release", "submitted", "autograded", "feedback", "gradebook.db", "student_*.py", "__pycache__"))
-release = courses.generate_release(course, lab, base / "release")
+release = generate_release(course, lab, base / "release")
 release = release.parent if release.is_file() else release
 for i in range(n):
     dest = base / "subs" / f"s{i:02d}"

@@ -2,7 +2,7 @@
 
     python benchmarks/lab5_kernels.py --out /tmp/l5       # a CUDA GPU: seconds
 
-The graded speed check (autograder.lab5_checks) times each side in its own process, with fresh inputs drawn inside
+The graded speed check (autograder.checks.lab5_checks) times each side in its own process, with fresh inputs drawn inside
 every timed pass (autograder.student.lab5.round_draws), so its ratio includes a cost both sides pay. This script
 times the two sides without that cost: the reference solution (taken from the instructor's source notebook) and
 `eager_cross_entropy`, forward + backward on pre-drawn bf16 logits (rows, 1000), interleaved rounds with CUDA
@@ -31,7 +31,7 @@ COLS = 1000
 
 def _reference():
     """The reference solution's fused_cross_entropy, written out of the source notebook's solution regions."""
-    from autograder import harness
+    from autograder.checks import harness
 
     aid = harness.ASSIGNMENTS["lab5"]
     d = tempfile.mkdtemp(prefix="lab5-ref-")

@@ -7,7 +7,7 @@ import pytest
 # Tests run the quick, CPU-sized variants of everything, and never open a plot window.
 os.environ.setdefault("LABKIT_QUICK", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
-# Tests grade on the public open-kit default (autograder.course_secret): its hidden cases are fixed, and lab 3's
+# Tests grade on the public open-kit default (autograder.base.course_secret): its hidden cases are fixed, and lab 3's
 # reference solution answers the repository's own slow_train.py. A secret in the developer's shell stays out.
 os.environ.pop("LABKIT_COURSE_SECRET", None)
 os.environ["LABKIT_OPEN_KIT"] = "1"

@@ -58,7 +58,7 @@ def course(tmp_path_factory) -> Path:
 
 
 def test_source_notebooks_follow_the_conventions():
-    from autograder.harness import ASSIGNMENTS, CHECKS, STUDENT_FILES
+    from autograder.checks.harness import ASSIGNMENTS, CHECKS, STUDENT_FILES
 
     assert sorted(ASSIGNMENTS.values()) == LABS
     used = set()
@@ -83,7 +83,7 @@ def test_source_notebooks_follow_the_conventions():
 
 
 def test_lab3_hands_out_the_open_kit_variant_of_the_slow_script():
-    from autograder import lab3_variants
+    from autograder.checks import lab3_variants
 
     assert (COURSE / "source" / "lab3_profile_fix" / "slow_train.py").read_text() == \
         lab3_variants.render(lab3_variants.CLASSIC)
@@ -100,7 +100,7 @@ def test_course_config_sets_the_policies():
 
 @pytest.mark.parametrize("lab", LABS)
 def test_generate_and_autograde(course, lab):
-    from autograder.harness import STUDENT_FILES
+    from autograder.checks.harness import STUDENT_FILES
 
     src = course / "source" / lab / f"{lab}.ipynb"
     # What running the source leaves beside it (its %%writefile cell): the reference module, never to be released.
@@ -262,7 +262,7 @@ def test_lab3_tells_one_timing_story_in_the_notebook_and_the_public_check():
 
 
 def test_lab3_public_timing_runs_on_one_thread_and_restores_the_count():
-    from autograder import lab3_variants
+    from autograder.checks import lab3_variants
     from autograder.student import lab3
 
     slow = lab3_variants.load(lab3_variants.CLASSIC).train
@@ -300,7 +300,7 @@ def test_lab3_says_what_is_expected_of_the_per_batch_copy_as_the_answer_key_scor
     """`x.to(device)` is a host sync on a GPU (a blocking copy synchronizes the stream): the notebook says so, and
     says how bottlenecks() scores it, which must be what the checks do: named "sync" or "data" it neither counts
     nor costs (an honest GPU profile shows it), named anything else it is a false alarm."""
-    from autograder import lab3_variants
+    from autograder.checks import lab3_variants
 
     assert "to_device" in lab3_variants.DECOYS and "to_device" not in lab3_variants.FORMS
     key = lab3_variants.answer_key(lab3_variants.CLASSIC)
@@ -313,7 +313,7 @@ def test_lab3_says_what_is_expected_of_the_per_batch_copy_as_the_answer_key_scor
     assert lab3_variants.neutral_sites(lab3_variants.CLASSIC) == {copy_site: ("sync", "data")}
     from types import SimpleNamespace
 
-    from autograder import lab3_checks
+    from autograder.checks import lab3_checks
 
     monkeypatch.setattr(lab3_checks, "variant", lambda _ctx: (lab3_variants.CLASSIC,))
 

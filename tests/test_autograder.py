@@ -22,7 +22,12 @@ import psutil
 import pytest
 
 from autograder import course as courses
-from autograder import grade, harness, intake, jail, rehearsal, sandbox, suite, trusted
+from autograder import grade, rehearsal, suite
+from autograder.checks import harness, trusted
+from autograder.intake import submissions as intake
+from autograder.release.build import generate_release
+from autograder.sandbox import jail
+from autograder.sandbox import limits as sandbox
 from labkit.env import REPO_ROOT, LabkitError
 
 PY = sys.executable
@@ -95,7 +100,7 @@ def test_sandbox_stops_a_thread_flood(tmp_path):
 
 
 def test_a_hand_in_starting_threads_by_the_thousand_is_stopped(tmp_path):
-    from autograder import jail, remote
+    from autograder.sandbox import jail, remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -123,7 +128,8 @@ def test_sandbox_kills_a_daemon_that_left_the_session(tmp_path):
 
 
 def test_a_students_compile_cache_reaches_their_runner_only(tmp_path):
-    from autograder import harness, jail
+    from autograder.checks import harness
+    from autograder.sandbox import jail
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -146,8 +152,8 @@ def test_a_students_compile_cache_reaches_their_runner_only(tmp_path):
 
 
 def test_killing_a_sandbox_does_not_wait_for_its_zombies(tmp_path):
-    from autograder import jail
-    from autograder.remote import Remote
+    from autograder.sandbox import jail
+    from autograder.sandbox.remote import Remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -163,8 +169,8 @@ def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(t
     """While one side is timed the other is frozen. SIGSTOP alone left a helper inside a long system call using
     a core and memory bandwidth beside the baseline's timing; freeze() returns only once every thread of the
     hand-in has stopped, and nothing of it runs until thaw()."""
-    from autograder import jail
-    from autograder.remote import _STOPPED, Remote, _tasks
+    from autograder.sandbox import jail
+    from autograder.sandbox.remote import _STOPPED, Remote, _tasks
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -196,7 +202,7 @@ def test_freezing_a_hand_in_waits_until_its_work_inside_the_kernel_has_stopped(t
 def test_a_hand_in_that_cannot_be_frozen_is_stopped_with_that_cause(tmp_path, monkeypatch):
     """A thread that never stops (here: one reported running throughout) must not be timed beside: the runner is
     stopped and the check fails with the cause 'freeze', instead of the baseline being timed next to it."""
-    from autograder import jail, remote
+    from autograder.sandbox import jail, remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -229,8 +235,8 @@ def total(x):
 
 
 def _toy_remote(tmp_path, code: str):
-    from autograder import jail
-    from autograder.remote import Remote
+    from autograder.sandbox import jail
+    from autograder.sandbox.remote import Remote
 
     if jail.probe():
         pytest.skip(jail.probe())
@@ -244,7 +250,7 @@ def test_a_hand_in_that_wakes_while_frozen_fails_the_check(tmp_path):
     """Stopped when the timing starts is not stopped throughout: a process can have the kernel wake it (a POSIX
     timer that sends it SIGCONT once it has stopped, pushed back all the while it runs). Here the test sends the
     SIGCONT; check_frozen() finds the CPU the hand-in's spinners used after the freeze."""
-    from autograder import remote
+    from autograder.sandbox import remote
 
     r = _toy_remote(tmp_path, suite._SPINNER + "\ndef total(x):\n    return int((x * x).sum())\n")
     try:
@@ -262,7 +268,7 @@ def test_a_hand_in_that_wakes_while_frozen_fails_the_check(tmp_path):
 def test_a_thread_that_came_or_went_while_frozen_fails_the_check(tmp_path, monkeypatch):
     """A stopped thread can neither start another nor end, and one that woke, spent CPU and ended would take its
     CPU time out of the count: a thread set that changed is itself the sign that the side ran."""
-    from autograder import remote
+    from autograder.sandbox import remote
 
     r = _toy_remote(tmp_path, "def total(x):\n    return int((x * x).sum())\n")
     try:
@@ -445,7 +451,7 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, capsys):
 
 
 def test_grading_refuses_to_start_without_a_sandbox_unless_submissions_are_trusted(tmp_path, monkeypatch):
-    from autograder import jail
+    from autograder.sandbox import jail
 
     course = rehearsal.build_toy_course(tmp_path / "c")
     (tmp_path / "subs" / "amy").mkdir(parents=True)
@@ -491,7 +497,7 @@ def graded_class(tmp_path_factory):
     base = tmp_path_factory.mktemp("klass")
     cls, work = base / "class", base / "work"  # the scratch folder lies outside what the vandal can reach
     course = rehearsal.build_toy_course(cls / "course")
-    release = courses.generate_release(course, AID, base / "release")
+    release = generate_release(course, AID, base / "release")
     canary = base / "instructor" / "secret.txt"
     canary.parent.mkdir()
     canary.write_text(CANARY)
@@ -710,7 +716,7 @@ def graded_lab2(tmp_path_factory):
     if not src.exists():
         pytest.skip(f"{LAB2} is not in assignments/source")
     base = tmp_path_factory.mktemp("lab2")
-    release = courses.generate_release(REPO_ROOT / "assignments", LAB2, base / "release")
+    release = generate_release(REPO_ROOT / "assignments", LAB2, base / "release")
     builder = suite.SuiteBuilder(src, release, LAB2)
     body = builder.reference[builder.target[0]].split("\n", 1)[1]
     if _LAB2_YIELD not in body:
@@ -747,7 +753,7 @@ def test_kernels_use_private_sockets_so_a_taken_port_cannot_kill_them(tmp_path):
     if os.name != "posix":
         pytest.skip("Unix sockets: POSIX only (elsewhere kernels keep TCP)")
     course = rehearsal.build_toy_course(tmp_path / "course")
-    release = courses.generate_release(course, AID, tmp_path / "release")
+    release = generate_release(course, AID, tmp_path / "release")
     builder = suite.SuiteBuilder(course / "source" / AID / f"{AID}.ipynb", release, AID, rehearsal.BODIES)
     suite.write_submissions([v for v in builder.variants() if v.name == "reference"], tmp_path / "subs")
     before = set(Path("/tmp").glob("lk-sock-*"))
@@ -775,7 +781,7 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
     """sandbox.read_left: the grader's only way to read a file from a folder student code could write."""
     import os
 
-    from autograder.sandbox import LeftFileError, TooLarge, left_folder, read_left
+    from autograder.sandbox.limits import LeftFileError, TooLarge, left_folder, read_left
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "mine.py").write_text("x = 1\n")
@@ -796,13 +802,13 @@ def test_reading_back_what_a_sandbox_left_follows_no_link_and_takes_only_small_r
 
 
 def test_nbgrader_starts_without_the_iri_checker_and_still_validates_notebooks(tmp_path):
-    """autograder.nbstart: the grader's nbgrader processes leave out rfc3987_syntax (1.3 s of grammar building each),
+    """autograder.base.nbstart: the grader's nbgrader processes leave out rfc3987_syntax (1.3 s of grammar building each),
     and nbformat's validation, which does not use it, still rejects a broken notebook."""
-    from autograder.nbstart import nbgrader_command
+    from autograder.base.nbstart import nbgrader_command
 
     out = subprocess.run(nbgrader_command("--version"), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
-    code = ("import sys; from autograder.nbstart import skip_iri_checker; skip_iri_checker(); import nbformat\n"
+    code = ("import sys; from autograder.base.nbstart import skip_iri_checker; skip_iri_checker(); import nbformat\n"
             "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('x = 1')]); nbformat.validate(nb)\n"
             "nb.cells[0]['cell_type'] = 'nonsense'\n"
             "try:\n    nbformat.validate(nb)\nexcept nbformat.ValidationError:\n    print('rejected')\n"
@@ -820,8 +826,8 @@ def test_a_graded_notebook_rewritten_into_millions_of_values_is_refused_unread_i
     import tracemalloc
 
     from autograder import course as courses
-    from autograder import manual
-    from autograder.sandbox import MAX_JSON_VALUES, LeftFileError, load_left_json
+    from autograder.gradebook import manual
+    from autograder.sandbox.limits import MAX_JSON_VALUES, LeftFileError, load_left_json
 
     huge = b'{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [' + b"[]," * (20 * 2**20) + b"[]]}"
     deep = b'{"cells": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -861,7 +867,7 @@ def test_a_graded_notebook_rewritten_into_millions_of_values_is_refused_unread_i
 def test_the_cells_scored_are_the_assignments_whatever_the_scratch_gradebook_holds():
     """report.course_cells: the master's cells and points; a row the assignment lacks, a second row for a cell and
     a score above the cell's points change nothing but a flag."""
-    from autograder import report
+    from autograder.gradebook import report
 
     master = [{"notebook": "lab", "cell": "test_a", "max_score": 2.0},
               {"notebook": "lab", "cell": "answer", "max_score": 2.0, "manual": True}]
@@ -883,9 +889,9 @@ def test_scores_written_back_leave_no_extra_credit_or_comment_the_submission_wro
     kernel can, after nbgrader's last save): the feedback page printed its extra credit and an 'instructor' comment."""
     from nbgrader.api import Gradebook
 
-    from autograder import report
+    from autograder.gradebook import report
 
-    courses.generate_release(rehearsal.build_toy_course(tmp_path / "course"), AID, tmp_path / "made")
+    generate_release(rehearsal.build_toy_course(tmp_path / "course"), AID, tmp_path / "made")
     db = tmp_path / "made" / "gradebook.db"
     with Gradebook(f"sqlite:///{db}") as gb:
         gb.add_student("eve")

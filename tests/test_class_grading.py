@@ -24,21 +24,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import (
-    classbook,
-    commands,
-    gpu_policy,
-    grade,
-    late,
-    lms,
-    merge,
-    progress,
-    rehearsal,
-    shard,
-    similarity,
-)
+from autograder import commands, grade, merge, rehearsal
 from autograder.__main__ import build_parser
 from autograder.__main__ import main as cli_main
+from autograder.base import progress
+from autograder.checks import gpu_policy
+from autograder.gradebook import classbook, similarity
+from autograder.intake import late, shard
+from autograder.lms import exports as lms
 from labkit.env import REPO_ROOT, LabkitError
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
@@ -205,7 +198,7 @@ def test_a_gpu_lab_is_refused_on_a_cpu_machine_unless_allowed(tmp_path, monkeypa
     import ast
 
     # The table follows lab 4's tiers (read from its source: the trusted module imports torch and the harness).
-    tree = ast.parse((REPO_ROOT / "autograder" / "lab4_checks.py").read_text())
+    tree = ast.parse((REPO_ROOT / "autograder" / "checks" / "lab4_checks.py").read_text())
     tiers = next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
                  and any(getattr(t, "id", None) == "SPEED_TIERS" for t in n.targets))
     assert set(gpu_policy.NEEDS_GPU["lab4.speed"]) == {k.value for k in tiers.keys}
@@ -252,7 +245,7 @@ def test_extra_credit_is_written_into_the_gradebook_and_grades_csv(sliced, tmp_p
         if r.student_id == ref:
             r.checks = [dict(c, measurements={**c["measurements"], "extra_credit": 1}) if c["check"] == rehearsal.CHECK
                         else c for c in r.checks]
-    from autograder import report
+    from autograder.gradebook import report
 
     report.write_outputs(out, info, results, [], CPU, lambda rel, data: "")
     classbook.finish(out, info, results, hardware=CPU, junk=[])
@@ -328,7 +321,7 @@ def test_late_policy_grace_per_day_cap_and_extensions(tmp_path):
 
 
 def test_the_feedback_page_shows_the_late_assessment_and_a_resume_still_trusts_it(tmp_path):
-    from autograder import report
+    from autograder.gradebook import report
 
     due = dt.datetime(2025, 3, 4, 23, 59, tzinfo=UTC)
     (tmp_path / "ext.csv").write_text("student_id,days\nleeann,2\n")
@@ -616,7 +609,8 @@ def test_without_the_class_list_the_run_stops_naming_the_file_and_its_candidates
 
 def test_similarity_and_merge_read_the_names_against_the_class_list_as_grading_did(lms_class, tmp_path):
     """The report a person reads beside the grades, and merge's list of who is missing, name jane_doe whole."""
-    from autograder import merge, similarity
+    from autograder import merge
+    from autograder.gradebook import similarity
 
     base = lms_class["base"]
     files, notes = similarity.class_files(base / "subs", AID, tmp_path / "s", roster=base / "roster.csv")

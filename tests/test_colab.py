@@ -117,7 +117,7 @@ def test_each_labs_badge_setup_and_handin_cells(tmp_path, path):
 
 
 def test_handin_cell_writes_a_zip_the_graders_intake_reads(tmp_path):
-    from autograder import intake
+    from autograder.intake import submissions as intake
     from labkit import handin
 
     lab = "lab1_loss_scaling"

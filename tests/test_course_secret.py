@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder import course_secret, jail, lab3_variants, labkit_answers
-from autograder.course_secret import Secret
+from autograder import labkit_answers
+from autograder.base import course_secret
+from autograder.base.course_secret import Secret
+from autograder.checks import lab3_variants
+from autograder.sandbox import jail
 from labkit.errors import LabkitError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +43,8 @@ def test_graded_runs_refuse_without_a_secret_and_say_how(monkeypatch):
 
 
 def test_hidden_values_come_from_the_secret(monkeypatch):
-    from autograder import lab1_checks, lab2_checks, lab4_checks, rehearsal
+    from autograder import rehearsal
+    from autograder.checks import lab1_checks, lab2_checks, lab4_checks
 
     def values():
         return (rehearsal.hidden_params(), lab1_checks.hidden_edge_cases(), lab2_checks._hidden_cases(),
@@ -57,7 +61,7 @@ def test_hidden_values_come_from_the_secret(monkeypatch):
     assert all(hyper[k] != HYPER[k] for k in HYPER)  # never the public case
     assert course_secret.seed("x", "alice", COURSE) != course_secret.seed("x", "bob", COURSE)
     # No hidden constant is left in the trusted modules for a reader to find.
-    for mod in ("rehearsal", "lab1_checks", "lab2_checks", "lab4_checks"):
+    for mod in ("rehearsal", "checks/lab1_checks", "checks/lab2_checks", "checks/lab4_checks"):
         text = (ROOT / "autograder" / f"{mod}.py").read_text()
         assert "HIDDEN_SEED" not in text and "HIDDEN_HYPER" not in text and "HIDDEN_CASES_SEED" not in text
 
@@ -155,7 +159,7 @@ def test_the_reader_leaves_honest_code_alone():
 
 
 def test_a_banned_import_fails_every_check_of_the_lab_before_any_runs(tmp_path):
-    from autograder import harness
+    from autograder.checks import harness
 
     f = tmp_path / "student_scaler.py"
     f.write_text("from labkit.loss_scaling import StaticLossScaler as StaticScaler  # noqa\n")
@@ -165,7 +169,7 @@ def test_a_banned_import_fails_every_check_of_the_lab_before_any_runs(tmp_path):
 
 
 def test_the_lab_instructions_list_the_banned_modules():
-    from autograder.harness import ASSIGNMENTS
+    from autograder.checks.harness import ASSIGNMENTS
 
     for lab, aid in ASSIGNMENTS.items():
         nb = json.loads((ROOT / "assignments" / "source" / aid / f"{aid}.ipynb").read_text())
@@ -220,7 +224,7 @@ def test_every_course_gets_hidden_sampler_cases_the_reference_passes(monkeypatch
     passes the hidden sampler check for 40 courses (600 were measured when the case ranges were chosen)."""
     import tempfile
 
-    from autograder import harness, lab2_checks
+    from autograder.checks import harness, lab2_checks
     from autograder.student import lab2 as pub
     from autograder.student.probes import Probe
 
@@ -245,7 +249,7 @@ def test_every_check_that_runs_on_the_course_secrets_inputs_is_hidden():
     import importlib
     import inspect
 
-    from autograder import harness
+    from autograder.checks import harness
 
     flagged = set()
     for check in harness.CHECKS.values():

@@ -1,4 +1,4 @@
-"""The disk caps of a sandbox (autograder.disk_cap): what a hand-in may leave on the grader's disk.
+"""The disk caps of a sandbox (autograder.sandbox.disk_cap): what a hand-in may leave on the grader's disk.
 
 The hostile class (tests/test_autograder.py: disk_fill, disk_hidden, disk_checks) grades the same attacks end to
 end; these look at the watch itself, on a CPU, in seconds.
@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from autograder import disk_cap, jail, sandbox
-from autograder.remote import Remote, RemoteFailed
+from autograder.sandbox import disk_cap, jail
+from autograder.sandbox import limits as sandbox
+from autograder.sandbox.remote import Remote, RemoteFailed
 
 PY = sys.executable
 MiB = 2**20

@@ -1,5 +1,5 @@
 """What the grader shows of a graded notebook: the formgrader copy holds nothing that runs, and the rendering child
-is stopped past its budget and started again (autograder/feedback.py). The whole path, with a hand-in whose page
+is stopped past its budget and started again (autograder/gradebook/feedback.py). The whole path, with a hand-in whose page
 takes minutes to render, is in tests/test_hostile_scratch.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from conftest import active_markup
 from nbformat import v4
 
-from autograder import feedback
+from autograder.gradebook import feedback
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
@@ -141,7 +141,7 @@ def test_bidi_controls_in_a_students_notebook_are_shown_as_escapes_on_the_page_a
     reads ("1 of 4" read as "4 of 1"; code shown other than it runs): each is shown as its escape."""
     import json
 
-    from autograder import feedback
+    from autograder.gradebook import feedback
 
     rlo = "\u202e"
     nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
@@ -158,8 +158,8 @@ def test_bidi_controls_in_a_students_notebook_are_shown_as_escapes_on_the_page_a
 
 def test_the_feedback_box_names_checks_not_graded_on_this_machine():
     """Lab 4's speed on a CPU-only grader scores 0 there: the box says it is not graded yet, not lost."""
-    from autograder import report
     from autograder.grade import StudentResult
+    from autograder.gradebook import report
 
     res = StudentResult("ana", "lab4_speedrun", "graded", score=8, max_score=16, hardware={"class": "cpu"},
                         checks=[{"check": "lab4.correctness", "passed": True, "fraction": 1.0, "message": "ok",
@@ -176,7 +176,7 @@ def test_the_feedback_box_names_checks_not_graded_on_this_machine():
 def test_written_answers_graded_later_reach_the_page_in_the_slot_its_digest_leaves_out():
     """A manual-scores pass keeps the page the grader wrote: the person's scores and the new total go into the
     slot after the summary box (beside the late box), and the page without that slot is byte for byte the old."""
-    from autograder import report
+    from autograder.gradebook import report
 
     page = (b"<html><body><div id='labkit-grade-summary'><h2>lab: 12 / 14 points</h2></div>"
             b"<p>Written response (Score: 0.0 / 2.0)</p></body></html>")
@@ -198,7 +198,7 @@ def test_a_written_answer_waiting_for_a_person_is_not_shown_as_zero_in_nbgraders
     leaves graded cells, other cells and the student's own text as they were."""
     from types import SimpleNamespace
 
-    from autograder import report
+    from autograder.gradebook import report
 
     page = ('<html><body><h4>lab (Score: 10.0 / 16.0)</h4><ol><li><a href="#lab5_written">Written response</a> '
             '(Score: 0.0 / 2.0)</li><li><a href="#test_a">Test cell</a> (Score: 0.0 / 3.0)</li></ol>'

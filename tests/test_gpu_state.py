@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder import classbook, gpu_state, grade, harness, review
+from autograder import grade
+from autograder.checks import harness, review
+from autograder.gradebook import classbook
+from autograder.sandbox import gpu_state
 from labkit.env import REPO_ROOT
 
 IDLE_H100 = "GPU-1234, NVIDIA H100 80GB HBM3, {sm}, 2619, {temp}, 312.40, 700.00, {mask}"

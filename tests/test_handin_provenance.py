@@ -15,7 +15,10 @@ from types import SimpleNamespace
 
 import nbformat
 
-from autograder import course, course_secret, grade, intake, lab3_variants, rehearsal
+from autograder import course, grade, rehearsal
+from autograder.base import course_secret
+from autograder.checks import lab3_variants
+from autograder.intake import submissions as intake
 from labkit import handin
 
 COURSE = course_secret.Secret(b"a course secret for these tests", course_secret.COURSE_LABEL)
@@ -130,7 +133,7 @@ def test_a_failed_nbgrader_run_is_reported_by_its_real_exception():
 
 def test_lab_1_from_before_its_written_answer_gets_the_question_and_the_answer_back(tmp_path):
     """The issue's case: lab 1's written answer and the locked question before it, both missing."""
-    from autograder.course import generate_release
+    from autograder.release.build import generate_release
 
     src = course.REPO_ROOT / "assignments"
     released = generate_release(src, "lab1_loss_scaling", tmp_path / "rel").read_bytes()
@@ -144,7 +147,7 @@ def test_lab_1_from_before_its_written_answer_gets_the_question_and_the_answer_b
 
 
 def test_gradescope_says_when_a_lab_3_hand_in_is_not_the_common_variant(tmp_path, monkeypatch):
-    from autograder import lms
+    from autograder.lms import exports as lms
 
     monkeypatch.setenv(course_secret.ENV, COURSE.key.decode())
     sub = tmp_path / "submission"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import harness
-from autograder.harness import CHECKS, Tiers, grade, run_check, run_checks, student_file_from_notebook
+from autograder.checks import harness
+from autograder.checks.harness import CHECKS, Tiers, grade, run_check, run_checks, student_file_from_notebook
 from autograder.student import probes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def test_data_pipeline_speedup_is_measured_and_fake_fast_gets_nothing(tmp_path, 
     m = good["measurements"]
     assert m["speedup"] >= 5 and m["packed_samples_per_s"] > m["baseline_samples_per_s"]
     # every timed epoch is checked, each measurement's warm-up round included; a ratio that lands near a tier
-    # boundary on a busy machine is measured once more (autograder.remeasure) and scored on the pooled rounds
+    # boundary on a busy machine is measured once more (autograder.checks.remeasure) and scored on the pooled rounds
     measurements = [m["first_measurement"], m["remeasurement"]] if m["remeasured"] else [m]
     assert measurements[0]["rounds"] == 5 and sum(x["rounds"] for x in measurements) == m["rounds"]
     assert m["epochs_checked"] == 2 * (m["rounds"] + len(measurements))

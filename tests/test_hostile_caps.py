@@ -17,7 +17,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import cgroups, faults, grade, rehearsal, sandbox
+from autograder import grade, rehearsal
+from autograder.base import faults
+from autograder.sandbox import cgroups
+from autograder.sandbox import limits as sandbox
 
 AID = rehearsal.TOY_ID
 

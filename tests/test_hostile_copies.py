@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from autograder import similarity
+from autograder.gradebook import similarity
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import similarity_class  # noqa: E402

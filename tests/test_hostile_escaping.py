@@ -1,5 +1,5 @@
 """Strings a student controls reach people escaped, in every output: terminal, summary.txt, grade_log.txt,
-grades.csv, the Canvas and Gradescope exports and the HTML feedback (autograder.shown).
+grades.csv, the Canvas and Gradescope exports and the HTML feedback (autograder.base.shown).
 
 The attack: an LMS-named hand-in whose student part holds ANSI escapes and newlines (a clear-screen, forged
 "nothing flagged" and "14 of 14 graded" lines, then hidden text), a bidi override, and code whose error message
@@ -20,7 +20,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grade, intake, lms, rehearsal, report, shown
+from autograder import grade, rehearsal
+from autograder.base import shown
+from autograder.gradebook import report
+from autograder.intake import submissions as intake
+from autograder.lms import exports as lms
 
 AID = rehearsal.TOY_ID
 # ESC (clear screen, home, hide), newlines that forge lines, a carriage return, a bidi override and isolate,
@@ -203,7 +207,7 @@ def test_results_a_student_could_word_are_escaped_in_every_writer(tmp_path):
 def test_the_copy_as_handed_in_keeps_text_outputs_and_drops_markup_that_runs(tmp_path):
     """The marker opens students/<id>/as_handed_in/: a hand-in's HTML, JavaScript and SVG outputs and its
     markdown never reach it as markup, only its text outputs and its source as written."""
-    from autograder import feedback
+    from autograder.gradebook import feedback
 
     nb = nbformat.v4.new_notebook()
     code = nbformat.v4.new_code_cell("print('mine')")

@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 
-from autograder import course_secret, harness, lab1_checks, lab2_checks, lab4_checks, rehearsal
-from autograder.harness import run_checks
+from autograder import rehearsal
+from autograder.base import course_secret
+from autograder.checks import harness, lab1_checks, lab2_checks, lab4_checks
+from autograder.checks.harness import run_checks
 
 # From its 7th call on, total() raises with every array it was given. toy.correct calls it 3 times and toy.hidden 3
 # times: in the order the course lists them (correct, hidden, speed), toy.speed's message, which is not withheld,

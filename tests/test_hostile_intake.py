@@ -22,7 +22,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import classbook, grade, intake, late, merge, similarity
+from autograder import grade, merge
+from autograder.gradebook import classbook, similarity
+from autograder.intake import late
+from autograder.intake import submissions as intake
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import similarity_class  # noqa: E402
@@ -276,7 +279,8 @@ def test_renaming_self_does_not_hide_a_copy():
 
 
 def test_a_gradescope_upload_cannot_point_the_grader_at_the_course_solution(tmp_path):
-    from autograder import harness, lms
+    from autograder.checks import harness
+    from autograder.lms import exports as lms
 
     aid = harness.ASSIGNMENTS["lab1"]
     want = harness.STUDENT_FILES["lab1"]
@@ -302,7 +306,7 @@ def test_gradescope_refuses_to_grade_where_bubblewrap_cannot_start(tmp_path):
     results; `--sandbox none`, said by name, still trusts the submission, without the secret in its environment."""
     import subprocess
 
-    from autograder import harness
+    from autograder.checks import harness
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -385,7 +389,7 @@ def test_a_notebook_of_millions_of_tiny_values_is_refused_before_it_is_parsed(tm
     import time
     import tracemalloc
 
-    from autograder.feedback import MAX_CELLS
+    from autograder.gradebook.feedback import MAX_CELLS
 
     subs = tmp_path / "subs"
     subs.mkdir()
@@ -431,7 +435,7 @@ def test_a_class_of_large_hand_ins_is_spooled_to_disk_not_held_in_memory(tmp_pat
     import hashlib
     import tracemalloc
 
-    from autograder import spool
+    from autograder.base import spool
 
     monkeypatch.setattr(intake, "MAX_HANDIN_BYTES", 12 * 2**20)
     subs = tmp_path / "subs"
@@ -478,7 +482,7 @@ def test_a_spooled_file_changed_after_intake_is_refused_where_it_is_read(tmp_pat
     """The sandboxes never see the spool, but if anything rewrites a copy there, grading must not go on with it
     (nor with a digest computed from it): the change is refused by name, for that student."""
     from autograder import course as courses
-    from autograder import spool
+    from autograder.base import spool
 
     subs = tmp_path / "subs"
     (subs / "amy").mkdir(parents=True)
@@ -512,7 +516,7 @@ def test_a_full_disk_under_the_spool_stops_the_run_instead_of_dropping_a_file(tm
     code = textwrap.dedent(f"""
         import resource, signal
         from pathlib import Path
-        from autograder import intake
+        from autograder.intake import submissions as intake
         from labkit.env import LabkitError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
         resource.setrlimit(resource.RLIMIT_FSIZE, (2 * 2**20, 2 * 2**20))

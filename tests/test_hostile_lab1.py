@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder import harness, jail, labkit_answers
-from autograder.harness import run_check, run_checks
+from autograder import labkit_answers
+from autograder.checks import harness
+from autograder.checks.harness import run_check, run_checks
+from autograder.sandbox import jail
 
 pytestmark = pytest.mark.skipif(jail.probe() is not None, reason="needs the bubblewrap sandbox")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import harness
-from autograder.harness import run_check, run_checks, student_file_from_notebook
+from autograder.checks import harness
+from autograder.checks.harness import run_check, run_checks, student_file_from_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "assignments" / "source" / "lab2_data_pipeline" / "lab2_data_pipeline.ipynb"
@@ -83,11 +83,11 @@ def test_loader_right_when_checked_but_cheating_when_timed_gets_no_speed_points(
 
 
 def test_importing_the_trusted_checks_fails_cleanly_with_zero(tmp_path):
-    from autograder.jail import probe
+    from autograder.sandbox.jail import probe
 
     if probe() is not None:
         pytest.skip(f"no sandbox here ({probe()}): the trusted modules are importable without one")
-    f = _submission(tmp_path, "\nimport autograder.lab2_checks as _leak  # the hidden cases and seeds\n")
+    f = _submission(tmp_path, "\nimport autograder.checks.lab2_checks as _leak  # the hidden cases and seeds\n")
     names = harness.checks_for("lab2")
     verdicts = run_checks(names, f, device="cpu")
     assert [v["check"] for v in verdicts] == names

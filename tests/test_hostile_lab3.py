@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import course_secret, harness, lab3_variants
-from autograder.harness import run_check, run_checks
+from autograder.base import course_secret
+from autograder.checks import harness, lab3_variants
+from autograder.checks.harness import run_check, run_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "assignments" / "source" / "lab3_profile_fix" / "lab3_profile_fix.ipynb"
@@ -49,18 +50,18 @@ def test_replaying_results_while_timed_gets_no_speed_points(tmp_path):
 
 
 def test_importing_the_trusted_checks_fails_cleanly(tmp_path):
-    from autograder import jail
+    from autograder.sandbox import jail
 
     if jail.probe() is not None:
         pytest.skip(f"no sandbox here: {jail.probe()}")
     f = _reference(tmp_path)
-    text = f.read_text().replace("import torch\n", "import torch\n\nimport autograder.lab3_checks as _key\n", 1)
+    text = f.read_text().replace("import torch\n", "import torch\n\nimport autograder.checks.lab3_checks as _key\n", 1)
     f.write_text(text.replace('return {"B": "data", "C": "overhead", "H": "sync", "I": "sync"}',
                               "return {k: v[0] for k, v in _key.lab3_variants.answer_key(_key.lab3_variants.CLASSIC).items()}"))
     v = run_check("lab3.answers", f, device="cpu")
     assert v.get("sandbox") == "bwrap", v
     assert not v["ok"] and v["score"] == 0 and v["gradable"], v
-    assert "No module named 'autograder.lab3_checks'" in v["message"], v["message"]
+    assert "No module named 'autograder.checks.lab3_checks'" in v["message"], v["message"]
 
 
 

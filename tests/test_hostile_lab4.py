@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import harness, jail
-from autograder import lab4_checks as L
-from autograder.harness import CheckFailed, Context, Tiers, run_checks, student_file_from_notebook
+from autograder.checks import harness
+from autograder.checks import lab4_checks as L
+from autograder.checks.harness import CheckFailed, Context, Tiers, run_checks, student_file_from_notebook
+from autograder.sandbox import jail
 
 ROOT = Path(__file__).resolve().parents[1]
 ANY_SPEED = Tiers(((0.01, 1.0),))  # every measured ratio earns the points: only the verification can fail
@@ -290,11 +291,11 @@ def test_spot_checks_draw_a_uniform_subset_round_by_round():
 @pytest.mark.skipif(SANDBOX != "bwrap", reason="needs the bubblewrap sandbox (the trusted module is visible without)")
 def test_importing_the_trusted_module_fails_cleanly(tmp_path):
     ref = reference(tmp_path)
-    ref.write_text("from autograder.lab4_checks import hidden_case  # noqa\n" + ref.read_text())
+    ref.write_text("from autograder.checks.lab4_checks import hidden_case  # noqa\n" + ref.read_text())
     v, = run_checks(["lab4.correctness_hidden"], ref, device="cpu")
     assert not v["ok"] and v["score"] == 0 and v["gradable"] and v["sandbox"] == "bwrap"
     assert v["message"] == harness.WITHHELD, v["message"]  # a hidden check says no more
-    assert harness.CHECKS["lab4.correctness_hidden"].module == "autograder.lab4_checks"
+    assert harness.CHECKS["lab4.correctness_hidden"].module == "autograder.checks.lab4_checks"
 
 
 # Slower in every other step: its rounds jitter, so a ratio of it can sit near a boundary run after run.

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder import harness, lab5_checks
-from autograder.harness import WITHHELD
+from autograder.checks import harness, lab5_checks
+from autograder.checks.harness import WITHHELD
 from autograder.student import lab5
 
 HEAD = '''import os

@@ -1,5 +1,5 @@
 """Speed checks pin the student's runner and the baseline's to one CPU set and one thread count, from the trusted
-side (autograder.pinning), and notice a hand-in that widens its own CPU set while it is timed. Lab 3's timed data
+side (autograder.sandbox.pinning), and notice a hand-in that widens its own CPU set while it is timed. Lab 3's timed data
 is made on the trusted side and sent with each timed request: nothing the timing depends on is prepared in the
 student's process before the clock starts.
 """
@@ -12,7 +12,8 @@ import os
 import psutil
 import pytest
 
-from autograder import jail, lab3_checks, pinning, remote
+from autograder.checks import lab3_checks
+from autograder.sandbox import jail, pinning, remote
 
 TOY = "def total(x):\n    return int((x * x).sum())\n"
 WIDEN = ("import os\n_all = set(range(os.cpu_count() or 1))\n"

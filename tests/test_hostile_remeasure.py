@@ -1,4 +1,4 @@
-"""The near-boundary re-measurement (autograder.remeasure) against submissions that try to game it, on the CPU-sized
+"""The near-boundary re-measurement (autograder.checks.remeasure) against submissions that try to game it, on the CPU-sized
 toy assignment (autograder.rehearsal): the real sandboxed runner, interleaved timing and per-round verification.
 
 Which first ratios count as near a boundary is forced (landing there on purpose is not reproducible on a busy
@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder import jail, rehearsal, remeasure, review
-from autograder.harness import CheckFailed, Context
+from autograder import rehearsal
+from autograder.checks import remeasure, review
+from autograder.checks.harness import CheckFailed, Context
+from autograder.sandbox import jail
 
 SANDBOX = "bwrap" if jail.probe() is None else "none"
 FIRST = 3 + 8 * (2 + 7)  # total() calls up to the end of the first measurement

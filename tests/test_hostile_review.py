@@ -1,7 +1,7 @@
 """A cheating student (and an honest one) against the grader's newest review features: the "too noisy" rule of
-the speed re-measurement (autograder.remeasure), the copy as handed in for markers (autograder.feedback), the
-manual scores on feedback pages (autograder.manual, autograder.report) and the class tools reading names against
-a class list (autograder.merge, autograder.similarity).
+the speed re-measurement (autograder.checks.remeasure), the copy as handed in for markers (autograder.gradebook.feedback), the
+manual scores on feedback pages (autograder.gradebook.manual, autograder.gradebook.report) and the class tools reading names against
+a class list (autograder.merge, autograder.gradebook.similarity).
 
 Most attacks use stand-ins (a fake measurement, a result object); the one that needs the real sandboxed runner
 uses the toy assignment at a tenth of its work (autograder.rehearsal), as tests/test_hostile_remeasure.py does.
@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder import jail, rehearsal, remeasure, review
-from autograder.harness import CheckFailed, Context, NotGradable, Tiers
+from autograder import rehearsal
+from autograder.checks import remeasure, review
+from autograder.checks.harness import CheckFailed, Context, NotGradable, Tiers
+from autograder.sandbox import jail
 from labkit.bench import ABResult, Timing
 
 SANDBOX = "bwrap" if jail.probe() is None else "none"
@@ -180,7 +182,7 @@ def test_the_similarity_report_shows_a_hand_ins_lines_without_running_its_escape
     change no fingerprint: the pair is still flagged."""
     import sys
 
-    from autograder import similarity
+    from autograder.gradebook import similarity
 
     sys.path.insert(0, str(Path(__file__).parent / "data"))
     import similarity_class
@@ -203,7 +205,7 @@ def _handed_in(tmp_path: Path, nb, student: str = "eve") -> tuple[str, str]:
     """feedback.show's plain copy of `nb` as handed in by `student`: (the copy's text, the child's log)."""
     import nbformat
 
-    from autograder import feedback
+    from autograder.gradebook import feedback
 
     handed = tmp_path / "submitted" / student / rehearsal.TOY_ID
     handed.mkdir(parents=True)
@@ -222,7 +224,8 @@ def test_a_notebook_whose_copy_would_outgrow_what_the_grader_keeps_is_cut_not_lo
 
     import nbformat
 
-    from autograder import feedback, grade
+    from autograder import grade
+    from autograder.gradebook import feedback
 
     assert feedback.MAX_PLAIN_BYTES <= grade.MAX_KEPT_BYTES
     nb = nbformat.v4.new_notebook()
@@ -248,7 +251,8 @@ def test_the_copy_as_handed_in_carries_escapes_markup_and_odd_names_as_inert_tex
 
     import nbformat
 
-    from autograder import feedback, intake
+    from autograder.gradebook import feedback
+    from autograder.intake import submissions as intake
 
     esc = "\x1b]8;;javascript:steal()\x1b\\\\click\x1b]8;;\x1b\\\\ \x1b[2J \u202eevil\u202c <script>steal()</script>"
     nb = nbformat.v4.new_notebook()
@@ -298,7 +302,7 @@ def _csv(tmp_path: Path, rows: str) -> Path:
 def test_a_manual_score_outside_its_cell_is_refused_before_grading(tmp_path, score):
     """NaN compares false with everything, so a range check written the other way round would let it through and
     make the total NaN (held: 0 <= v <= max is false for NaN)."""
-    from autograder import manual
+    from autograder.gradebook import manual
     from labkit.env import LabkitError
 
     p = _csv(tmp_path, f"ann,{WID},{score}\n")
@@ -309,7 +313,7 @@ def test_a_manual_score_outside_its_cell_is_refused_before_grading(tmp_path, sco
 def test_two_scores_for_one_answer_are_refused_not_the_last_one_silently_kept(tmp_path):
     """Two rows for one student's answer (a second marker's line pasted in): before, the later row won and
     nobody was told which grade counted."""
-    from autograder import manual
+    from autograder.gradebook import manual
     from labkit.env import LabkitError
 
     p = _csv(tmp_path, f"ann,{WID},2\nbob,{WID},1\nann,{WID},0\n")
@@ -325,7 +329,8 @@ def test_scores_for_a_student_this_run_did_not_grade_are_named(tmp_path, caplog)
     and said nothing: the answer stayed pending with no word of why. Now the run names those ids."""
     import logging
 
-    from autograder import grade, manual
+    from autograder import grade
+    from autograder.gradebook import manual
 
     ann = grade.StudentResult(student_id="ann", assignment=rehearsal.TOY_ID, status="graded", max_score=7.0,
                               cells=[dict(CELLS[0], score=0.0, needs_manual=True, source="pending")])
@@ -349,7 +354,9 @@ def test_a_lab_3_variant_mix_up_through_an_lms_zip_is_a_verdict_for_a_person(tmp
     import json
     import zipfile
 
-    from autograder import course_secret, grade, lab3_variants
+    from autograder import grade
+    from autograder.base import course_secret
+    from autograder.checks import lab3_variants
 
     secret = course_secret.Secret(b"a course secret for these tests", course_secret.COURSE_LABEL)
     monkeypatch.setenv(course_secret.ENV, secret.key.decode())
@@ -380,7 +387,7 @@ def test_one_huge_module_does_not_hold_up_the_class_similarity_report(tmp_path):
     then the known answers), and took GiBs. A module far larger than any course module is named, not compared."""
     import nbformat
 
-    from autograder import similarity
+    from autograder.gradebook import similarity
 
     subs = tmp_path / "subs"
     for sid, body in (("ann", "def total(xs):\n    return sum(x * x for x in xs)\n"),
@@ -398,7 +405,8 @@ def test_settling_a_page_rewrites_the_grader_s_box_never_the_students_own_text()
     """The LMS bundle brings a page written while answers were pending up to date. It rewrote the cell lines and
     cut the provisional note wherever they occurred, the student's own notebook included: a student quoting
     either (or writing <b>Provisional:</b> in an answer) had their text rewritten or cut. Only the box is."""
-    from autograder import grade, manual, report
+    from autograder import grade
+    from autograder.gradebook import manual, report
 
     cell = dict(CELLS[0], score=0.0, needs_manual=True, source="pending")
     res = grade.StudentResult(student_id="ann", assignment=rehearsal.TOY_ID, status="graded", max_score=7.0,
@@ -414,7 +422,8 @@ def test_settling_a_page_rewrites_the_grader_s_box_never_the_students_own_text()
 
 
 def test_the_course_readme_states_these_defences_with_the_codes_own_numbers():
-    from autograder import feedback, grade, similarity
+    from autograder import grade
+    from autograder.gradebook import feedback, similarity
 
     text = " ".join((Path(__file__).resolve().parents[1] / "assignments" / "README.md").read_text().split())
     assert remeasure.POLICY.quiet_baseline == 0.25 and "spread by more than a quarter of their median" in text

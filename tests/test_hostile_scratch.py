@@ -34,7 +34,8 @@ import nbformat
 import pytest
 from conftest import active_markup
 
-from autograder import grade, jail, rehearsal
+from autograder import grade, rehearsal
+from autograder.sandbox import jail
 
 pytestmark = pytest.mark.skipif(jail.probe() is not None, reason="needs the bubblewrap sandbox")
 

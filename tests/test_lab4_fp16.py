@@ -20,8 +20,8 @@ import t4_fake
 import torch
 import torch.nn.functional as F
 
-from autograder import lab4_checks as L
-from autograder.harness import student_file_from_notebook
+from autograder.checks import lab4_checks as L
+from autograder.checks.harness import student_file_from_notebook
 from autograder.student import lab4 as scen
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autograder import gpu_policy, harness, lab5_checks, labkit_answers
-from autograder.harness import CheckFailed
+from autograder import labkit_answers
+from autograder.checks import gpu_policy, harness, lab5_checks
+from autograder.checks.harness import CheckFailed
 from autograder.student import lab5
 from autograder.student.probes import Probe
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import intake, lmsnames
+from autograder.intake import lmsnames
+from autograder.intake import submissions as intake
 from labkit.env import LabkitError
 
 AID = "lab3_profile_fix"
@@ -147,7 +148,7 @@ def test_a_bundle_says_where_each_ungraded_check_can_be_graded():
     machine, not a GPU (the bundle said "to be regraded on a GPU" for both). Student-controlled text stays escaped."""
     from types import SimpleNamespace
 
-    from autograder import lms
+    from autograder.lms import exports as lms
 
     res = SimpleNamespace(score=6, max_score=14, cells=[], assignment="lab4_speedrun")
     box = lms._bundle_box(res, {"total": 6, "not_gradable_here": ["lab4.speed", "lab3.speed"],

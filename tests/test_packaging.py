@@ -75,7 +75,7 @@ def test_student_install_is_light_and_leaves_the_notebook_server_alone():
     """The student install (the project's dependencies, as the student release's pyproject declares them) is
     what the notebooks and public checks import, and pulls in no notebook server or nbgrader, even indirectly
     (Colab's own jupyter-server/notebook must stay as they are)."""
-    from autograder import release
+    from autograder.release import build as release
 
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     deps = _names(proj["dependencies"])

@@ -1,11 +1,11 @@
-"""Re-measurement near a tier boundary (autograder.remeasure), with a stand-in measurement: no processes, no GPU."""
+"""Re-measurement near a tier boundary (autograder.checks.remeasure), with a stand-in measurement: no processes, no GPU."""
 
 from __future__ import annotations
 
 import pytest
 
-from autograder import remeasure, review
-from autograder.harness import Tiers
+from autograder.checks import remeasure, review
+from autograder.checks.harness import Tiers
 from labkit.bench import ABResult, Timing
 
 TIERS = Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0)
@@ -68,7 +68,7 @@ def test_still_near_after_the_remeasurement_keeps_the_regrade_flag():
 def test_a_jittery_submission_cannot_buy_a_second_remeasurement():
     """Fast and slow rounds alternating: every measurement is near (wide IQR), still exactly one re-measurement."""
     jitter = [1.6, 3.9, 1.7, 4.1, 1.5, 3.8, 1.6, 4.0, 1.8]
-    from autograder.harness import NotGradable
+    from autograder.checks.harness import NotGradable
 
     fake = Fake(jitter, jitter, jitter, base=BUSY)
     with pytest.raises(NotGradable) as e:  # rounds that disagree by more than the ratio on a busy machine: not scored
@@ -143,7 +143,7 @@ def test_the_course_readme_states_the_policy():
 def test_a_ratio_whose_rounds_disagree_by_more_than_itself_is_not_scored():
     """A busy machine (seen: 1.16x with an IQR of 12.7 on a loaded 2-core CPU, scored 0 of 4) leaves the check
     not gradable here, saying so, rather than scoring a coin toss; a merely noisy honest ratio is still scored."""
-    from autograder.harness import NotGradable
+    from autograder.checks.harness import NotGradable
 
     wild = [0.3, 14.0, 0.5, 1.2, 13.0, 0.4, 1.1, 12.5, 0.6]
     with pytest.raises(NotGradable) as e:
@@ -160,7 +160,7 @@ def test_a_wild_ratio_above_every_boundary_on_a_busy_machine_is_scored_full_mark
     requirement, was left "not gradable". Its rounds' middle half ran from ~30x up: full marks whichever round is
     believed, so it is scored. Wholly below the first tier it stays a coin toss (a busy machine may have pushed
     an honest hand-in down)."""
-    from autograder.harness import NotGradable
+    from autograder.checks.harness import NotGradable
 
     fast = [30.0, 150.0, 33.0, 120.0, 160.0, 36.0, 71.0, 130.0, 32.0]
     got, _, rec = remeasure.measured(Fake(fast, base=BUSY), 9, TIERS)

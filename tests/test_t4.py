@@ -83,7 +83,7 @@ def test_the_ladder_measures_its_mfu_peak_in_fp16_there(t4, monkeypatch):
 
 
 def test_lab4_reference_twin_and_speed_tiers_follow_the_hardware_class(t4):
-    from autograder import gpu_policy, lab4_checks
+    from autograder.checks import gpu_policy, lab4_checks
 
     assert lab4_checks._twin_dtype(t4) == torch.float16
     klass, tiers = gpu_policy.lab4_speed_tiers(t4, "tensor_core_gpu")
@@ -96,18 +96,18 @@ def test_lab4_reference_twin_and_speed_tiers_follow_the_hardware_class(t4):
 
 
 def test_lab4_speed_check_grades_a_t4_on_its_own_tiers(t4, monkeypatch):
-    from autograder import lab4_checks
+    from autograder.checks import lab4_checks
 
     seen = []
     monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers, klass: seen.append(tiers) or {"fraction": 1.0})
     lab4_checks.check_speed(SimpleNamespace(device=t4, hardware="tensor_core_gpu"))
-    from autograder import gpu_policy
+    from autograder.checks import gpu_policy
 
     assert seen == [gpu_policy.LAB4_SPEED_TIERS["fp16_tensor_core_gpu"]]
 
 
 def test_lab4_speed_check_on_an_h100_class_card_keeps_the_calibrated_tiers(a100, monkeypatch):
-    from autograder import gpu_policy, lab4_checks
+    from autograder.checks import gpu_policy, lab4_checks
 
     seen = []
     monkeypatch.setattr(lab4_checks, "_speed", lambda ctx, tiers, klass: seen.append(tiers) or {"fraction": 1.0})

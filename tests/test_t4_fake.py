@@ -231,8 +231,9 @@ def test_lab4_grades_a_t4_on_its_own_tier_class_with_an_fp16_twin(t4, tmp_path, 
     """Lab 4's trusted checks in this (trusted) process under the fake, on CPU-sized problems as
     test_hostile_lab4.py runs them: the T4 tier class, the fp16 reference twin, and a verdict that names the class.
     The student's sandboxed process never sees the fake: the grader reads the card itself."""
-    from autograder import gpu_policy, harness, jail
-    from autograder import lab4_checks as L
+    from autograder.checks import gpu_policy, harness
+    from autograder.checks import lab4_checks as L
+    from autograder.sandbox import jail
 
     nb = ROOT / "assignments" / "source" / "lab4_speedrun" / "lab4_speedrun.ipynb"  # the reference solution
 
@@ -262,7 +263,7 @@ def test_lab4_states_every_tier_class_it_grades_with():
     import json
     from pathlib import Path
 
-    from autograder import gpu_policy
+    from autograder.checks import gpu_policy
 
     nb = Path(__file__).resolve().parents[1] / "assignments" / "source" / "lab4_speedrun" / "lab4_speedrun.ipynb"
     text = " ".join("".join(json.loads(nb.read_text())["cells"][0]["source"]).split())

@@ -17,8 +17,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import course as courses
-from autograder import grade, lms, manual, merge, rehearsal, suite
+from autograder import grade, merge, rehearsal, suite
+from autograder.gradebook import manual
+from autograder.lms import exports as lms
+from autograder.release.build import generate_release
 from labkit.errors import LabkitError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +40,7 @@ def _cfg(base: Path, out: Path, **kw) -> grade.GradeConfig:
 def written_class(tmp_path_factory):
     base = tmp_path_factory.mktemp("written")
     course = rehearsal.build_toy_course(base / "course", written=True)
-    release = courses.generate_release(course, AID, base / "release")
+    release = generate_release(course, AID, base / "release")
     builder = suite.SuiteBuilder(course / "source" / AID / f"{AID}.ipynb", release, AID, rehearsal.BODIES)
     variants = [v for v in builder.variants() if v.name in NAMES]
     assert sorted(v.name for v in variants) == sorted(NAMES)

@@ -1,6 +1,6 @@
 """What every variant of lab 3's slow_train.py shares: the data, the model, and loading a variant's source.
 
-Each student's slow_train.py is rendered by the grader (autograder.lab3_variants, instructor-only) from the course
+Each student's slow_train.py is rendered by the grader (autograder.checks.lab3_variants, instructor-only) from the course
 secret and the student id; they all build on the `make_data` and `Net` below, so the probes can run a student's
 fixed `train` on the same data and model as the slow one. The baseline's process receives the variant's source
 from the trusted side and loads it with `load`.

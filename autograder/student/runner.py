@@ -32,7 +32,7 @@ def _setup(device: str):
 
     dev = pick_device(device)
     torch.backends.cudnn.benchmark = False
-    threads = os.environ.get("LABKIT_TORCH_THREADS", "")  # autograder.pinning: the baseline's and the student's
+    threads = os.environ.get("LABKIT_TORCH_THREADS", "")  # autograder.sandbox.pinning: the baseline's and the student's
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))  # before the student's code loads: both runners start equal
     elif dev.type == "cpu":

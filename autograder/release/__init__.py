@@ -1,0 +1,1 @@
+"""The student release: what students receive, built and scanned for leaks."""

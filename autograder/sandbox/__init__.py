@@ -1,0 +1,1 @@
+"""Running untrusted code under caps (bubblewrap, memory, disk, processes, GPUs), and talking to it."""
