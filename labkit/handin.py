@@ -4,7 +4,7 @@ The zip holds `<lab>.ipynb` (the notebook as saved), the `student_*.py` files be
 handed-out `slow_train.py` (lab 3: its first line is the variant tag) and `handin.json` (the lab, the release's
 version and that tag: what the hand-in was made from), at its top level:
 an LMS upload renamed to `<student>_<anything>.zip` is one student's hand-in for the grader's intake
-(autograder/intake.py). On Colab the notebook is not a file the kernel can read, so it comes from the Colab
+(autograder/intake/submissions.py). On Colab the notebook is not a file the kernel can read, so it comes from the Colab
 front end; the zip is then offered as a download and, with Google Drive mounted, copied to MyDrive too.
 """
 
