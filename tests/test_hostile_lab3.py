@@ -61,7 +61,8 @@ def test_importing_the_trusted_checks_fails_cleanly(tmp_path):
     v = run_check("lab3.answers", f, device="cpu")
     assert v.get("sandbox") == "bwrap", v
     assert not v["ok"] and v["score"] == 0 and v["gradable"], v
-    assert "No module named 'autograder.checks.lab3_checks'" in v["message"], v["message"]
+    # The trusted package is not inside the sandbox at all, so the import stops at it.
+    assert "No module named 'autograder.checks" in v["message"], v["message"]
 
 
 
