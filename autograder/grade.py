@@ -39,7 +39,7 @@ from autograder.base import course_secret, faults, shown
 from autograder.base.nbstart import nbgrader_command
 from autograder.checks import gpu_policy, trusted
 from autograder.course import Course
-from autograder.gradebook import classbook, feedback, manual, report
+from autograder.gradebook import classbook, feedback, manual, report, summary
 from autograder.gradebook.feedback import RENDER_TIMEOUT_S
 from autograder.gradebook.results import StudentResult, load_result, result_key, sealed_result
 from autograder.intake import lmsnames, shard
@@ -685,22 +685,19 @@ def grade_class(assignment: str, submissions: str | Path, cfg: GradeConfig | Non
         graded_now = _run_all(todo, course, cfg, outputs, hardware, results, sealed)
         ordered = manual.apply([results[s.student_id] for s in found.submissions if s.student_id in results], scores,
                                known=everyone if cfg.shard else None)
-        report.write_outputs(out, course, ordered, found.junk, hardware, outputs.write)
         restored = outputs.restore_changed()
         for rel in restored:
             log.warning("output %s was changed after it was written (by a submission's code?); restored", rel)
         junk = list(found.junk) + changed
-        if restored:
-            report.write_outputs(out, course, ordered, junk, hardware, outputs.write)
         classbook.finish(out, classbook.info_from_course(course), ordered, hardware=hardware, junk=junk,
-                         shard=cfg.shard, policy=cfg.late, submissions=submissions, lms_regex=cfg.lms_regex)
+                         write=outputs.write, shard=cfg.shard, policy=cfg.late, submissions=submissions,
+                         lms_regex=cfg.lms_regex)
         rep = ClassReport(ordered, out, junk, graded_now, time.monotonic() - t0, hardware, restored)
         log.info("done: %d students (%d graded now) in %.0f s", len(ordered), graded_now, rep.wall_s)
         return rep
     except LabkitError as e:
         log.error("run stopped: %s", e)
-        with contextlib.suppress(OSError), (out / "summary.txt").open("a", encoding="utf-8") as f:
-            f.write(f"{_now()} run stopped before grading: {shown.line(e)}\n")
+        summary.note_stopped(out, e)
         raise
     finally:
         log.removeHandler(handler)

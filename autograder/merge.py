@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import grade
-from autograder.base import shown
-from autograder.gradebook import classbook, manual, report
+from autograder.gradebook import classbook, manual
 from autograder.intake import lmsnames
 from autograder.intake import submissions as intake
 from autograder.intake.late import LatePolicy
@@ -173,16 +172,13 @@ def merge(folders: list[str | Path], out: str | Path, *, submissions: str | Path
 
     stage("writing the merged gradebook, grades.csv and summary", progress)
     results = manual.apply(results, scores)
-    report.write_outputs(out, info, results, junk, hardware, write)
-    classbook.finish(out, info, results, hardware=hardware, junk=junk, policy=policy, submissions=submissions,
-                     lms_regex=lms_regex)
     lines = ["", f"merged {len(folders)} slice(s): " + ", ".join(f"{m.get('shard') or 'whole class'} "
                                                                   f"({len(r)} students)" for _, _, m, r, _ in slices)]
     if missing:
         lines.append(f"MISSING ({len(missing)}; no slice graded them, run their slice again): {', '.join(missing)}")
     if rejected:
         lines += ["rejected done-markers:"] + [f"  {x}" for x in rejected]
-    with (out / "summary.txt").open("a", encoding="utf-8") as f:
-        f.write("\n".join(shown.line(x) for x in lines) + "\n")
+    classbook.finish(out, info, results, hardware=hardware, junk=junk, write=write, policy=policy,
+                     submissions=submissions, lms_regex=lms_regex, trailer=lines)
     return MergeReport(out, results, [{"folder": str(f), "shard": m.get("shard"), "students": sorted(r)}
                                       for f, _, m, r, _ in slices], missing, rejected)

@@ -29,7 +29,7 @@ from autograder.__main__ import build_parser
 from autograder.__main__ import main as cli_main
 from autograder.base import progress
 from autograder.checks import gpu_policy
-from autograder.gradebook import classbook, similarity
+from autograder.gradebook import classbook, similarity, summary
 from autograder.intake import late, shard
 from autograder.lms import exports as lms
 from labkit.env import REPO_ROOT, LabkitError
@@ -230,7 +230,7 @@ def test_not_gradable_students_are_listed_and_the_bonus_tier_is_extra_credit():
     assert rows["ann"]["extra_credit_from"] == [{"check": "lab4.speed", "notebook": "lab", "cell": "test_speed",
                                                  "points": 1.0}]
     assert rows["bob"]["not_gradable_here"] == ["lab4.speed"] and rows["cat"]["extra_credit"] == 0
-    text = "\n".join(classbook.summary_lines(list(rows.values()), None, None))
+    text = "\n".join(summary.final_sections(list(rows.values()), None, None))
     assert "NOT GRADABLE ON THIS HARDWARE (1 students" in text and "bob: lab4.speed" in text
     assert "ann: +1 (lab4.speed)" in text
 
@@ -245,10 +245,7 @@ def test_extra_credit_is_written_into_the_gradebook_and_grades_csv(sliced, tmp_p
         if r.student_id == ref:
             r.checks = [dict(c, measurements={**c["measurements"], "extra_credit": 1}) if c["check"] == rehearsal.CHECK
                         else c for c in r.checks]
-    from autograder.gradebook import report
-
-    report.write_outputs(out, info, results, [], CPU, lambda rel, data: "")
-    classbook.finish(out, info, results, hardware=CPU, junk=[])
+    classbook.finish(out, info, results, hardware=CPU, junk=[], write=lambda rel, data: "")
     row = _csv(out / "grades.csv")[ref]
     assert row["extra_credit"] == "1" and row["total"] == "6" and row["score"] == "5"
     from nbgrader.api import Gradebook
@@ -309,7 +306,7 @@ def test_late_policy_grace_per_day_cap_and_extensions(tmp_path):
     times = {"bob": at(hours=30), "ann": at(minutes=10)}
     rows = {r["student_id"]: r for r in classbook.final_rows(info, [_result("bob", 1.0), _result("ann")], pol, times)}
     assert rows["bob"]["total"] == 0.0 and rows["ann"]["total"] == 3.0  # never below 0
-    text = "\n".join(classbook.summary_lines(list(rows.values()), pol, None))
+    text = "\n".join(summary.final_sections(list(rows.values()), pol, None))
     assert "late policy: due 2025-03-04T23:59:00+00:00, grace 15 min" in text and "bob: submitted 2 day(s)" in text
     args = build_parser().parse_args(["grade", AID, "--submissions", "x", "--due", "2025-03-04T23:59",
                                       "--timezone", "Europe/Berlin", "--late-per-day", "5", "--extensions", str(ext)])

@@ -14,7 +14,7 @@ import pytest
 
 from autograder import grade
 from autograder.checks import harness, review
-from autograder.gradebook import classbook
+from autograder.gradebook import classbook, summary
 from autograder.sandbox import gpu_state
 from labkit.env import REPO_ROOT
 
@@ -158,7 +158,7 @@ def test_the_summary_lists_measure_again_and_near_boundary_verdicts_without_fail
     assert [f["kind"] for f in by["bob"]["review"]] == [review.MEASURE_AGAIN]
     assert by["dan"]["review"][0]["why"].endswith("of the 4x boundary") and by["eve"]["review"]
     assert all(r["total"] == 6.0 for r in rows)  # neither is a failure: the points stand as measured
-    text = "\n".join(classbook.summary_lines(rows, None, None))
+    text = "\n".join(summary.final_sections(rows, None, None))
     assert "MEASURE AGAIN" in text and "  bob: lab4.speed: GPU throttling at the end" in text
     assert "NEAR A TIER BOUNDARY: regrade recommended" in text and "  ann: lab4.speed: 3.05x" in text
     assert "cat" not in text

@@ -22,7 +22,7 @@ import pytest
 
 from autograder import grade, rehearsal
 from autograder.base import shown
-from autograder.gradebook import report
+from autograder.gradebook import report, summary
 from autograder.intake import submissions as intake
 from autograder.lms import exports as lms
 
@@ -189,13 +189,13 @@ def test_results_a_student_could_word_are_escaped_in_every_writer(tmp_path):
                               flags=["-" + EVIL], checks=[{"check": "toy.speed", "passed": False, "message": EVIL,
                                                            "measurements": {"said": EVIL}}],
                               cells=[], hardware={"class": "cpu", "card": "cpu"})
-    text = report.summary_text(type("C", (), {"assignment": AID, "max_score": 5.0})(), [res], [EVIL],
-                               [{"card": "cpu", "class": "cpu"}])
+    text = summary.text(type("C", (), {"assignment": AID, "max_score": 5.0})(), [res], [], junk=[EVIL],
+                        hardware=[{"card": "cpu", "class": "cpu"}])
     assert not _raw_in(text.replace("\n", "")) and len(text.splitlines()) < 16, text
     page = report.feedback_page(res, None).decode()
     assert not _raw_in(page) and "\\u202e" in page
     path = tmp_path / "grades.csv"
-    report.write_csv(path, type("C", (), {"cells": []})(), [res])
+    report.write_csv(path, type("C", (), {"cells": []})(), [res], [])
     cells = _csv_cells(path)
     assert all(not c.startswith(shown.FORMULA_PREFIXES) for c in cells) and not _raw_in("".join(cells)), cells
     gs = lms.gradescope_results(res, {"late_note": EVIL, "late_penalty": 1.0}, [])

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 
 from autograder import grade, merge
-from autograder.gradebook import classbook, similarity
+from autograder.gradebook import classbook, similarity, summary
 from autograder.intake import late
 from autograder.intake import submissions as intake
 
@@ -217,12 +217,12 @@ def test_a_backdated_zip_clears_no_hand_in_of_lateness(tmp_path):
     res = grade.StudentResult("mal", AID, "graded", 10.0, 10.0)
     rows = classbook.final_rows(info, [res], pol, got)
     assert "no submission time (not checked for lateness), 1 hand-in(s): mal" in \
-        "\n".join(classbook.summary_lines(rows, pol, None))
+        "\n".join(summary.final_sections(rows, pol, None))
     # Without a LATE mark too: the student's machine dated its zip, so on time by it is unknown, and said so.
     zed = late.assess(pol, "zed", got["zed"], 10)
     assert zed["submitted_at"] == "" and "not checked for lateness" in zed["late_note"]
     rows = classbook.final_rows(info, [res, grade.StudentResult("zed", AID, "graded", 10.0, 10.0)], pol, got)
-    assert "not checked for lateness), 2 hand-in(s): mal, zed" in "\n".join(classbook.summary_lines(rows, pol, None))
+    assert "not checked for lateness), 2 hand-in(s): mal, zed" in "\n".join(summary.final_sections(rows, pol, None))
 
 
 # ------------------------------------------------------------------------------------------------ merge

@@ -17,6 +17,7 @@ import pytest
 from autograder import rehearsal
 from autograder.checks import remeasure, review
 from autograder.checks.harness import CheckFailed, Context, NotGradable, Tiers
+from autograder.gradebook import summary
 from autograder.sandbox import jail
 from labkit.bench import ABResult, Timing
 
@@ -64,7 +65,7 @@ def test_a_hand_ins_own_jitter_on_a_quiet_machine_is_scored_as_measured():
     kinds = {f["kind"]: f["why"] for f in review.flags(Res())}
     assert "baseline held steady" in kinds[review.OWN_SPREAD]  # the instructor sees it in the summary too
     assert any(ln.startswith("SCORED DESPITE ITS OWN SPREAD")
-               for ln in review.summary_lines([{"student_id": "sly", "review": review.flags(Res())}]))
+               for ln in summary.review_sections([{"student_id": "sly", "review": review.flags(Res())}]))
 
 
 def test_a_busy_machine_still_leaves_a_wild_ratio_not_gradable():

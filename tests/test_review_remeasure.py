@@ -6,6 +6,7 @@ import pytest
 
 from autograder.checks import remeasure, review
 from autograder.checks.harness import Tiers
+from autograder.gradebook import summary
 from labkit.bench import ABResult, Timing
 
 TIERS = Tiers(((1.5, 0.5), (2.0, 2 / 3), (2.5, 5 / 6), (3.0, 1.0)), bonus=4.0)
@@ -121,7 +122,7 @@ def test_the_summary_lists_a_remeasured_verdict_in_one_line_and_keeps_the_flag_w
     kinds = {f["kind"]: f["why"] for f in review.flags(_Res(m))}
     assert set(kinds) == {review.REMEASURED, review.NEAR_BOUNDARY}
     assert "after one re-measurement" in kinds[review.NEAR_BOUNDARY] and "pooled 15 rounds" in kinds[review.REMEASURED]
-    lines = review.summary_lines([{"student_id": "ann", "review": review.flags(_Res(m))}])
+    lines = summary.review_sections([{"student_id": "ann", "review": review.flags(_Res(m))}])
     assert sum(1 for ln in lines if ln.startswith("  ann: lab4.speed: first")) == 1
     assert any(ln.startswith("RE-MEASURED BEFORE SCORING") for ln in lines)
 

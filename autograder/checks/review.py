@@ -90,21 +90,3 @@ def flags(res) -> list[dict]:
                                   if own.get("baseline_interference") else
                                   f"while the baseline held steady (IQR {own.get('baseline_iqr_share')} of its median)")})
     return out
-
-
-def summary_lines(rows: list[dict]) -> list[str]:
-    """The summary's sections for the final rows' `review` findings (classbook.final_rows)."""
-    lines = []
-    for kind, head in ((MEASURE_AGAIN, "MEASURE AGAIN (the GPU throttled or its clocks moved while the rounds were "
-                                       "timed; not a failure for the student: regrade with --only ... --force)"),
-                       (NEAR_BOUNDARY, "NEAR A TIER BOUNDARY: regrade recommended (the ratio is within its measured "
-                                       "spread of a boundary; not a failure for the student)"),
-                       (REMEASURED, "RE-MEASURED BEFORE SCORING (the first ratio was within its spread of a tier "
-                                    "boundary: measured once more and scored on the pooled rounds; nothing to do)"),
-                       (OWN_SPREAD, "SCORED DESPITE ITS OWN SPREAD (its rounds disagreed by more than the ratio while "
-                                    "the baseline's held steady: the hand-in's own jitter, scored as measured; look "
-                                    "at what its code does between rounds)")):
-        hits = [(r["student_id"], f) for r in rows for f in r.get("review", []) if f["kind"] == kind]
-        if hits:
-            lines += ["", f"{head}:"] + [f"  {sid}: {f['check']}: {f['why']}" for sid, f in hits]
-    return lines

@@ -1,35 +1,30 @@
-"""The class's final book, written after the per-student grading: extra credit, late policy, totals, manifest.
+"""The class's book: the one place that writes a run's or a merge's class outputs, once, after the grading.
 
-`finish` runs at the end of every grading run and every merge. It writes the bonus tier the checks measured
-(`extra_credit`) into the nbgrader gradebook as extra credit, applies the late policy to the total, adds the
-columns extra_credit, submitted_at, time_source, days_late, late_penalty, total, not_gradable_here and review to
-grades.csv and the late assessment to each student's feedback pages, lists late, bonus and not-gradable
-students and the verdicts to look at again (autograder.checks.review) in the summary, and keeps `final.json` (what
-the LMS exports read) and `class.json` (what a merge needs: the assignment's cells, checks and source digest,
-the slice, the students) beside them.
+`finish` runs at the end of every grading run and every merge. From the students' results it makes one final row
+each (extra credit from the bonus tier the checks measured, the late policy's assessment, the total, written
+answers pending, verdicts to look at again), then writes, each once: `gradebook.db` (the generated gradebook, every
+student's per-cell scores and the bonus as nbgrader extra credit), `grades.csv` (report.write_csv),
+`summary.txt` (autograder.gradebook.summary) and `summary.json`, the late and written-answer boxes on each
+student's feedback pages, `final.json` (what the LMS exports read) and `class.json` (what a merge needs: the
+assignment's cells, checks and source digest, the slice, the students).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
-import warnings
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autograder.base import shown
 from autograder.checks import gpu_policy, review
-from autograder.gradebook import manual
+from autograder.gradebook import manual, summary
 from autograder.intake import late
 from labkit.bench import write_json
 
 MANIFEST = "class.json"
 FINAL = "final.json"
 MASTER_GRADEBOOK = "master_gradebook.db"  # the generated gradebook before any student: merges start from it
-EXTRA_COLUMNS = ["extra_credit", "submitted_at", "time_source", "days_late", "late_penalty", "total",
-                 "not_gradable_here", "review", "manual_points", "pending_manual_points", "provisional"]
 
 
 @dataclass
@@ -42,7 +37,7 @@ class ClassInfo:
     notebooks: list[str]  # notebook ids
     calls: list[dict]  # notebook, cell, check of every harness call in a test cell
     source_digest: str  # changes when the assignment or course config changes
-    gradebook: bytes = b""  # the generated gradebook (report.write_outputs merges the students into it)
+    gradebook: bytes = b""  # the generated gradebook (finish merges the students into it)
 
 
 def info_from_course(course) -> ClassInfo:
@@ -90,48 +85,6 @@ def final_rows(info: ClassInfo, results: list, policy: late.LatePolicy | None,
     return rows
 
 
-def _write_gradebook_extra_credit(db: Path, assignment: str, rows: list[dict]) -> None:
-    from nbgrader.api import Gradebook
-
-    todo = [(row["student_id"], b) for row in rows for b in row["extra_credit_from"] if b["cell"]]
-    if not todo or not db.exists():
-        return
-    with warnings.catch_warnings(), Gradebook(f"sqlite:///{db}") as gb:
-        warnings.simplefilter("ignore")  # SQLAlchemy's autoflush chatter from inside nbgrader's API
-        for sid, b in todo:
-            g = gb.find_grade(b["cell"], b["notebook"], assignment, sid)
-            g.extra_credit = (g.extra_credit or 0.0) + b["points"]
-        gb.db.commit()
-
-
-def _extend_csv(path: Path, rows: list[dict]) -> None:
-    """Add the EXTRA_COLUMNS to grades.csv (written by report.write_csv), keeping its rows and columns."""
-    if not path.exists():
-        return
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        cols, old = list(reader.fieldnames or []), list(reader)
-    by = {r["student_id"]: r for r in rows}
-    cols = [c for c in cols if c not in EXTRA_COLUMNS] + EXTRA_COLUMNS
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
-    w.writeheader()
-    for o in old:
-        r = by.get(o["student_id"], {})
-        o.update({"extra_credit": f"{r.get('extra_credit', 0):g}", "submitted_at": r.get("submitted_at", ""),
-                  "time_source": r.get("time_source", ""), "days_late": r.get("days_late", ""),
-                  "late_penalty": f"{r['late_penalty']:g}" if r.get("late_penalty") != "" and r else "",
-                  "total": f"{r.get('total', 0):g}", "not_gradable_here": " ".join(r.get("not_gradable_here", [])),
-                  "review": " | ".join(f"{f['check']}: {f['kind']}" for f in r.get("review", [])),
-                  "manual_points": f"{r.get('manual_points', 0):g}",
-                  "pending_manual_points": f"{r.get('pending_manual_points', 0):g}",
-                  "provisional": "yes" if r.get("provisional") else "no"})
-        w.writerow(shown.csv_row(o))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _write_late_feedback(out: Path, assignment: str, rows: list[dict], policy: late.LatePolicy | None) -> None:
     """Put each student's late assessment, and the written answers a person graded since, on their feedback pages
     (or take them off when no policy is in force and no manual score exists).
@@ -161,61 +114,39 @@ def _write_late_feedback(out: Path, assignment: str, rows: list[dict], policy: l
                 os.replace(tmp, p)
 
 
-def summary_lines(rows: list[dict], policy: late.LatePolicy | None, shard: str | None) -> list[str]:
-    """The summary's extra sections: slice, extra credit, late work, students not gradable on this hardware."""
-    lines = []
-    if shard:
-        lines += ["", f"slice {shard} of the class (merge the slices with `python -m autograder merge`)"]
-    bonus = [r for r in rows if r["extra_credit"]]
-    if bonus:
-        lines += ["", "extra credit (bonus tier; in gradebook.db as nbgrader extra credit and in grades.csv):"]
-        lines += [f"  {r['student_id']}: +{r['extra_credit']:g} ({', '.join(b['check'] for b in r['extra_credit_from'])})"
-                  for r in bonus]
-    if policy is not None:
-        lines += ["", f"late policy: {policy.describe()}"]
-        lines += [f"  {r['student_id']}: {r['late_note']} -> total {r['total']:g}" for r in rows if r["days_late"]]
-        unknown = [r["student_id"] for r in rows if not r["submitted_at"]]
-        if unknown:
-            lines.append(f"  no submission time (not checked for lateness), {len(unknown)} hand-in(s): "
-                         f"{', '.join(unknown)}")
-        if not any(r["days_late"] for r in rows):
-            lines.append("  nobody late")
-    ungradable = [r for r in rows if r["not_gradable_here"]]
-    if ungradable:
-        lines += ["", f"NOT GRADABLE ON THIS HARDWARE ({len(ungradable)} students; those checks scored 0, regrade "
-                      "where they can be graded with --only ... --force: a GPU machine for a GPU check, a quiet one "
-                      "for a timing too noisy here):"]
-        lines += [f"  {r['student_id']}: {', '.join(r['not_gradable_here'])}" for r in ungradable]
-    return lines + review.summary_lines(rows) + manual.summary_lines(rows)
-
-
-def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], junk: list[str],
+def finish(out: Path, info: ClassInfo, results: list, *, hardware: list[dict], junk: list[str], write=None,
            shard: str | None = None, policy: late.LatePolicy | None = None, submissions: str | Path | None = None,
-           lms_regex: str | None = None) -> list[dict]:
-    """Write extra credit, late policy and totals into the class outputs under `out`; returns the final rows."""
+           lms_regex: str | None = None, trailer: list[str] = ()) -> list[dict]:
+    """Write the class outputs under `out`, each once: gradebook.db, grades.csv, summary.txt and summary.json,
+    the late and written-answer boxes on the feedback pages, final.json and class.json; returns the final rows.
+
+    `write(relative_path, bytes)` is the grader's writer for the pages of students who could not be graded (None:
+    leave those pages as they are); `trailer` is the caller's last lines of the summary (a merge's slices).
+    """
     times = {}
     if policy is not None and submissions is not None:
         kw = {"lms_regex": lms_regex} if lms_regex else {}
         times = late.submission_times(submissions, tz=policy.timezone, times_csv=policy.times_csv,
                                       roster=policy.roster, assignment=info.assignment, **kw)
     rows = final_rows(info, results, policy, times)
-    _write_gradebook_extra_credit(out / "gradebook.db", info.assignment, rows)
-    _extend_csv(out / "grades.csv", rows)
+    from autograder.gradebook import report  # nbgrader loads with report
+
+    if write is not None:
+        report.not_graded_pages(info, results, write)
+    report.write_csv(out / "grades.csv", info, results, rows)
+    summary.write(out, summary.text(info, results, rows, junk=junk, hardware=hardware, policy=policy, shard=shard,
+                                    trailer=trailer))
+    write_json(out / "summary.json", {
+        "assignment": info.assignment, "max_score": info.max_score, "hardware": hardware, "junk": junk,
+        "students": {r.student_id: {"status": r.status, "score": r.score, "cause": r.cause} for r in results},
+        "causes": dict(Counter(r.cause for r in results if r.cause)),
+        "final": {r["student_id"]: {k: r[k] for k in ("total", "extra_credit", "days_late", "late_penalty",
+                                                       "pending_manual_points", "provisional")} for r in rows},
+        "not_gradable_here": {r["student_id"]: r["not_gradable_here"] for r in rows if r["not_gradable_here"]},
+        "review": {r["student_id"]: r["review"] for r in rows if r["review"]},
+        "late_policy": policy.describe() if policy else None, "shard": shard})
+    report.merge_gradebook(info.gradebook, out / "gradebook.db", info.assignment, results, rows)
     _write_late_feedback(out, info.assignment, rows, policy)
-    extra = summary_lines(rows, policy, shard)
-    if extra:
-        with (out / "summary.txt").open("a", encoding="utf-8") as f:
-            f.write("\n".join(shown.line(x) for x in extra) + "\n")
-    summary = out / "summary.json"
-    if summary.exists():
-        d = json.loads(summary.read_text())
-        d.update(final={r["student_id"]: {k: r[k] for k in ("total", "extra_credit", "days_late", "late_penalty",
-                                                             "pending_manual_points", "provisional")}
-                        for r in rows},
-                 not_gradable_here={r["student_id"]: r["not_gradable_here"] for r in rows if r["not_gradable_here"]},
-                 review={r["student_id"]: r["review"] for r in rows if r["review"]},
-                 late_policy=policy.describe() if policy else None, shard=shard)
-        write_json(summary, d)
     write_json(out / FINAL, {"assignment": info.assignment, "max_score": info.max_score,
                              "late_policy": policy.describe() if policy else None, "students": rows})
     (out / MASTER_GRADEBOOK).write_bytes(info.gradebook)

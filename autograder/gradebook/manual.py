@@ -231,13 +231,3 @@ def apply(results: list, scores: dict[tuple[str, str], float], known: set[str] |
             f" (provisional: {pending:g} points of written answers need manual grading)" if pending else "")
         out.append(r)
     return out
-
-
-def summary_lines(rows: list[dict]) -> list[str]:
-    """The summary's section on written answers still to grade (none: no lines)."""
-    todo = [r for r in rows if r.get("pending_manual_points")]
-    if not todo:
-        return []
-    return ["", f"NEEDS MANUAL GRADING ({len(todo)} students; their totals are provisional): grade the written "
-                "answers in formgrader on this folder's gradebook.db or pass --manual-scores scores.csv, then "
-                "run again"] + [f"  {r['student_id']}: {r['pending_manual_points']:g} points pending" for r in todo]

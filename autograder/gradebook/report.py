@@ -1,4 +1,4 @@
-"""Everything the grader writes for people: gradebook reads and merges, grades.csv, feedback pages, summary.
+"""What the grader writes for people, piece by piece: gradebook reads and merges, grades.csv, feedback pages.
 
 Grades are read from each student's scratch gradebook, checked against the master (a notebook's code could
 have rewritten its own gradebook while it ran), and merged into one fresh `gradebook.db` at the end of every
@@ -12,16 +12,13 @@ import html
 import io
 import os
 import re
-import statistics
 import warnings
-from collections import Counter
 from pathlib import Path
 
 from nbgrader.api import Gradebook
 
 from autograder.base import shown
 from autograder.gradebook import manual
-from labkit.bench import write_json
 
 
 class TamperedError(Exception):
@@ -198,8 +195,12 @@ def _manual_grade(g, c: dict, graded: bool) -> None:
     g.needs_manual_grade = bool(c.get("needs_manual")) and graded
 
 
-def merge_gradebook(master: bytes, dest: Path, assignment: str, results: list) -> None:
-    """Build `dest` from the generated gradebook plus every student's per-cell scores (atomic replace)."""
+def merge_gradebook(master: bytes, dest: Path, assignment: str, results: list, rows: list[dict] = ()) -> None:
+    """Build `dest` from the generated gradebook plus every student's per-cell scores and the bonus tier their
+    checks measured (the final rows' `extra_credit_from`, as nbgrader extra credit on the check's cell), atomically.
+    No generated gradebook (an empty `master`, as a ClassInfo built by hand has) writes none."""
+    if not master:
+        return
     tmp = dest.with_name(f".{dest.name}.tmp")
     tmp.unlink(missing_ok=True)
     tmp.write_bytes(master)
@@ -213,6 +214,11 @@ def merge_gradebook(master: bytes, dest: Path, assignment: str, results: list) -
                 g.auto_score = c["score"]
                 g.needs_manual_grade = bool(c.get("needs_manual")) and r.status == "graded"
                 _manual_grade(g, c, graded=r.status == "graded")
+        for row in rows:
+            for b in row["extra_credit_from"]:
+                if b["cell"]:
+                    g = gb.find_grade(b["cell"], b["notebook"], assignment, row["student_id"])
+                    g.extra_credit = (g.extra_credit or 0.0) + b["points"]
         gb.db.commit()
     os.replace(tmp, dest)
 
@@ -395,11 +401,30 @@ def _first_speed(r) -> dict:
     return next((s for s in r.checks if s.get("ratio") is not None), r.checks[0] if r.checks else {})
 
 
-def write_csv(path: Path, course, results: list) -> None:
-    cell_names = [c["cell"] for c in course.cells]
+# the columns read off the final rows (classbook.final_rows): bonus, late policy, total, review, written answers
+FINAL_COLUMNS = ["extra_credit", "submitted_at", "time_source", "days_late", "late_penalty", "total",
+                 "not_gradable_here", "review", "manual_points", "pending_manual_points", "provisional"]
+
+
+def _final_cells(r: dict) -> dict:
+    return {"extra_credit": f"{r.get('extra_credit', 0):g}", "submitted_at": r.get("submitted_at", ""),
+            "time_source": r.get("time_source", ""), "days_late": r.get("days_late", ""),
+            "late_penalty": f"{r['late_penalty']:g}" if r.get("late_penalty") != "" and r else "",
+            "total": f"{r.get('total', 0):g}", "not_gradable_here": " ".join(r.get("not_gradable_here", [])),
+            "review": " | ".join(f"{f['check']}: {f['kind']}" for f in r.get("review", [])),
+            "manual_points": f"{r.get('manual_points', 0):g}",
+            "pending_manual_points": f"{r.get('pending_manual_points', 0):g}",
+            "provisional": "yes" if r.get("provisional") else "no"}
+
+
+def write_csv(path: Path, info, results: list, rows: list[dict]) -> None:
+    """grades.csv: a row per student, its cells, checks and measurements, then the final rows' columns (atomic)."""
+    cell_names = [c["cell"] for c in info.cells]
     cols = ["student_id", "status", "score", "max_score", "percent", "cause", "message", *cell_names,
             "checks_passed", "ratio", "baseline_img_s", "student_img_s", "card", "hardware", "wall_s",
             "peak_memory_mib", "flags", "notes", "finished_at"]
+    cols = [c for c in cols if c not in FINAL_COLUMNS] + FINAL_COLUMNS
+    final = {r["student_id"]: r for r in rows}
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
@@ -416,58 +441,17 @@ def write_csv(path: Path, course, results: list) -> None:
                "notes": " | ".join(r.notes), "finished_at": r.finished_at}
         for c in r.cells:
             row[c["cell"]] = "pending" if c.get("manual") and c.get("needs_manual") else f"{c['score']:g}"
+        row.update(_final_cells(final.get(r.student_id, {})))
         w.writerow(shown.csv_row(row))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")
     os.replace(tmp, path)
 
 
-def summary_text(course, results: list, junk: list[str], hardware: list[dict]) -> str:
-    """The end-of-run table: one line per student, then failures by cause, score statistics and skipped input."""
-    lines = [f"assignment {course.assignment}: {len(results)} students, max {course.max_score:g} points",
-             "hardware: " + "; ".join(f"{h['card']} ({h['class']})" for h in hardware), ""]
-    w = max([len(shown.line(r.student_id)) for r in results] + [7])
-    lines.append(f"{'student':<{w}}  {'score':>11}  {'status':<11} cause / message")
-    for r in results:
-        extra = r.cause or ""
-        if r.status != "graded" or r.cause:
-            extra = f"{r.cause}: {r.message}"
-        if r.flags:
-            extra += ("; " if extra else "") + "FLAGGED: " + r.flags[0]
-        lines.append(f"{shown.line(r.student_id):<{w}}  {r.score:>5g} / {r.max_score:<3g}  {r.status:<11} {extra}")
-    causes = Counter(r.cause for r in results if r.cause)
-    lines += ["", "failures by cause:" if causes else "failures by cause: none"]
-    lines += [f"  {c:<24} {n}" for c, n in causes.most_common()]
-    graded = [r.score for r in results if r.status == "graded"]
-    if graded:
-        lines += ["", f"graded: {len(graded)}; mean {statistics.mean(graded):.2f}, median "
-                      f"{statistics.median(graded):g}, full marks {sum(1 for s in graded if s >= course.max_score)}"]
-    per = [r.wall_s for r in results if r.wall_s]
-    if per:
-        lines.append(f"grading time per student: median {statistics.median(per):.1f} s, max {max(per):.1f} s")
-    flagged = [r.student_id for r in results if r.flags]
-    if flagged:
-        lines.append("flagged for a look: " + ", ".join(flagged))
-    if junk:
-        lines += ["", "skipped input:"] + [f"  {j}" for j in junk]
-    # Every line escaped whole: ids, causes, messages, flags and skipped names are the students' (autograder.base.shown)
-    return "\n".join(shown.line(x) for x in lines) + "\n"
-
-
-def write_outputs(out: Path, course, results: list, junk: list[str], hardware: list[dict], write) -> None:
-    """grades.csv, summary.txt/json, the merged gradebook.db, and feedback for students who could not be graded.
-
-    `write(relative_path, bytes)` is the grader's writer for per-student files (it keeps them guarded).
-    """
+def not_graded_pages(info, results: list, write) -> None:
+    """A feedback page for every student who could not be graded, saying why; `write(relative_path, bytes)` is the
+    grader's writer for per-student files (it keeps them guarded)."""
     for r in results:
         if r.status != "graded":
-            for nb in course.notebooks:
+            for nb in info.notebooks:
                 write(feedback_path(r, nb), feedback_page(r, None))
-    write_csv(out / "grades.csv", course, results)
-    text = summary_text(course, results, junk, hardware)
-    (out / "summary.txt").write_text(text, encoding="utf-8")
-    write_json(out / "summary.json", {
-        "assignment": course.assignment, "max_score": course.max_score, "hardware": hardware, "junk": junk,
-        "students": {r.student_id: {"status": r.status, "score": r.score, "cause": r.cause} for r in results},
-        "causes": dict(Counter(r.cause for r in results if r.cause))})
-    merge_gradebook(course.gradebook, out / "gradebook.db", course.assignment, results)
