@@ -291,7 +291,9 @@ def _attn(q, k, v, causal=False, *, scale=None, dim=-1, mask="triu", after=False
     scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if scale is None else scale)
     n = q.shape[-2]
     if causal and mask:
-        drop = torch.ones(n, n, dtype=torch.bool).triu(1) if mask == "triu" else torch.ones(n, n, dtype=torch.bool).tril(-1)
+        drop = (torch.ones(n, n, dtype=torch.bool).triu(1) if mask == "triu" else
+                torch.ones(n, n, dtype=torch.bool).triu(0) if mask == "diagonal" else
+                torch.ones(n, n, dtype=torch.bool).tril(-1))
         if not after:
             scores = scores.masked_fill(drop, float("-inf"))
     probs = scores.softmax(dim)
@@ -308,6 +310,8 @@ def test_naive_attention_passes_and_each_slip_is_named():
              (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask=None), "causal=True changed nothing"),
              (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask="tril"), "you masked the past"),
              (lambda q, k, v, causal=False: _attn(q, k, v, causal, after=True), "-inf before the softmax"),
+             # the diagonal masked too: query 0 sees no key, its row is NaN; not a zeroing after the softmax
+             (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask="diagonal"), "its own key included"),
              (lambda q, k, v, causal=False: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
               "called scaled_dot_product_attention"),
              (lambda q, k, v, causal=False: _attn(q.detach(), k.detach(), v.detach(), causal), "no gradient")]
@@ -324,6 +328,13 @@ def test_the_score_bytes_check_wants_l_squared_the_dtype_and_every_head():
                         (lambda b, h, n, dt: b * n * n * size(dt), "every head")):
         with pytest.raises(ex.Wrong, match=message):
             ex.check("3.13", fn, quiet=True)
+
+
+
+def test_the_score_bytes_check_writes_both_numbers_alike():
+    with pytest.raises(ex.Wrong) as err:  # both counts with thousands separators, so they read side by side
+        ex.check("3.13", lambda b, h, n, dt: b * h * n * n * 4, quiet=True)
+    assert "is 32,000,000 bytes, you found 64,000,000" in str(err.value), err.value
 
 
 def test_the_layer_count_check_names_the_missing_term():
