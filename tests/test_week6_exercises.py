@@ -274,13 +274,17 @@ def test_6_8_overlap_right_and_synchronous_or_late_launches_caught():
 
     _wrong("6.8", blocking, "async_op=True")
     _wrong("6.8", _overlap(reset=False), "in the first: finish() must reset each bucket's count")
-    _wrong("6.8", _overlap(wait=False), "drifted apart", "work.wait()")
+    # never waited on: named from the handles themselves, not from how far the parameters happened to drift
+    _wrong("6.8", _overlap(wait=False), "never waited on", "work.wait()")
+
+    # waiting through the handle's future is waiting too
+    assert "during backward" in ex.check("6.8", _overlap(wait="future"), quiet=True)
     _wrong("6.8", _overlap(forward=True), "forward order", "reversed")
 
 
 def _overlap(reset=True, wait=True, forward=False):
-    """A hand-written 6.8 with one mistake switched on: counts never reset, no wait() on the handles, or the
-    buckets in forward order (the same count of buckets, but not the ones backward fills first)."""
+    """A hand-written 6.8 with one mistake switched on: counts never reset, no wait() on the handles (wait="future":
+    waits through work.get_future() instead), or the buckets in forward order (the same count of buckets, but not the ones backward fills first)."""
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -308,7 +312,9 @@ def _overlap(reset=True, wait=True, forward=False):
 
         def finish():
             for i, flat, work in pending:
-                if wait:
+                if wait == "future":
+                    work.get_future().wait()
+                elif wait:
                     work.wait()
                 grads = [q.grad for q in buckets[i]]
                 for g, new in zip(grads, _unflatten_dense_tensors(flat / dist.get_world_size(), grads), strict=True):
@@ -398,6 +404,55 @@ def test_6_9_zero1_matches_ddp_measures_the_state_and_catches_a_missing_all_gath
         return doubled, opt
 
     _wrong("6.9", summed, "divided by the world size")
+
+
+    def all_reduced(params, make_optimizer):  # the right numbers from an all_reduce of the whole flat gradient
+        import torch.distributed as dist
+
+        params = list(params)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        total = sum(p.numel() for p in params)
+        per = -(-total // world)
+        flat = torch.zeros(per * world)
+        torch.cat([p.detach().reshape(-1) for p in params], out=flat[:total])
+        mine = flat[rank * per:(rank + 1) * per].clone().requires_grad_(True)
+        opt = make_optimizer([mine])
+
+        def step():
+            g = torch.zeros(per * world)
+            torch.cat([p.grad.reshape(-1) for p in params], out=g[:total])
+            dist.all_reduce(g)
+            mine.grad = g[rank * per:(rank + 1) * per] / world
+            opt.step()
+            w6._collective("all_gather_into_tensor")(flat, mine.detach())
+            with torch.no_grad():
+                at = 0
+                for p in params:
+                    p.copy_(flat[at:at + p.numel()].view_as(p))
+                    at += p.numel()
+
+        return step, opt
+
+    _wrong("6.9", all_reduced, "collectives were all_gather, all_reduce", "reduce_scatter_single")
+
+    def swapped(params, make_optimizer):  # reduce_scatter_single(input, output): gloo refuses the sizes
+        import torch.distributed as dist
+
+        step, opt = w6._ref_zero1()(params, make_optimizer)
+        real = w6._collective("reduce_scatter_tensor")
+
+        def stepped():
+            name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+            setattr(dist, name, lambda out, inp, **kw: real(inp, out, **kw))
+            try:
+                step()
+            finally:
+                setattr(dist, name, real)
+
+        return stepped, opt
+
+    message = _wrong("6.9", swapped, "take the output first")
+    assert "out of step" not in message, message
 
 
 @needs_fork
