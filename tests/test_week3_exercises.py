@@ -445,3 +445,19 @@ def test_attention_meters_see_the_quadratic_term_and_refuse_bad_input():
         A.random_qkv(seq_len=0)
     with pytest.raises(LabkitError, match="at least one"):
         A.attention_sweep({}, [64])
+
+
+def test_week3_points_at_lab1_where_the_release_and_the_repository_keep_it():
+    """The release has no assignments/ folder: its labs sit in labs/<lab>/ (autograder.release.build.LABS)."""
+    import json
+    import re
+
+    from autograder.release.build import LABS
+
+    nb = json.loads((ROOT / "notebooks" / "03_mixed_precision.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "(`assignments/`)" not in text and "in `assignments/`" not in text
+    named = set(re.findall(r"`labs/(\w+)`", text))
+    assert named == {"lab1_loss_scaling"} and named <= set(LABS), named
+    for lab in re.findall(r"`assignments/source/(\w+)`", text):
+        assert (ROOT / "assignments" / "source" / lab).is_dir(), lab
