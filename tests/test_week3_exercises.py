@@ -461,3 +461,20 @@ def test_week3_points_at_lab1_where_the_release_and_the_repository_keep_it():
     assert named == {"lab1_loss_scaling"} and named <= set(LABS), named
     for lab in re.findall(r"`assignments/source/(\w+)`", text):
         assert (ROOT / "assignments" / "source" / lab).is_dir(), lab
+
+
+def test_the_gpu_profile_prose_fits_the_record_copy_tops_naive_and_is_small_under_sdpa():
+    """Section 12's reading of the GPU profile: the naive step's first row is aten::copy_ (autocast's casts of
+    the L x L matrices), SDPA's copy_ row a small share of its top row; the record is attention_h200.json."""
+    import json
+
+    from labkit.bench import load_result
+
+    nb = json.loads((ROOT / "notebooks" / "03_mixed_precision.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "first row is `aten::copy_`" in text and "a small share" in text
+    profiles = {p["attention"]: p["top_ops"] for p in load_result("attention_h200")["profiles"]}
+    assert profiles["naive"][0]["op"] == "aten::copy_"
+    assert any("copy_kernel" in r["op"] for r in profiles["naive"][1:4])
+    sdpa_copy = [r["share"] for r in profiles["SDPA"] if r["op"] == "aten::copy_"]
+    assert sdpa_copy and sdpa_copy[0] < 0.5 and profiles["SDPA"][0]["op"] != "aten::copy_"
