@@ -507,3 +507,23 @@ def test_a_child_forked_after_cuda_started_sees_no_accelerator_and_the_parent_ke
 
     assert D.run_ranks(seen) == [[False, None], [False, None]]
     assert torch.cuda.is_available is before
+
+
+def _markdown(title_part: str) -> str:
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "06_resnet_ladder.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    hits = [c for c in cells if title_part in c]
+    assert len(hits) == 1, title_part
+    return hits[0]
+
+
+def test_the_notebook_says_what_the_data_parallel_checks_ask_for():
+    """What 6.8's and 6.9's checks refuse is said in their prose; the objectives name section 8's exercises."""
+    assert "(6.6–6.9)" in _markdown("What you should be able to do after this notebook")
+    overlap = _markdown("### Exercise 6.8")
+    assert "every handle waited on" in overlap and "get_future()" in overlap
+    zero = _markdown("### Exercise 6.9")
+    assert "a reduce-scatter and an all-gather, no all_reduce" in zero
