@@ -478,3 +478,21 @@ def test_the_gpu_profile_prose_fits_the_record_copy_tops_naive_and_is_small_unde
     assert any("copy_kernel" in r["op"] for r in profiles["naive"][1:4])
     sdpa_copy = [r["share"] for r in profiles["SDPA"] if r["op"] == "aten::copy_"]
     assert sdpa_copy and sdpa_copy[0] < 0.5 and profiles["SDPA"][0]["op"] != "aten::copy_"
+
+
+def test_the_crossover_length_in_the_prose_is_the_tiny_presets():
+    """Section 12 types the L where the probabilities equal the rest of a block's activations (512): it is
+    (8 + 2 * mlp_ratio) * d_model / heads of attention.TINY_PRESETS["tiny"], which it names."""
+    import json
+
+    from labkit import attention
+
+    cfg = attention.TINY_PRESETS["tiny"]
+    nb = json.loads((ROOT / "notebooks" / "03_mixed_precision.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    at = (8 + 2 * cfg.mlp_ratio) * cfg.d_model // cfg.heads
+    assert f"{at}\nfor the tiny preset (d_model {cfg.d_model}, {cfg.heads} heads)" in text
+    ref = ex.reference("3.14")
+    probs = 4 * 2 * cfg.heads * at * at
+    rest = ref(2, at, cfg.d_model, cfg.heads, cfg.mlp_ratio) - probs
+    assert abs(probs / rest - 1) < 0.01  # equal, short of LayerNorm's statistics
