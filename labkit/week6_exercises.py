@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import re
 import sys
 
 import torch
@@ -666,7 +667,8 @@ def _on_ranks(fn) -> list:
             k in e.message for k in ("Gloo", "gloo", "Connection closed", "Timed out", "timed out"))
         why = (". The ranks' collectives went out of step: every rank must make the same collectives, in the same "
                "order, with the same sizes" if out_of_step else f". {SIZE_HINT}" if misfit else "")
-        raise AssertionError(f"on rank {e.rank} your code raised {e.kind}: {e.message} (at {e.where}){why}") from None
+        said = re.sub(r"^\[rank\d+\]:\[[^\]]*\]\s*", "", e.message.strip())  # gloo's log-line prefix, its newline
+        raise AssertionError(f"on rank {e.rank} your code raised {e.kind}: {said} (at {e.where}){why}") from None
     except TimeoutError as e:
         raise AssertionError(str(e)) from None
 
