@@ -527,3 +527,25 @@ def test_the_notebook_says_what_the_data_parallel_checks_ask_for():
     assert "every handle waited on" in overlap and "get_future()" in overlap
     zero = _markdown("### Exercise 6.9")
     assert "a reduce-scatter and an all-gather, no all_reduce" in zero
+
+
+def test_the_timing_and_state_cells_say_what_is_missing_instead_of_raising(capsys, monkeypatch):
+    """6.8's comparison needs 6.7's timing too, and 6.9's reading its state: a student who skipped 6.7 (or whose
+    check failed) reads which one is missing, not a KeyError."""
+    import json
+    from pathlib import Path
+
+    from labkit import dp_scratch, predict
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "06_resnet_ladder.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    timing = next(c for c in cells if 'w6.LAST_TIMING[k]) for k in ("6.7", "6.8")' in c)
+    state = next(c for c in cells if 'w6.LAST_STATE.get("6.9")' in c)
+    monkeypatch.setattr(w6, "LAST_TIMING", {"6.8": [(2.0, 1.0)] * 3})
+    monkeypatch.setattr(w6, "LAST_STATE", {})
+    env = {"w6": w6, "dp_scratch": dp_scratch, "predict": predict, "prediction_overlap_helps": None,
+           "prediction_state_fraction": None}
+    exec(timing, env)
+    exec(state, env)
+    out = capsys.readouterr().out
+    assert "not timed yet: 6.7" in out and "not measured yet" in out, out
