@@ -549,3 +549,32 @@ def test_the_timing_and_state_cells_say_what_is_missing_instead_of_raising(capsy
     exec(state, env)
     out = capsys.readouterr().out
     assert "not timed yet: 6.7" in out and "not measured yet" in out, out
+
+
+@needs_fork
+def test_6_9_runs_an_odd_count_of_parameters_so_a_missing_padding_is_caught():
+    """At world size 2 an even count needs no padding, and a ZeRO-1 without it would pass: the check's MLP has
+    an odd one, and gloo's refusal of the unpadded sizes comes back with what the sizes must be."""
+    from labkit import dp_scratch as D
+
+    assert sum(p.numel() for p in D.mlp(w6._recipe(adam=True).sizes).parameters()) % D.WORLD == 1
+    assert "odd number of\nparameters, so at two ranks the padding is one zero" in _markdown("### Exercise 6.9")
+
+    def unpadded(params, make_optimizer):
+        import torch.distributed as dist
+
+        params = list(params)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        per = sum(p.numel() for p in params) // world
+        mine = torch.cat([p.detach().reshape(-1) for p in params])[rank * per:(rank + 1) * per].clone()
+        opt = make_optimizer([mine.requires_grad_(True)])
+
+        def step():
+            out = torch.empty(per)
+            w6._collective("reduce_scatter_tensor")(out, torch.cat([p.grad.reshape(-1) for p in params]))
+            mine.grad = out / world
+            opt.step()
+
+        return step, opt
+
+    _wrong("6.9", unpadded, "padded with zeros to a multiple of the world size")
