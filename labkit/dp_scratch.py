@@ -200,6 +200,25 @@ class Call:
     async_op: bool
     in_backward: bool  # launched while autograd's engine ran (from a hook), not after backward returned
     step: int = -1     # the training step that made it; -1 while the answer set itself up
+    waited: bool = False  # async_op only: its Work was waited on (wait(), or get_future() to wait through)
+
+
+class _WatchedWork:
+    """An async collective's Work as the answer sees it: the same Work, noting on its Call that it was waited on."""
+
+    def __init__(self, work, call: Call):
+        self._work, self._call = work, call
+
+    def wait(self, *args, **kwargs):
+        self._call.waited = True
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self, *args, **kwargs):
+        self._call.waited = True
+        return self._work.get_future(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
 
 
 @contextlib.contextmanager
@@ -225,9 +244,11 @@ def watch_collectives(calls: list[Call], backward_flag: list[bool], step: list[i
             bound = sig.bind_partial(*args, **kwargs).arguments
             t = bound.get(data)
             numel = t.numel() if isinstance(t, torch.Tensor) else sum(x.numel() for x in t or [])
-            calls.append(Call(names[name], numel, bool(bound.get("async_op", False)), backward_flag[0],
-                              step[0] if step else -1))
-            return real(*args, **kwargs)
+            call = Call(names[name], numel, bool(bound.get("async_op", False)), backward_flag[0],
+                        step[0] if step else -1)
+            calls.append(call)
+            work = real(*args, **kwargs)
+            return _WatchedWork(work, call) if call.async_op and work is not None else work
 
         return f
 

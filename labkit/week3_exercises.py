@@ -409,6 +409,10 @@ def _attention_hint(fn, q, k, v, causal: bool, got) -> str:
     if close(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / q.shape[-1])):
         return "divide by the square root of head_dim, not by head_dim itself"
     if causal:
+        if torch.isnan(got).any():
+            return ("a row of your output is NaN: some query had every key masked, so its softmax saw only -inf. "
+                    "Query i may attend to keys 0..i, its own key included: mask only the keys after it, "
+                    "torch.ones(L, L, dtype=torch.bool).triu(1) (triu(0) masks the diagonal too)")
         if close(F.scaled_dot_product_attention(q, k, v)):
             return "causal=True changed nothing: mask every key after its query before the softmax"
         past = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(-1)
@@ -480,7 +484,7 @@ def check_score_bytes(fn) -> str:
                 f"{dt} takes {size} bytes per element (torch.empty((), dtype=dtype).element_size())"
                 if got in (elements, 4 * elements) else "every batch element and every head has its own L x L matrix")
         assert got == want, (f"batch {b}, heads {h}, seq_len {n}, {dt}: the score matrix is {want:,} bytes, you "
-                             f"found {got!r}: {hint}")
+                             f"found {f'{got:,}' if isinstance(got, int) else repr(got)}: {hint}")
     lines = []
     for dt in (torch.float32, torch.bfloat16):
         q, k, v = attention.random_qkv(2, 4, 96, 16, dtype=dt, requires_grad=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import re
 import sys
 
 import torch
@@ -644,6 +645,11 @@ def _dp_compare(results: list[dict], tol: float, what: str, drift_hint: str | No
     return f"parameters within {worst:.2g} of DDP's (tolerance {tol:g} of how far DDP moved them)"
 
 
+# gloo's words when one collective's tensors do not fit each other (an output the size of its input, say)
+SIZE_MISFIT = ("outputShape", "inputShape", "invalid tensor size")
+SIZE_HINT = ("A collective got tensors whose sizes do not fit each other: reduce_scatter_single and "
+             "all_gather_single take the output first, then the input; the flat vector (reduce-scatter's input, "
+             "all-gather's output) holds world size x one slice, padded with zeros to a multiple of the world size")
 DP_TIMEOUT_S = 20.0  # seconds for one 2-process run: a rank stuck in a collective is reported, never waited on
 
 
@@ -656,27 +662,39 @@ def _on_ranks(fn) -> list:
     except D.RankFailed as e:
         if e.not_implemented:
             raise NotImplementedError() from None
-        out_of_step = e.kind in ("RuntimeError", "DistBackendError") and any(
+        misfit = any(k in e.message for k in SIZE_MISFIT)
+        out_of_step = not misfit and e.kind in ("RuntimeError", "DistBackendError") and any(
             k in e.message for k in ("Gloo", "gloo", "Connection closed", "Timed out", "timed out"))
         why = (". The ranks' collectives went out of step: every rank must make the same collectives, in the same "
-               "order, with the same sizes" if out_of_step else "")
-        raise AssertionError(f"on rank {e.rank} your code raised {e.kind}: {e.message} (at {e.where}){why}") from None
+               "order, with the same sizes" if out_of_step else f". {SIZE_HINT}" if misfit else "")
+        said = re.sub(r"^\[rank\d+\]:\[[^\]]*\]\s*", "", e.message.strip())  # gloo's log-line prefix, its newline
+        raise AssertionError(f"on rank {e.rank} your code raised {e.kind}: {said} (at {e.where}){why}") from None
     except TimeoutError as e:
         raise AssertionError(str(e)) from None
+
+
+def _recipe(adam: bool):
+    """The checks' run. ZeRO-1's (the Adam one) ends in 11 classes: an odd count of parameters, so that its flat
+    vector needs the padding to a multiple of the world size that the exercise asks for."""
+    from labkit import dp_scratch as D
+
+    return D.Recipe(sizes=(64, 256, 256, 256, 11)) if adam else D.Recipe()
 
 
 def _launch(make_sync, *, adam: bool = False) -> list[dict]:
     """The answer and DDP trained side by side in 2 forked gloo processes: each rank's findings."""
     from labkit import dp_scratch as D
 
-    return _on_ranks(lambda rank, world: D.train_side_by_side(rank, world, D.Recipe(), make_sync, adam=adam))
+    recipe = _recipe(adam)
+    return _on_ranks(lambda rank, world: D.train_side_by_side(rank, world, recipe, make_sync, adam=adam))
 
 
 def _timed(eid: str, make_sync, *, adam: bool = False) -> str:
     """Only a right answer is timed: yours and DDP's steps in interleaved rounds, in 2 fresh processes."""
     from labkit import dp_scratch as D
 
-    pairs = _on_ranks(lambda rank, world: D.time_side_by_side(rank, world, D.Recipe(), make_sync, adam=adam))[0]
+    recipe = _recipe(adam)
+    pairs = _on_ranks(lambda rank, world: D.time_side_by_side(rank, world, recipe, make_sync, adam=adam))[0]
     LAST_TIMING[eid] = pairs
     return D.ratio_summary(pairs)
 
@@ -769,6 +787,11 @@ def check_overlap(overlap_gradients) -> str:
     if not all(c.async_op for c in calls):
         raise AssertionError("an all_reduce ran with async_op=False, so backward stopped until it finished: pass "
                              "async_op=True and keep its Work, then wait() on it in finish()")
+    if not all(c.waited for c in calls):
+        raise AssertionError(f"{sum(not c.waited for c in calls)} of {len(calls)} all_reduce handles were never "
+                             "waited on: with async_op=True the sum lands in the flat buffer only once the Work is "
+                             "done, so finish() must call work.wait() on each handle before it divides and copies "
+                             "back (a run where it happened to land in time is luck, not a right answer)")
     try:
         close = _dp_compare(results, DP_TOL, "3 SGD steps")
     except AssertionError as e:  # what 6.7 did not have: a collective still running when its buffer is read
@@ -844,8 +867,16 @@ def check_zero1(zero1) -> str:
         raise AssertionError(f"each rank's optimizer holds {max(mine):,} bytes of state, the unsharded Adam "
                              f"{full:,}: nothing is sharded. Give the optimizer this rank's slice of the flat "
                              f"parameters only")
-    LAST_STATE["6.9"] = {"per_rank": mine, "unsharded": full}
     names = sorted({c.name for c in results[0]["calls"]})
+    if "reduce_scatter" not in names or "all_reduce" in names:
+        seen = ", ".join(names) or ("none that the check saw (it counts calls made through the module: write "
+                                    "dist.reduce_scatter_single(...), not a name imported before the check ran)")
+        raise AssertionError(f"the parameters are right, but your step's collectives were {seen}: ZeRO-1 "
+                             "reduce-scatters the flat gradient, so that each "
+                             "rank receives the sum of its own slice only, where an all_reduce sends every rank the "
+                             "whole sum and the rank then uses one slice of it. Call reduce_scatter_single "
+                             "(reduce_scatter_tensor before torch 2.14) on the flat gradient, and no all_reduce")
+    LAST_STATE["6.9"] = {"per_rank": mine, "unsharded": full}
     return (f"2 processes: {close}; Adam state per rank {', '.join(f'{b:,}' for b in mine)} bytes against "
             f"{full:,} unsharded ({max(mine) / full:.2f} of it), collectives {', '.join(names) or 'none seen'}; "
             f"{_timed('6.9', sync, adam=True)}")

@@ -291,7 +291,9 @@ def _attn(q, k, v, causal=False, *, scale=None, dim=-1, mask="triu", after=False
     scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if scale is None else scale)
     n = q.shape[-2]
     if causal and mask:
-        drop = torch.ones(n, n, dtype=torch.bool).triu(1) if mask == "triu" else torch.ones(n, n, dtype=torch.bool).tril(-1)
+        drop = (torch.ones(n, n, dtype=torch.bool).triu(1) if mask == "triu" else
+                torch.ones(n, n, dtype=torch.bool).triu(0) if mask == "diagonal" else
+                torch.ones(n, n, dtype=torch.bool).tril(-1))
         if not after:
             scores = scores.masked_fill(drop, float("-inf"))
     probs = scores.softmax(dim)
@@ -308,6 +310,8 @@ def test_naive_attention_passes_and_each_slip_is_named():
              (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask=None), "causal=True changed nothing"),
              (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask="tril"), "you masked the past"),
              (lambda q, k, v, causal=False: _attn(q, k, v, causal, after=True), "-inf before the softmax"),
+             # the diagonal masked too: query 0 sees no key, its row is NaN; not a zeroing after the softmax
+             (lambda q, k, v, causal=False: _attn(q, k, v, causal, mask="diagonal"), "its own key included"),
              (lambda q, k, v, causal=False: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
               "called scaled_dot_product_attention"),
              (lambda q, k, v, causal=False: _attn(q.detach(), k.detach(), v.detach(), causal), "no gradient")]
@@ -324,6 +328,13 @@ def test_the_score_bytes_check_wants_l_squared_the_dtype_and_every_head():
                         (lambda b, h, n, dt: b * n * n * size(dt), "every head")):
         with pytest.raises(ex.Wrong, match=message):
             ex.check("3.13", fn, quiet=True)
+
+
+
+def test_the_score_bytes_check_writes_both_numbers_alike():
+    with pytest.raises(ex.Wrong) as err:  # both counts with thousands separators, so they read side by side
+        ex.check("3.13", lambda b, h, n, dt: b * h * n * n * 4, quiet=True)
+    assert "is 32,000,000 bytes, you found 64,000,000" in str(err.value), err.value
 
 
 def test_the_layer_count_check_names_the_missing_term():
@@ -434,3 +445,54 @@ def test_attention_meters_see_the_quadratic_term_and_refuse_bad_input():
         A.random_qkv(seq_len=0)
     with pytest.raises(LabkitError, match="at least one"):
         A.attention_sweep({}, [64])
+
+
+def test_week3_points_at_lab1_where_the_release_and_the_repository_keep_it():
+    """The release has no assignments/ folder: its labs sit in labs/<lab>/ (autograder.release.build.LABS)."""
+    import json
+    import re
+
+    from autograder.release.build import LABS
+
+    nb = json.loads((ROOT / "notebooks" / "03_mixed_precision.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "(`assignments/`)" not in text and "in `assignments/`" not in text
+    named = set(re.findall(r"`labs/(\w+)`", text))
+    assert named == {"lab1_loss_scaling"} and named <= set(LABS), named
+    for lab in re.findall(r"`assignments/source/(\w+)`", text):
+        assert (ROOT / "assignments" / "source" / lab).is_dir(), lab
+
+
+def test_the_gpu_profile_prose_fits_the_record_copy_tops_naive_and_is_small_under_sdpa():
+    """Section 12's reading of the GPU profile: the naive step's first row is aten::copy_ (autocast's casts of
+    the L x L matrices), SDPA's copy_ row a small share of its top row; the record is attention_h200.json."""
+    import json
+
+    from labkit.bench import load_result
+
+    nb = json.loads((ROOT / "notebooks" / "03_mixed_precision.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "first row is `aten::copy_`" in text and "a small share" in text
+    profiles = {p["attention"]: p["top_ops"] for p in load_result("attention_h200")["profiles"]}
+    assert profiles["naive"][0]["op"] == "aten::copy_"
+    assert any("copy_kernel" in r["op"] for r in profiles["naive"][1:4])
+    sdpa_copy = [r["share"] for r in profiles["SDPA"] if r["op"] == "aten::copy_"]
+    assert sdpa_copy and sdpa_copy[0] < 0.5 and profiles["SDPA"][0]["op"] != "aten::copy_"
+
+
+def test_the_crossover_length_in_the_prose_is_the_tiny_presets():
+    """Section 12 types the L where the probabilities equal the rest of a block's activations (512): it is
+    (8 + 2 * mlp_ratio) * d_model / heads of attention.TINY_PRESETS["tiny"], which it names."""
+    import json
+
+    from labkit import attention
+
+    cfg = attention.TINY_PRESETS["tiny"]
+    nb = json.loads((ROOT / "notebooks" / "03_mixed_precision.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    at = (8 + 2 * cfg.mlp_ratio) * cfg.d_model // cfg.heads
+    assert f"{at}\nfor the tiny preset (d_model {cfg.d_model}, {cfg.heads} heads)" in text
+    ref = ex.reference("3.14")
+    probs = 4 * 2 * cfg.heads * at * at
+    rest = ref(2, at, cfg.d_model, cfg.heads, cfg.mlp_ratio) - probs
+    assert abs(probs / rest - 1) < 0.01  # equal, short of LayerNorm's statistics

@@ -274,13 +274,17 @@ def test_6_8_overlap_right_and_synchronous_or_late_launches_caught():
 
     _wrong("6.8", blocking, "async_op=True")
     _wrong("6.8", _overlap(reset=False), "in the first: finish() must reset each bucket's count")
-    _wrong("6.8", _overlap(wait=False), "drifted apart", "work.wait()")
+    # never waited on: named from the handles themselves, not from how far the parameters happened to drift
+    _wrong("6.8", _overlap(wait=False), "never waited on", "work.wait()")
+
+    # waiting through the handle's future is waiting too
+    assert "during backward" in ex.check("6.8", _overlap(wait="future"), quiet=True)
     _wrong("6.8", _overlap(forward=True), "forward order", "reversed")
 
 
 def _overlap(reset=True, wait=True, forward=False):
-    """A hand-written 6.8 with one mistake switched on: counts never reset, no wait() on the handles, or the
-    buckets in forward order (the same count of buckets, but not the ones backward fills first)."""
+    """A hand-written 6.8 with one mistake switched on: counts never reset, no wait() on the handles (wait="future":
+    waits through work.get_future() instead), or the buckets in forward order (the same count of buckets, but not the ones backward fills first)."""
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -308,7 +312,9 @@ def _overlap(reset=True, wait=True, forward=False):
 
         def finish():
             for i, flat, work in pending:
-                if wait:
+                if wait == "future":
+                    work.get_future().wait()
+                elif wait:
                     work.wait()
                 grads = [q.grad for q in buckets[i]]
                 for g, new in zip(grads, _unflatten_dense_tensors(flat / dist.get_world_size(), grads), strict=True):
@@ -400,6 +406,55 @@ def test_6_9_zero1_matches_ddp_measures_the_state_and_catches_a_missing_all_gath
     _wrong("6.9", summed, "divided by the world size")
 
 
+    def all_reduced(params, make_optimizer):  # the right numbers from an all_reduce of the whole flat gradient
+        import torch.distributed as dist
+
+        params = list(params)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        total = sum(p.numel() for p in params)
+        per = -(-total // world)
+        flat = torch.zeros(per * world)
+        torch.cat([p.detach().reshape(-1) for p in params], out=flat[:total])
+        mine = flat[rank * per:(rank + 1) * per].clone().requires_grad_(True)
+        opt = make_optimizer([mine])
+
+        def step():
+            g = torch.zeros(per * world)
+            torch.cat([p.grad.reshape(-1) for p in params], out=g[:total])
+            dist.all_reduce(g)
+            mine.grad = g[rank * per:(rank + 1) * per] / world
+            opt.step()
+            w6._collective("all_gather_into_tensor")(flat, mine.detach())
+            with torch.no_grad():
+                at = 0
+                for p in params:
+                    p.copy_(flat[at:at + p.numel()].view_as(p))
+                    at += p.numel()
+
+        return step, opt
+
+    _wrong("6.9", all_reduced, "collectives were all_gather, all_reduce", "reduce_scatter_single")
+
+    def swapped(params, make_optimizer):  # reduce_scatter_single(input, output): gloo refuses the sizes
+        import torch.distributed as dist
+
+        step, opt = w6._ref_zero1()(params, make_optimizer)
+        real = w6._collective("reduce_scatter_tensor")
+
+        def stepped():
+            name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+            setattr(dist, name, lambda out, inp, **kw: real(inp, out, **kw))
+            try:
+                step()
+            finally:
+                setattr(dist, name, real)
+
+        return stepped, opt
+
+    message = _wrong("6.9", swapped, "take the output first", "your code raised RuntimeError: Check failed")
+    assert "out of step" not in message and "\n" not in message, message  # gloo's log prefix and newline dropped
+
+
 @needs_fork
 def test_ranks_whose_collectives_go_out_of_step_are_named(monkeypatch):
     monkeypatch.setattr(w6, "DP_TIMEOUT_S", 6.0)  # gloo gives up 3 s before the check would
@@ -452,3 +507,74 @@ def test_a_child_forked_after_cuda_started_sees_no_accelerator_and_the_parent_ke
 
     assert D.run_ranks(seen) == [[False, None], [False, None]]
     assert torch.cuda.is_available is before
+
+
+def _markdown(title_part: str) -> str:
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "06_resnet_ladder.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    hits = [c for c in cells if title_part in c]
+    assert len(hits) == 1, title_part
+    return hits[0]
+
+
+def test_the_notebook_says_what_the_data_parallel_checks_ask_for():
+    """What 6.8's and 6.9's checks refuse is said in their prose; the objectives name section 8's exercises."""
+    assert "(6.6–6.9)" in _markdown("What you should be able to do after this notebook")
+    overlap = _markdown("### Exercise 6.8")
+    assert "every handle waited on" in overlap and "get_future()" in overlap
+    zero = _markdown("### Exercise 6.9")
+    assert "a reduce-scatter and an all-gather, no all_reduce" in zero
+
+
+def test_the_timing_and_state_cells_say_what_is_missing_instead_of_raising(capsys, monkeypatch):
+    """6.8's comparison needs 6.7's timing too, and 6.9's reading its state: a student who skipped 6.7 (or whose
+    check failed) reads which one is missing, not a KeyError."""
+    import json
+    from pathlib import Path
+
+    from labkit import dp_scratch, predict
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "06_resnet_ladder.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    timing = next(c for c in cells if 'w6.LAST_TIMING[k]) for k in ("6.7", "6.8")' in c)
+    state = next(c for c in cells if 'w6.LAST_STATE.get("6.9")' in c)
+    monkeypatch.setattr(w6, "LAST_TIMING", {"6.8": [(2.0, 1.0)] * 3})
+    monkeypatch.setattr(w6, "LAST_STATE", {})
+    env = {"w6": w6, "dp_scratch": dp_scratch, "predict": predict, "prediction_overlap_helps": None,
+           "prediction_state_fraction": None}
+    exec(timing, env)
+    exec(state, env)
+    out = capsys.readouterr().out
+    assert "not timed yet: 6.7" in out and "not measured yet" in out, out
+
+
+@needs_fork
+def test_6_9_runs_an_odd_count_of_parameters_so_a_missing_padding_is_caught():
+    """At world size 2 an even count needs no padding, and a ZeRO-1 without it would pass: the check's MLP has
+    an odd one, and gloo's refusal of the unpadded sizes comes back with what the sizes must be."""
+    from labkit import dp_scratch as D
+
+    assert sum(p.numel() for p in D.mlp(w6._recipe(adam=True).sizes).parameters()) % D.WORLD == 1
+    assert "odd number of\nparameters, so at two ranks the padding is one zero" in _markdown("### Exercise 6.9")
+
+    def unpadded(params, make_optimizer):
+        import torch.distributed as dist
+
+        params = list(params)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        per = sum(p.numel() for p in params) // world
+        mine = torch.cat([p.detach().reshape(-1) for p in params])[rank * per:(rank + 1) * per].clone()
+        opt = make_optimizer([mine.requires_grad_(True)])
+
+        def step():
+            out = torch.empty(per)
+            w6._collective("reduce_scatter_tensor")(out, torch.cat([p.grad.reshape(-1) for p in params]))
+            mine.grad = out / world
+            opt.step()
+
+        return step, opt
+
+    _wrong("6.9", unpadded, "padded with zeros to a multiple of the world size")
