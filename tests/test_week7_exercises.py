@@ -140,6 +140,65 @@ def test_a_wrong_backward_fails_and_the_optional_sums_may_be_skipped():
         ex.check("7.3", w7.torch_bn_relu, quiet=True)
 
 
+def _first_block_only(fn, block=256):
+    """fn with every plane of its output (or of its gradient of x) right on its first `block` positions only, as a
+    kernel whose programs all read their plane's first block leaves it."""
+    def spoil(t):
+        t = t.clone()
+        t.view(-1, t.shape[2] * t.shape[3])[:, block:] = 7.0
+        return t
+    return spoil, fn
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _bn_relu_first_block_kernel(x_ptr, scale_ptr, shift_ptr, res_ptr, y_ptr, C, HW, HAS_RESIDUAL: tl.constexpr,
+                                    BLOCK: tl.constexpr):
+        # the exercise's grid, (planes, blocks of a plane), with the block's index left out of the offsets
+        plane = tl.program_id(0)
+        pos = tl.arange(0, BLOCK)
+        live = pos < HW
+        at = plane * HW + pos
+        z = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32) * tl.load(scale_ptr + plane % C) \
+            + tl.load(shift_ptr + plane % C)
+        if HAS_RESIDUAL:
+            z += tl.load(res_ptr + at, mask=live, other=0.0).to(tl.float32)
+        tl.store(y_ptr + at, tl.maximum(z, 0.0).to(y_ptr.dtype.element_ty), mask=live)
+
+
+@needs_triton
+def test_a_kernel_that_reads_only_the_first_block_of_each_plane_fails_saying_why():
+    """Every case used to fit in one block of 256 positions, so a kernel that left the block's index out of its
+    offsets passed 7.1-7.3 and was wrong on a 32 x 32 image: a plane of 33 x 35 now catches it, with its hint."""
+    def bn_relu(x, scale, shift, residual=None):
+        y = torch.empty_like(x)
+        n, c, h, w = x.shape
+        _bn_relu_first_block_kernel[(n * c, triton.cdiv(h * w, 256))](
+            x, scale.float(), shift.float(), x if residual is None else residual, y, c, h * w,
+            HAS_RESIDUAL=residual is not None, BLOCK=256)
+        return y
+
+    hint = "right on its first 256 positions and wrong past them.*tl.program_id\\(1\\) \\* BLOCK"
+    with pytest.raises(ex.Wrong, match="33x35.*" + hint):
+        ex.check("7.2", bn_relu, quiet=True)
+    spoil, aug = _first_block_only(ex.reference("7.1"))
+    with pytest.raises(ex.Wrong, match="2x2x33x35 batch.*" + hint):
+        ex.check("7.1", lambda *a: spoil(aug(*a)), quiet=True)
+    good = ex.reference("7.3")
+
+    class FirstBlock(good):
+        @staticmethod
+        def backward(ctx, g):
+            gx, gs, gb, gr = good.backward(ctx, g)
+            return spoil(gx), gs, gb, gr
+
+    with pytest.raises(ex.Wrong, match="the gradient of x differs.*" + hint):
+        ex.check("7.3", FirstBlock, quiet=True)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (lambda k, n, itemsize=4, residual=False: w7.bytes_moved(k, n, itemsize, False), "residual is a tensor too"),
     (lambda k, n, itemsize=4, residual=False: w7.bytes_moved(k, n, itemsize, residual) / 1e9, "not GB"),
