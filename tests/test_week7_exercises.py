@@ -2,6 +2,7 @@
 benchmark's loading of the notebook's answers work (on a CPU, in Triton's interpreter)."""
 
 import importlib.util
+import math
 import os
 import sys
 
@@ -266,6 +267,30 @@ def test_week2_roof_reads_the_record():
     assert roof["peak_tflops"] > 0 and roof["bandwidth"] > 0 and "recorded on" in roof["note"]
     with pytest.raises(LabkitError, match="no roofline"):
         kb.week2_roof({"env": {}})
+
+
+def test_the_floors_come_from_the_card_the_kernels_were_recorded_on():
+    """Section 4 printed floors at week 2's card (an H100) beside section 5's H200 times, which beat them (bn_relu
+    "at least 135 µs", recorded at 109 µs): the roof is now the recorded card's, and every recorded float32 time
+    takes at least the floor its bytes allow there, as the prose says."""
+    from labkit.bench import load_result
+
+    rec = load_result("triton_kernels_h200")
+    roof = kb.kernels_roof(rec)
+    assert roof["device_name"] == rec["env"]["device_name"] and "recorded on" in roof["note"]
+    assert roof["bandwidth"] == rec["copy_bandwidth"]["bytes_per_s"] and roof["peak_tflops"] > 0
+    timed = [k for k in rec["kernels"] if k["dtype"] == "float32" and k.get("contenders")]
+    assert {k["kernel"] for k in timed} == set(w7.KERNELS)
+    for k in timed:
+        assert k["bytes"] == w7.bytes_moved(k["kernel"], math.prod(k["shape"]), 4, k.get("residual", False))
+        floor = kb.floor_seconds(k["bytes"], roof["bandwidth"])
+        assert all(c["median_s"] >= floor for c in k["contenders"].values()), k["kernel"]
+    points = kb.recorded_points(rec)
+    assert len(points) == sum(len(k["contenders"]) for k in timed)
+    assert all(p["tflops"] > 0 and p["tflops"] <= kb.ceiling(p["intensity"], roof["peak_tflops"], roof["bandwidth"])
+               for p in points)
+    with pytest.raises(LabkitError, match="no roof"):
+        kb.kernels_roof({"env": {}})
 
 
 @needs_triton
