@@ -179,3 +179,15 @@ def test_the_tiers_come_from_the_reference_measured_through_the_sandbox_on_an_h2
     from autograder import selfcheck_labs
 
     assert sorted(selfcheck_labs.LAB5_TIERS) == [(need, share) for need, share in tiers.steps]
+
+
+def test_the_tests_cell_says_how_to_hand_in_headless_while_a_check_fails():
+    """A failing test cell raises, so `jupyter nbconvert --execute --inplace` (the hand-in cell's command) stopped
+    without saving and the hand-in found no outputs: the Tests cell names nbconvert's flag that runs on."""
+    from nbconvert.preprocessors import ExecutePreprocessor
+
+    cells = json.loads(NB.read_text())["cells"]
+    tests = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## Tests"))
+    assert "--allow-errors" in " ".join(tests.split()) and ExecutePreprocessor().has_trait("allow_errors")
+    handin = next("".join(c["source"]) for c in cells if "handin.save(" in "".join(c["source"]))
+    assert "nbconvert --to notebook --execute --inplace" in handin
