@@ -127,6 +127,27 @@ def week2_roof(record: dict | None = None) -> dict:
         raise LabkitError(f"the week-2 record has no roofline ({e!r} missing)") from None
 
 
+def kernels_roof(record: dict | None = None) -> dict:
+    """The roof of the card week 7's kernels were timed on (`triton_kernels_h200.json`): the copy bandwidth measured
+    in that run (bytes/s), the card's datasheet fp32 TFLOP/s, the card, the record's note.
+
+    The floors drawn from it belong with the recorded times: week 2's roof is another card's."""
+    rec = record if record is not None else bench.load_result("triton_kernels_h200")
+    try:
+        return {"peak_tflops": float(rec["datasheet_tflops"]["fp32"]),
+                "bandwidth": float(rec["copy_bandwidth"]["bytes_per_s"]),
+                "device_name": rec.get("env", {}).get("device_name", "?"), "note": bench.recorded_note(rec)}
+    except (KeyError, TypeError) as e:
+        raise LabkitError(f"the kernels' record has no roof ({e!r} missing)") from None
+
+
+def recorded_points(record: dict, dtype: str = "float32") -> list[dict]:
+    """Every timed contender of the record's kernels in `dtype`, as plot_points' points (label, intensity, TFLOP/s)."""
+    return [{"label": f"{k['kernel']}: {who} (recorded)", "intensity": c["intensity"], "tflops": c["tflops"]}
+            for k in record.get("kernels", []) if k.get("dtype") == dtype
+            for who, c in k.get("contenders", {}).items()]
+
+
 def ceiling(intensity: float, peak_tflops: float, bandwidth: float) -> float:
     """TFLOP/s the roof allows at `intensity` (FLOP/byte): min(peak, bandwidth x intensity)."""
     return roofline(intensity, peak_tflops * 1e12, bandwidth) / 1e12

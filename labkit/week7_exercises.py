@@ -370,9 +370,30 @@ def _where(got: torch.Tensor, want: torch.Tensor) -> str:
     return f"at index {at} you gave {float(got.flatten()[i]):.6g}, the composition {float(want.flatten()[i]):.6g}"
 
 
+def _block_hint(got: torch.Tensor, want: torch.Tensor, tol: float = TOL) -> str | None:
+    """The hint for a kernel right on the first positions of every (image, channel) plane and wrong past them, as
+    when every program of a plane reads the plane's first block (its block index left out of the offsets, or a
+    loop over the plane that does not advance)."""
+    if got.dim() != 4 or got.shape != want.shape:
+        return None
+    hw = want.shape[2] * want.shape[3]
+    off = ~((got.float() - want.float()).abs() <= tol * (1 + want.float().abs()))  # NaN (never written) is off
+    off = off.reshape(-1, hw).any(0)
+    if not bool(off.any()):
+        return None
+    first = int(off.nonzero()[0])
+    if first < 16 or first & (first - 1):  # right up to a power of two, the size of a block
+        return None
+    return (f"every plane is right on its first {first} positions and wrong past them, as if each program read the "
+            f"first block of its plane: offset the positions by the block's index (tl.program_id(1) * BLOCK + "
+            f"tl.arange(0, BLOCK)), or, in a loop over the plane, by the loop's start")
+
+
 # ----------------------------------------------------------------------------------- 7.1 the data path
 
-AUG_CASES = [(3, 3, 5, 7, 2), (2, 3, 8, 8, 4), (5, 2, 9, 6, 3)]  # (B, C, H, W, pad): odd sizes, pads 2-4
+# (B, C, H, W, pad): odd sizes, pads 2-4; the last plane holds more positions (33 x 35 = 1155) than a block of
+# 1024, so a kernel whose programs all read the first block of their plane fails
+AUG_CASES = [(3, 3, 5, 7, 2), (2, 3, 8, 8, 4), (5, 2, 9, 6, 3), (2, 2, 33, 35, 4)]
 
 
 def _aug_inputs(b, c, h, w, pad, seed):
@@ -445,15 +466,16 @@ def check_augment(augment_normalize) -> str:
             raise AssertionError("augment_normalize changed its input batch: write into a new output tensor")
         want = torch_augment_normalize(x, oy, ox, flip, mean, std, pad)
         if not _close(got, want):
-            raise AssertionError(f"a {b}x{c}x{h}x{w} batch, pad {pad}: {_where(got, want)}. Hint: "
-                                 f"{_aug_hints(got, x, oy, ox, flip, mean, std, pad)}")
+            hint = _block_hint(got, want) or _aug_hints(got, x, oy, ox, flip, mean, std, pad)
+            raise AssertionError(f"a {b}x{c}x{h}x{w} batch, pad {pad}: {_where(got, want)}. Hint: {hint}")
     return (f"{len(AUG_CASES)} odd-sized batches (pads 2-4, extreme offsets, flipped and not) match the PyTorch "
             f"composition within {TOL:g}")
 
 
 # ------------------------------------------------------------------------------ 7.2 BatchNorm-apply + ReLU
 
-BN_CASES = [(2, 4, 5, 7, True), (3, 3, 4, 4, False), (1, 5, 3, 9, True)]  # (N, C, H, W, with a residual)
+# (N, C, H, W, with a residual); the last plane, 33 x 35, is more than a block of 1024 positions (see AUG_CASES)
+BN_CASES = [(2, 4, 5, 7, True), (3, 3, 4, 4, False), (1, 5, 3, 9, True), (2, 3, 33, 35, True)]
 
 
 def _bn_inputs(n, c, h, w, seed, grad: bool = False):
@@ -496,7 +518,8 @@ def check_bn_relu(bn_relu) -> str:
             raise AssertionError("bn_relu changed x in place: write y into a new tensor (torch.empty_like(x))")
         want = torch_bn_relu(x, scale, shift, res)
         if not _close(got, want):
-            raise AssertionError(f"{what}: {_where(got, want)}. Hint: {_bn_hints(got, x, scale, shift, res)}")
+            hint = _block_hint(got, want) or _bn_hints(got, x, scale, shift, res)
+            raise AssertionError(f"{what}: {_where(got, want)}. Hint: {hint}")
     _check_bn_relu_bf16(bn_relu)
     return (f"{len(BN_CASES)} NCHW batches, with and without a residual, match relu(x * scale + shift + r) within "
             f"{TOL:g}; a bf16 batch comes back bf16, within one bf16 unit of the float32 result")
@@ -571,8 +594,9 @@ def check_backward(BNReLU) -> str:
             got = got.cpu()
             if got.shape != ref.shape or not _close(got, ref, GRAD_TOL):
                 shape = "" if got.shape == ref.shape else f" (shape {tuple(got.shape)}, want {tuple(ref.shape)})"
+                hint = (_block_hint(got, ref, GRAD_TOL) if name in ("x", "residual") else None) or _grad_hint(name)
                 raise AssertionError(f"{what}: the gradient of {name} differs{shape}"
-                                     f"{'' if shape else ', ' + _where(got, ref)}. Hint: {_grad_hint(name)}")
+                                     f"{'' if shape else ', ' + _where(got, ref)}. Hint: {hint}")
     done = "x, residual" + ("" if skipped else ", scale and shift")
     return (f"{len(BN_CASES)} batches: the forward and the gradients of {done} match autograd on the PyTorch "
             f"composition within {GRAD_TOL:g}" + (f"; the gradients of {' and '.join(sorted(skipped))} were not "

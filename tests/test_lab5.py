@@ -93,12 +93,28 @@ def test_the_speed_tiers_cover_the_classes_that_may_grade_it():
      "take the row's running max out"),
     ("cols * stride_c, mask=mask, other=float(\"-inf\")", "cols, mask=mask, other=float(\"-inf\")", "layouts",
      "transposed"),
+    # every stride assumed: the message named the layout and two losses, not what the kernel did wrong
+    ("base = x_ptr + row * stride_n", "base = x_ptr + row * C\n    stride_c = 1", "layouts",
+     "read as if contiguous (row i at i * C, column j at j): read them through logits.stride(0)"),
 ])
 def test_wrong_answers_get_messages_that_say_what_is_wrong(reference, tmp_path, old, new, check, says):
     ctx = _ctx(_variant(reference, tmp_path, old, new))
     with pytest.raises(CheckFailed) as e:
         getattr(lab5_checks, f"check_{check}")(ctx)
     assert says in str(e.value), str(e.value)
+
+
+def test_a_failed_check_measures_the_case_that_failed(reference, tmp_path):
+    """A check failing on its first case reported `loss_rel_err: 0.0` beside a loss that was off: the measurements
+    were the cases before it. Now they hold the failing case's error too."""
+    ctx = _ctx(_variant(reference, tmp_path, "return loss.mean()", "return loss.sum()"))
+    with pytest.raises(CheckFailed) as e:
+        lab5_checks.check_forward(ctx)
+    assert e.value.measurements["loss_rel_err"] > 1, e.value.measurements
+    ctx = _ctx(_variant(reference, tmp_path, "scale = (grad.float() / n).reshape(1)", "scale = grad.float().reshape(1)"))
+    with pytest.raises(CheckFailed) as e:
+        lab5_checks.check_backward(ctx)
+    assert e.value.measurements["grad_err_in_tolerances"] > 1, e.value.measurements
 
 
 def test_a_pytorch_composition_is_told_that_no_kernel_ran(tmp_path):
@@ -163,3 +179,15 @@ def test_the_tiers_come_from_the_reference_measured_through_the_sandbox_on_an_h2
     from autograder import selfcheck_labs
 
     assert sorted(selfcheck_labs.LAB5_TIERS) == [(need, share) for need, share in tiers.steps]
+
+
+def test_the_tests_cell_says_how_to_hand_in_headless_while_a_check_fails():
+    """A failing test cell raises, so `jupyter nbconvert --execute --inplace` (the hand-in cell's command) stopped
+    without saving and the hand-in found no outputs: the Tests cell names nbconvert's flag that runs on."""
+    from nbconvert.preprocessors import ExecutePreprocessor
+
+    cells = json.loads(NB.read_text())["cells"]
+    tests = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## Tests"))
+    assert "--allow-errors" in " ".join(tests.split()) and ExecutePreprocessor().has_trait("allow_errors")
+    handin = next("".join(c["source"]) for c in cells if "handin.save(" in "".join(c["source"]))
+    assert "nbconvert --to notebook --execute --inplace" in handin

@@ -2,6 +2,7 @@
 benchmark's loading of the notebook's answers work (on a CPU, in Triton's interpreter)."""
 
 import importlib.util
+import math
 import os
 import sys
 
@@ -140,6 +141,65 @@ def test_a_wrong_backward_fails_and_the_optional_sums_may_be_skipped():
         ex.check("7.3", w7.torch_bn_relu, quiet=True)
 
 
+def _first_block_only(fn, block=256):
+    """fn with every plane of its output (or of its gradient of x) right on its first `block` positions only, as a
+    kernel whose programs all read their plane's first block leaves it."""
+    def spoil(t):
+        t = t.clone()
+        t.view(-1, t.shape[2] * t.shape[3])[:, block:] = 7.0
+        return t
+    return spoil, fn
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _bn_relu_first_block_kernel(x_ptr, scale_ptr, shift_ptr, res_ptr, y_ptr, C, HW, HAS_RESIDUAL: tl.constexpr,
+                                    BLOCK: tl.constexpr):
+        # the exercise's grid, (planes, blocks of a plane), with the block's index left out of the offsets
+        plane = tl.program_id(0)
+        pos = tl.arange(0, BLOCK)
+        live = pos < HW
+        at = plane * HW + pos
+        z = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32) * tl.load(scale_ptr + plane % C) \
+            + tl.load(shift_ptr + plane % C)
+        if HAS_RESIDUAL:
+            z += tl.load(res_ptr + at, mask=live, other=0.0).to(tl.float32)
+        tl.store(y_ptr + at, tl.maximum(z, 0.0).to(y_ptr.dtype.element_ty), mask=live)
+
+
+@needs_triton
+def test_a_kernel_that_reads_only_the_first_block_of_each_plane_fails_saying_why():
+    """Every case used to fit in one block of 256 positions, so a kernel that left the block's index out of its
+    offsets passed 7.1-7.3 and was wrong on a 32 x 32 image: a plane of 33 x 35 now catches it, with its hint."""
+    def bn_relu(x, scale, shift, residual=None):
+        y = torch.empty_like(x)
+        n, c, h, w = x.shape
+        _bn_relu_first_block_kernel[(n * c, triton.cdiv(h * w, 256))](
+            x, scale.float(), shift.float(), x if residual is None else residual, y, c, h * w,
+            HAS_RESIDUAL=residual is not None, BLOCK=256)
+        return y
+
+    hint = "right on its first 256 positions and wrong past them.*tl.program_id\\(1\\) \\* BLOCK"
+    with pytest.raises(ex.Wrong, match="33x35.*" + hint):
+        ex.check("7.2", bn_relu, quiet=True)
+    spoil, aug = _first_block_only(ex.reference("7.1"))
+    with pytest.raises(ex.Wrong, match="2x2x33x35 batch.*" + hint):
+        ex.check("7.1", lambda *a: spoil(aug(*a)), quiet=True)
+    good = ex.reference("7.3")
+
+    class FirstBlock(good):
+        @staticmethod
+        def backward(ctx, g):
+            gx, gs, gb, gr = good.backward(ctx, g)
+            return spoil(gx), gs, gb, gr
+
+    with pytest.raises(ex.Wrong, match="the gradient of x differs.*" + hint):
+        ex.check("7.3", FirstBlock, quiet=True)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (lambda k, n, itemsize=4, residual=False: w7.bytes_moved(k, n, itemsize, False), "residual is a tensor too"),
     (lambda k, n, itemsize=4, residual=False: w7.bytes_moved(k, n, itemsize, residual) / 1e9, "not GB"),
@@ -207,6 +267,30 @@ def test_week2_roof_reads_the_record():
     assert roof["peak_tflops"] > 0 and roof["bandwidth"] > 0 and "recorded on" in roof["note"]
     with pytest.raises(LabkitError, match="no roofline"):
         kb.week2_roof({"env": {}})
+
+
+def test_the_floors_come_from_the_card_the_kernels_were_recorded_on():
+    """Section 4 printed floors at week 2's card (an H100) beside section 5's H200 times, which beat them (bn_relu
+    "at least 135 µs", recorded at 109 µs): the roof is now the recorded card's, and every recorded float32 time
+    takes at least the floor its bytes allow there, as the prose says."""
+    from labkit.bench import load_result
+
+    rec = load_result("triton_kernels_h200")
+    roof = kb.kernels_roof(rec)
+    assert roof["device_name"] == rec["env"]["device_name"] and "recorded on" in roof["note"]
+    assert roof["bandwidth"] == rec["copy_bandwidth"]["bytes_per_s"] and roof["peak_tflops"] > 0
+    timed = [k for k in rec["kernels"] if k["dtype"] == "float32" and k.get("contenders")]
+    assert {k["kernel"] for k in timed} == set(w7.KERNELS)
+    for k in timed:
+        assert k["bytes"] == w7.bytes_moved(k["kernel"], math.prod(k["shape"]), 4, k.get("residual", False))
+        floor = kb.floor_seconds(k["bytes"], roof["bandwidth"])
+        assert all(c["median_s"] >= floor for c in k["contenders"].values()), k["kernel"]
+    points = kb.recorded_points(rec)
+    assert len(points) == sum(len(k["contenders"]) for k in timed)
+    assert all(p["tflops"] > 0 and p["tflops"] <= kb.ceiling(p["intensity"], roof["peak_tflops"], roof["bandwidth"])
+               for p in points)
+    with pytest.raises(LabkitError, match="no roof"):
+        kb.kernels_roof({"env": {}})
 
 
 @needs_triton

@@ -77,7 +77,7 @@ def _case(ctx, spec: dict) -> tuple[dict, dict]:
     eps, g = float(spec.get("smoothing", scen.SMOOTHING)), float(spec.get("grad", 1.0))
     ref = F.cross_entropy(xr, y, label_smoothing=eps)
     ref.backward(torch.tensor(g))
-    mine = {"loss": float(ref), "grad": xr.grad, "x": xr.detach(), "y": y, "eps": eps, "g": g}
+    mine = {"loss": float(ref), "grad": xr.grad, "x": xr.detach(), "y": y, "eps": eps, "g": g, "view": x.detach()}
     return {"loss": float(loss), "grad": grad.float(), "launches": launches, "ops": [str(o) for o in ops],
             "reads": reads, "logit_ops": [str(o) for o in read_ops], "switched": [str(o) for o in switched]}, mine
 
@@ -117,17 +117,33 @@ def _loss_hint(loss: float, mine: dict) -> str:
     n, c = x.shape
     lse = torch.logsumexp(x, dim=1)
     nll = lse - x.gather(1, y[:, None]).squeeze(1)
+    flat = _read_as_contiguous(mine)
     variants = {"the cross-entropy without label smoothing": float(nll.mean()),
                 "the sum over rows, not the mean": mine["loss"] * n,
                 "eps * sum_c(-log p_c) for the smoothing term: it is eps * mean_c (divide by C)":
                     float(((1 - eps) * nll + eps * (c * lse - x.sum(1))).mean()),
                 "(1 - eps) missing on the target term": float((nll + eps * (lse - x.mean(1))).mean())}
+    if flat is not None:
+        variants["the logits read as if contiguous (row i at i * C, column j at j): read them through "
+                 "logits.stride(0) and logits.stride(1)"] = float(F.cross_entropy(flat, y, label_smoothing=eps))
     if not math.isfinite(loss):
         return " (not finite: take the row's running max out before exp, the online log-sum-exp)"
     for what, v in variants.items():
         if math.isclose(loss, v, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL):
             return f" (it matches {what})"
     return ""
+
+
+def _read_as_contiguous(mine: dict) -> torch.Tensor | None:
+    """The (N, C) values a kernel that ignores the strides reads (element (i, j) at i * C + j of the view's memory),
+    in fp32; None for a contiguous case, where they are the logits."""
+    view = mine.get("view")
+    if view is None or view.is_contiguous():
+        return None
+    n, c = view.shape
+    if view.untyped_storage().nbytes() < (view.storage_offset() + n * c) * view.element_size():
+        return None
+    return torch.as_strided(view, (n, c), (c, 1), view.storage_offset()).float()
 
 
 def _grad_far(got: torch.Tensor, want: torch.Tensor, dtype: str) -> float:
@@ -161,20 +177,25 @@ def _judge(ctx, specs: list[dict], *, forward: bool, backward: bool) -> dict:
         theirs, mine = _case(ctx, spec)
         _own_kernels(theirs, spec, backward)
         where = _where(spec)
+        # each case's error joins the measurements before it is judged: a failed check reports its own case's
         if forward:
             err = abs(theirs["loss"] - mine["loss"])
+            worst["loss_rel_err"] = max(worst["loss_rel_err"], err / max(abs(mine["loss"]), 1e-12))
             require(math.isfinite(theirs["loss"]) and err <= LOSS_RTOL * abs(mine["loss"]) + LOSS_ATOL,
                     f"{where}: loss {theirs['loss']:.6g}, F.cross_entropy(x.float(), y, label_smoothing="
-                    f"{mine['eps']:g}) gives {mine['loss']:.6g}{_loss_hint(theirs['loss'], mine)}", **worst)
-            worst["loss_rel_err"] = max(worst["loss_rel_err"], err / max(abs(mine["loss"]), 1e-12))
+                    f"{mine['eps']:g}) gives {mine['loss']:.6g}{_loss_hint(theirs['loss'], mine)}", **_rounded(worst))
         if backward:
             dtype = spec.get("dtype", "float32")
             far = _grad_far(theirs["grad"], mine["grad"], dtype)
+            worst["grad_err_in_tolerances"] = max(worst["grad_err_in_tolerances"], far)
             require(far <= 1, f"{where}: the gradient of the logits is off by up to "
                     f"{float((theirs['grad'] - mine['grad']).abs().max()):.3g} (largest element "
                     f"{float(mine['grad'].abs().max()):.3g}; {far:.3g}x the {dtype} tolerance){_grad_hint(theirs['grad'], mine, dtype)}",
-                    **worst)
-            worst["grad_err_in_tolerances"] = max(worst["grad_err_in_tolerances"], far)
+                    **_rounded(worst))
+    return _rounded(worst)
+
+
+def _rounded(worst: dict) -> dict:
     return {k: float(f"{v:.3g}") for k, v in worst.items()}
 
 
