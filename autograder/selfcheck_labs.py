@@ -399,4 +399,4 @@ def lab5_speed(p, dev) -> dict:
             "fraction": frac, "measurements": {k: round(v, 5) for k, v in t.items()}}
 
 
-LAB5_TIERS = [(2.5, 1.0), (2.0, 0.75), (1.5, 0.5)]  # the lab's stated tiers (its first cell), highest first
+LAB5_TIERS = [(1.8, 1.0), (1.5, 0.75), (1.25, 0.5)]  # the lab's stated tiers (its first cell), highest first

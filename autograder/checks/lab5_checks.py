@@ -43,12 +43,15 @@ GRAD_ATOL = 1e-5  # share of the gradient's largest element
 
 # Speed: forward + backward on bf16 logits (rows, cols), the student's kernels against the eager composition,
 # fresh inputs each pass (autograder.student.lab5.round_draws). benchmarks/results/grading/grade_reference_gpu_lab5_h200.json
-# holds the reference's measured ratio; tests/test_lab5.py ties the tiers to it.
+# holds the reference's measured ratio; tests/test_lab5.py ties the tiers to it. The reference's side is bound by
+# the host (its two Triton launches cost the same at 16,384 rows as at 131,072: lab5_kernels_h200.json), so the
+# ratio falls on a slower host CPU: 2.82x on one H200 machine, 2.22x (IQR 0.30) on another. Full marks sit below
+# the lower of the two by more than its spread, so an honest kernel is not graded by the host it landed on.
 SPEED_SHAPE = {"rows": 131072, "cols": 1000}
 SPEED_ROUNDS = {"rounds": 9, "warmup": 3, "inner": 5}
 # One class for every GPU: the kernel is memory-bound, so the ratio is about bytes moved, not 16-bit units.
-SPEED_TIERS = {"tensor_core_gpu": Tiers(((1.5, 0.5), (2.0, 0.75), (2.5, 1.0)), bonus=3.5),
-               "gpu": Tiers(((1.5, 0.5), (2.0, 0.75), (2.5, 1.0)), bonus=3.5)}
+SPEED_TIERS = {"tensor_core_gpu": Tiers(((1.25, 0.5), (1.5, 0.75), (1.8, 1.0)), bonus=3.5),
+               "gpu": Tiers(((1.25, 0.5), (1.5, 0.75), (1.8, 1.0)), bonus=3.5)}
 TIER_BASIS = "calibrated on an H200"
 
 
