@@ -282,6 +282,12 @@ def test_student_facing_docs_point_at_the_release_never_at_the_solutions():
                                                                    *(ROOT / "notebooks").glob("*.ipynb")]}
     texts["release README"] = release._readme(release.version(), "owner/name-student")
     assert not [name for name, text in texts.items() if "assignments/source" in text]
+    # A notebook's "graded lab N" names the lab's folder in the release; the repository's `assignments/` is not there.
+    notebooks = {name: text for name, text in texts.items() if name.startswith("notebooks/")}
+    assert not [name for name, text in notebooks.items() if "`assignments/" in text]
+    for number, lab in enumerate(release.LABS, 1):
+        pointers = [name for name, text in notebooks.items() if f"raded lab {number}" in text]
+        assert pointers and all(f"labs/{lab}" in notebooks[name] for name in pointers), (lab, pointers)
     readme = (ROOT / "README.md").read_text()
     assert "make student" in readme and "assignments/README.md#running-a-course" in readme
     command = "python -m autograder.harness lab1 student_scaler.py"  # run as written by the fresh-venv test
