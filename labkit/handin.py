@@ -40,8 +40,11 @@ def _check(nb: dict, lab: str) -> None:
 
 
 def headless_steps(lab: str, indent: str = "") -> str:
-    """How to hand in a lab from a shell (no Jupyter front end): execute the notebook in place, then zip it."""
-    return (f"{indent}jupyter nbconvert --to notebook --execute --inplace {lab}.ipynb\n"
+    """How to hand in a lab from a shell (no Jupyter front end): execute the notebook in place, then zip it.
+
+    `--allow-errors`: a check that fails raises, and without the flag nbconvert stops there and saves nothing, so
+    a lab with one part unfinished would be handed in blank."""
+    return (f"{indent}jupyter nbconvert --to notebook --execute --inplace --allow-errors {lab}.ipynb\n"
             f"{indent}python -m labkit.handin {lab}")
 
 
@@ -66,7 +69,7 @@ def _refuse_without_outputs(nb: dict, lab: str) -> bool:
           f"answers are\ngraded against those outputs.\n"
           f"- In Jupyter: run every cell, save the notebook (Ctrl+S), then run this cell again.\n"
           f"- Headless (jupyter nbconvert --execute): the outputs are saved only when the run ends, after this "
-          f"cell. If this run\n  is `jupyter nbconvert --to notebook --execute --inplace {lab}.ipynb`, let it end, "
+          f"cell. If this run\n  is `jupyter nbconvert --to notebook --execute --inplace --allow-errors {lab}.ipynb`, let it end, "
           f"then run, in this folder,\n      python -m labkit.handin {lab}\n  Without --inplace the outputs go to a "
           f"copy ({lab}.nbconvert.ipynb) that the hand-in does not read:\n  run both\n"
           f"{headless_steps(lab, '      ')}\n{bar}", file=sys.stderr)

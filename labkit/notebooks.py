@@ -147,8 +147,10 @@ def lab_setup_source(lab: str, root: Path = REPO_ROOT) -> str:
 def handin_source(lab: str) -> str:
     """A lab's last cell: write the hand-in zip (downloaded on Colab)."""
     return "\n".join([HANDIN_MARKER, "# (on Colab it downloads the zip, and copies it to Google Drive when mounted).",
-                      "# Headless, from a shell: the outputs are saved only when a run ends, so execute it in place, then",
-                      f"#   jupyter nbconvert --to notebook --execute --inplace {lab}.ipynb && python -m labkit.handin {lab}",
+                      "# Headless, from a shell: the outputs are saved only when a run ends, so execute it in place",
+                      "# (--allow-errors: on to the end when a check fails, which would otherwise save nothing), then",
+                      f"#   jupyter nbconvert --to notebook --execute --inplace --allow-errors {lab}.ipynb && "
+                      f"python -m labkit.handin {lab}",
                       "from labkit import handin", "", f'handin.save("{lab}")'])
 
 

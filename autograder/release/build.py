@@ -144,8 +144,9 @@ def _readme(ver: str, slug: str) -> str:
     return f"""# labkit {ver}: student release
 
 The course's seven weekly notebooks (`notebooks/`), the graded labs (`labs/<lab>/<lab>.ipynb`), the `labkit`
-package and the public checks of each lab. Nothing here holds an answer: the course's grader runs more tests
-(hidden cases, other seeds) when it grades your hand-in.
+package and the public checks of each lab. No graded lab's answer is here (the weekly notebooks' exercises are
+not graded: `ex.reference(...)` hands you labkit's version of one to move on), and the course's grader runs more
+tests (hidden cases, other seeds) when it grades your hand-in.
 
 - **Colab**: open a notebook's badge; its first cell installs this release (`pip install` of this folder's
   archive, published at https://github.com/{slug}), nothing else.
@@ -155,8 +156,9 @@ package and the public checks of each lab. Nothing here holds an answer: the cou
   this release: `pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu`, then
   `pip install .`. The default torch wheel on Linux carries the CUDA libraries, several GB that a CPU never uses.
   Where download.pytorch.org cannot be reached (a network that allows only PyPI), stop that command and run
-  `pip install .` alone: the default wheel works on a CPU too. Every lab's public checks run on a CPU (lab 4's
-  speed needs a CUDA GPU).
+  `pip install .` alone: the default wheel works on a CPU too. Every lab's public checks run on a CPU, except
+  the speed parts of labs 4 and 5, which need a CUDA GPU (Colab's is one). Lab 5's Triton kernels run on a CPU in
+  Triton's interpreter, on Linux only (PyPI has no Triton for macOS or Windows): elsewhere, use Colab.
 - **Checks**: a lab's test cells run its public checks on your `student_*.py` (the `%%writefile` cell above
   them writes it from your code: run that cell first); the same from a shell in the
   lab's folder: `python -m autograder.harness lab1 student_scaler.py` (`--list` names them). Lab 3's compare
