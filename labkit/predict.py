@@ -32,7 +32,9 @@ def _numeric_verdict(p: float, m: float, close: float) -> str:
     if p > 0 and m > 0:
         factor = max(p / m, m / p)
         if factor <= 1 + close:
-            return f"close: within {100 * close:.0f}% ({p / m:.3g}x the measurement)"
+            off = abs(p / m - 1)
+            return (f"close: within {100 * close:.0f}% (" + ("under 1%" if off < 0.005 else f"{100 * off:.0f}%")
+                    + f" {'above' if p > m else 'below'} the measurement)")
         return f"off by a factor of {factor:.3g} (too {'high' if p > m else 'low'})"
     diff = abs(p - m) / abs(m) if m else abs(p)
     return (f"close: within {100 * close:.0f}%" if diff <= close else

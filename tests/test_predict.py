@@ -14,6 +14,9 @@ def test_numeric_predictions(capsys):
     assert r["verdict"].startswith("close") and "2.2 ms" in capsys.readouterr().out
     assert predict.compare(10, 2.0, "x", show=False)["verdict"] == "off by a factor of 5 (too high)"
     assert predict.compare(33, 33, "waves", show=False)["verdict"] == "exactly right"
+    # How close, with its direction: never "1x the measurement" for a prediction that is not exact.
+    assert predict.compare(2.0, 2.2, "x", show=False)["verdict"] == "close: within 25% (9% below the measurement)"
+    assert predict.compare(1.0004, 1.0, "x", show=False)["verdict"] == "close: within 25% (under 1% above the measurement)"
     assert predict.compare(float("inf"), 3.0, "x", show=False)["verdict"] == "differs"
     assert predict.compare("0.5", 2.0, "x", show=False)["verdict"] == "off by a factor of 4 (too low)"
     assert predict.compare(0, 0.1, "x", close=2.0, show=False)["verdict"].startswith("close")
