@@ -457,6 +457,24 @@ def cold_time_to_accuracy(rec: dict, fast: str = "cuda_graphs", top: str = "muon
     return out
 
 
+def variant_time_to_accuracy(rec: dict, name: str) -> dict:
+    """One variant's cold time to accuracy against the baseline of the same record (benchmarks/time_to_accuracy.py
+    with --variant), formatted as `cold_time_to_accuracy` does, with keys prefixed `var_`, plus the variant's steady
+    img/s, its cold runs' seconds before their first step (`var_before_loop`: what no faster loop can remove) and,
+    where the record has them, its runs with the saved compile artifact (`var_artifact_s`, `var_artifact_sooner`)."""
+    out = {k.replace("tta_", "var_", 1): v for k, v in cold_time_to_accuracy(rec, fast=name, top=name).items()}
+    summ = rec["summary"]
+    out["var_img_per_s"] = f"{summ[name]['img_per_s']['median']:,.0f} img/s"
+    cold = [r["before_loop_s"] for r in rec["runs"] if r["label"].startswith(f"{name}-") and r["ok"]]
+    out["var_before_loop"] = _range(cold, scale=1.0, unit=" s")
+    out["var_tenth_of_base"] = f"{summ['baseline']['to_target_s']['median'] / 10:.1f} s"  # what 10x would leave
+    art = summ.get(f"{name}+artifact")
+    if art and art["to_target_s"]:
+        out |= {"var_artifact_s": f"{art['to_target_s']['median']:.1f} s",
+                "var_artifact_sooner": f"{art['ratio_vs_baseline']:.1f}x"}
+    return out
+
+
 def headline(ablation: dict, ladder: dict, cold: dict, fast: str = "without_muon",
              eager_job: str = "whole run batch_fused", top_job: str = "whole run muon, cold") -> dict:
     """The headline's figures as the README, the results page and week 6 print them, from their records: time to

@@ -51,8 +51,17 @@ def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
                      f"the top rung without Muon in {c['tta_fast_s']} ({c['tta_fast_spread']}): {c['tta_sooner']} sooner",
                      f"(it ends at {c['tta_top_accs']})", f"{c['tta_rounds']} rounds"):
         assert sentence in lead, sentence
-    assert c["tta_top_never"] and f"reaches its baseline's accuracy {c['tta_sooner']} sooner from a cold process" in \
-        _fold(readme)
+    v = report.variant_time_to_accuracy(_load("time_to_accuracy_muon_b2048_h200"), "muon_b2048")
+    assert c["tta_top_never"] and not v["var_top_never"]
+    assert f"reaches its baseline's accuracy {v['var_sooner']} sooner from a cold process" in _fold(readme)
+    for sentence in (f"At half its batch, Muon gets there {v['var_sooner']} sooner",
+                     f"{v['var_img_per_s']}) reaches that run's target ({v['var_target']}) in {v['var_fast_s']} "
+                     f"({v['var_fast_spread']}), in {v['var_fast_reached']} runs",
+                     f"against the baseline's {v['var_base_s']} ({v['var_base_spread']}), and ends at {v['var_fast_accs']}",
+                     f"with the saved compile artifact, {v['var_artifact_s']} ({v['var_artifact_sooner']}), no sooner",
+                     f"{v['var_before_loop']} of each run passes before its first step, and 10x would leave it "
+                     f"{v['var_tenth_of_base']} in all"):
+        assert sentence in lead, sentence
     # training time alone, the cold eager rung and the table live on the results page (its lead is tested below)
     for sentence in (f"ends its 5 epochs at {h['top_accs']}, below the baseline's {h['baseline_accs']}",
                      f"Its {h['throughput']} the baseline's img/s (`ladder.json`: ",
@@ -61,7 +70,7 @@ def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
                      f"measured in the same run it is {h['share_measured']}, which the tables call \"share of "
                      f"measured peak\", not MFU"):
         assert sentence in lead, sentence
-    values = {v for v in [*h.values(), *c.values()] if isinstance(v, str)}
+    values = {x for x in [*h.values(), *c.values(), *v.values(), "10x"] if isinstance(x, str)}
     assert {f for f in FIGURE.findall(lead)} <= values, set(FIGURE.findall(lead)) - values
 
 
@@ -84,7 +93,16 @@ def test_results_page_lead_is_time_to_accuracy_with_spreads_from_the_records():
                      f"({h['datasheet_exact']} for an H100 SXM", f"{h['mfu']} for the top rung",
                      f"measured in that run is {h['share_measured']}"):
         assert sentence in lead, sentence
-    values = {v for v in h.values() if isinstance(v, str)}
+    c = _cold()
+    v = report.variant_time_to_accuracy(_load("time_to_accuracy_muon_b2048_h200"), "muon_b2048")
+    for sentence in (f"the top rung without Muon is {c['tta_sooner']} sooner than the baseline ({c['tta_fast_s']} "
+                     f"against {c['tta_base_s']})",
+                     f"2048 is {v['var_sooner']} sooner ({v['var_fast_s']}, {v['var_fast_spread']}, against "
+                     f"{v['var_base_s']}, {v['var_base_spread']}) in {v['var_fast_reached']} runs, ending at "
+                     f"{v['var_fast_accs']}",
+                     f"each of those Muon runs spends {v['var_before_loop']}, so 10x ({v['var_tenth_of_base']} in all)"):
+        assert sentence in lead, sentence
+    values = {x for x in [*h.values(), *c.values(), *v.values(), "10x"] if isinstance(x, str)}
     assert {f for f in FIGURE.findall(lead)} <= values, set(FIGURE.findall(lead)) - values
 
 

@@ -126,6 +126,12 @@ TIES = {
         **{v: (lambda v=v: v) for k, v in report.cold_time_to_accuracy(load("time_to_accuracy_h200")).items()
            if isinstance(v, str) and k in ("tta_target", "tta_base_s", "tta_base_spread", "tta_fast_s", "tta_fast_spread",
                                                 "tta_top_accs", "tta_sooner")},
+        # Muon at batch 2048 against its own baseline, formatted from time_to_accuracy_muon_b2048_h200.json
+        **{v: (lambda v=v: v) for k, v in report.variant_time_to_accuracy(load("time_to_accuracy_muon_b2048_h200"),
+                                                                          "muon_b2048").items()
+           if isinstance(v, str) and k in ("var_target", "var_base_s", "var_base_spread", "var_fast_s", "var_fast_spread",
+                                           "var_fast_accs", "var_sooner", "var_artifact_s", "var_artifact_sooner",
+                                           "var_before_loop", "var_tenth_of_base", "var_img_per_s")},
     },
     "04_data_loading.ipynb": {
         "3,335 img/s": lambda: f"{load('ladder')['rungs'][0]['img_per_s']:,.0f} img/s",
@@ -169,6 +175,7 @@ TIES = {
 
 # figures that measure nothing: shapes, thresholds set in code or an exercise, examples, arithmetic
 CONSTANTS = {
+    "README.md": {"10x": "the goal the time-to-accuracy record falls short of (no measurement)"},
     "01_float_formats.ipynb": {"0.1%": "a rounding-error example", "1%": "an exercise's tolerance",
                                "7 ×": "the formula 2^-7 × a (bf16's gap)", "0.05 ×": "the update −0.05 × g (lr)",
                                "8x": "the spike margin=3 absorbs (2^3)"},
