@@ -113,6 +113,8 @@ def test_week6_opens_with_its_executed_copy_and_computes_its_headline():
     assert f"(../{link})" in first and (ROOT / link).exists()
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert 'load_result("ladder_ablation")' in code and 'load_result("cold_start_tiered_final")' in code
+    assert 'load_result("time_to_accuracy_h200")' in code and 'load_result("time_to_accuracy_muon_b2048_h200")' in code
+    assert "no record yet holds the baseline" not in code
     assert "report.accuracy_spread(" in code and "zoom_accuracy" not in code
 
 
