@@ -209,8 +209,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m autograder.selfch
     ap.add_argument("--list", action="store_true", help="list the public checks and exit")
     a = ap.parse_args(argv)
     if a.list or not a.check:
-        for n, (pts, doc) in PUBLIC.items():
-            print(f"{n:<24} {pts:>2} pts  {doc}")
+        for n, (pts, doc) in PUBLIC.items():  # `--list lab5`: that lab's alone
+            if not a.check or n == a.check or n.startswith(a.check + "."):
+                print(f"{n:<24} {pts:>2} pts  {doc}")
         return 0
     if not a.student_file or not a.student_file.endswith(".py"):
         ap.error("give the .py file the lab's %%writefile cell writes (e.g. student_scaler.py)")

@@ -333,6 +333,8 @@ def _lab5_cases(p, dev, specs: list[dict], *, loss: bool, grad: bool) -> str:
         ref = F.cross_entropy(xr, y, label_smoothing=eps)
         ref.backward(torch.tensor(g))
         where = f"{spec.get('dtype', 'float32')} logits ({spec['n']}, {spec['c']}), {spec.get('layout', 'contiguous')}"
+        if grad and g != 1.0:
+            where += f", incoming gradient {g:g}"
         need(not got["torch_ops"], f"{where}: torch's {', '.join(got['torch_ops'])} ran inside fused_cross_entropy: "
              "write the softmax, log-sum-exp and cross-entropy as your own Triton kernels")
         need(got["launches"][0] >= 1 and (not grad or got["launches"][1] >= 1), f"{where}: no Triton kernel ran in "
@@ -341,10 +343,10 @@ def _lab5_cases(p, dev, specs: list[dict], *, loss: bool, grad: bool) -> str:
              f"({', '.join(got['switched'])})")
         size = x.numel()
         for phase, reads in [("forward", got["logit_reads"][0])] + [("backward", got["logit_reads"][1])] * grad:
-            need(reads < size, f"{where}: outside your Triton kernels, {', '.join(got['logit_ops'])} read {reads} "
+            need(reads < size, f"{where}: outside your Triton kernels, {lab5.readers(got['logit_ops'])} read {reads} "
                  f"elements of the logits or of what your kernels computed from them in the {phase} pass, as many as "
                  f"the logits hold ({size}): compute the loss and the gradient in your kernels (torch may only finish "
-                 "per-row results, such as loss.mean())")
+                 f"per-row results, such as loss.mean()){lab5.copy_hint(got['logit_ops'], phase)}")
         if loss:
             v = float(got["loss"])
             need(got["loss_dtype"] == "float32", f"{where}: return the loss as float32, got {got['loss_dtype']}")

@@ -54,6 +54,18 @@ def _has_outputs(nb: dict) -> bool:
     return any(c.get("outputs") for c in code if not "".join(c.get("source", "")).startswith("# Hand-in"))
 
 
+def _under_nbconvert() -> bool:
+    """Whether this kernel was started by `jupyter nbconvert --execute` (its parent process is nbconvert's)."""
+    try:
+        import psutil
+    except ImportError:
+        return False
+    try:
+        return any("nbconvert" in part for part in psutil.Process(os.getppid()).cmdline())
+    except (psutil.Error, OSError):  # not known: the full explanation is printed instead
+        return False
+
+
 def _refuse_without_outputs(nb: dict, lab: str) -> bool:
     """True (and a loud message on stderr with the fix) when the saved notebook holds no output at all.
 
@@ -64,6 +76,10 @@ def _refuse_without_outputs(nb: dict, lab: str) -> bool:
     """
     if _has_outputs(nb):
         return False
+    if _under_nbconvert():  # the expected first step of a headless hand-in: say the next one, without alarm
+        print(f"Headless run: {lab}.ipynb's outputs are saved when this run ends, after this cell, so the hand-in "
+              f"is the next step. When the run has ended, run, in this folder:\n    python -m labkit.handin {lab}")
+        return True
     bar = "!" * 100
     print(f"{bar}\nNO HAND-IN WRITTEN: the saved {lab}.ipynb has no outputs in any code cell, and your written "
           f"answers are\ngraded against those outputs.\n"
@@ -121,7 +137,7 @@ def save(lab: str, folder: str | Path = ".", *, notebook: dict | None = None) ->
     returns None, with the fix on stderr, when the saved notebook (the default) has no outputs at all.
     """
     if os.environ.get("NBGRADER_EXECUTION"):  # the course is grading this notebook: nothing to hand in
-        print("graded run: no hand-in written")
+        print("graded run: nothing to hand in here (this cell writes the zip when you run it yourself)")
         return None
     folder = Path(folder)
     colab = "google.colab" in sys.modules

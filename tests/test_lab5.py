@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +98,11 @@ def test_the_speed_tiers_cover_the_classes_that_may_grade_it():
     # every stride assumed: the message named the layout and two losses, not what the kernel did wrong
     ("base = x_ptr + row * stride_n", "base = x_ptr + row * C\n    stride_c = 1", "layouts",
      "read as if contiguous (row i at i * C, column j at j): read them through logits.stride(0)"),
+    # a copy of the logits is named as what the student wrote, not only as the operator that ran
+    ("        n, c = logits.shape\n        loss = torch.empty", "        logits = logits.contiguous()\n"
+     "        n, c = logits.shape\n        loss = torch.empty", "layouts", "aten.clone is a .contiguous() copy"),
+    ("        n, c = logits.shape\n        loss = torch.empty", "        logits = logits.float()\n"
+     "        n, c = logits.shape\n        loss = torch.empty", "layouts", "aten._to_copy is a .float() or .to() copy"),
 ])
 def test_wrong_answers_get_messages_that_say_what_is_wrong(reference, tmp_path, old, new, check, says):
     ctx = _ctx(_variant(reference, tmp_path, old, new))
@@ -191,3 +198,16 @@ def test_the_tests_cell_says_how_to_hand_in_headless_while_a_check_fails():
     assert "--allow-errors" in " ".join(tests.split()) and ExecutePreprocessor().has_trait("allow_errors")
     handin = next("".join(c["source"]) for c in cells if "handin.save(" in "".join(c["source"]))
     assert "nbconvert --to notebook --execute --inplace" in handin
+
+
+def test_the_public_list_names_one_labs_checks_and_the_mean_of_rows_is_not_blamed():
+    from autograder import selfcheck
+    from autograder.student import lab5 as scen
+
+    out = subprocess.run([sys.executable, "-m", "autograder.selfcheck", "--list", "lab5"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    names = [line.split()[0] for line in out.stdout.splitlines()]
+    assert names == [n for n in selfcheck.PUBLIC if n.startswith("lab5.")], out.stdout
+    assert scen.readers(["aten._to_copy", "aten.mean"]) == "aten._to_copy" and scen.readers(["aten.mean"]) == "aten.mean"
+    assert "in the logits' dtype from your kernel" in scen.copy_hint(["aten._to_copy"], "backward")
+    assert scen.copy_hint(["aten.mean"], "forward") == ""

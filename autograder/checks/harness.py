@@ -822,8 +822,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     a = ap.parse_args(argv)
     if a.list or not a.check:
-        for c in CHECKS.values():
-            print(f"{c.name:<28} {c.max_score:>4g} pts  {c.doc}")
+        for c in CHECKS.values():  # `--list lab5`: that lab's alone
+            if not a.check or c.name == a.check or c.name.startswith(a.check + "."):
+                print(f"{c.name:<28} {c.max_score:>4g} pts  {c.doc}")
         return 0
     if not a.student_file:
         ap.error("give the student's file after the check name")

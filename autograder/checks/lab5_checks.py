@@ -108,10 +108,11 @@ def _own_kernels(theirs: dict, spec: dict, backward: bool) -> None:
                 "FusedCrossEntropy.backward must launch your backward kernel")
     size = int(spec["n"]) * int(spec["c"])
     for phase, reads in [("forward", theirs["reads"][0])] + [("backward", theirs["reads"][1])] * backward:
-        require(reads < size, f"{where}: outside your Triton kernels, {', '.join(theirs['logit_ops'])} read "
+        require(reads < size, f"{where}: outside your Triton kernels, {scen.readers(theirs['logit_ops'])} read "
                 f"{reads} elements of the logits or of what your kernels computed from them in the {phase} pass, "
                 f"as many as the logits hold ({size}): the loss and the gradient are your kernels' to compute "
-                "(torch may only finish per-row results, such as loss.mean()); no points")
+                f"(torch may only finish per-row results, such as loss.mean()){scen.copy_hint(theirs['logit_ops'], phase)}"
+                "; no points")
 
 
 def _loss_hint(loss: float, mine: dict) -> str:

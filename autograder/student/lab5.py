@@ -329,3 +329,20 @@ def probe_timed_student(p, params: dict) -> dict:
 def probe_timed_eager(p, params: dict) -> dict:
     """One timed round of the baseline, the eager composition (never touches the student's code)."""
     return timed_round(eager_cross_entropy, p.device, params)
+
+
+def readers(ops: list[str]) -> str:
+    """The torch operators to blame for reading the logits, for a message: the mean of per-row results is allowed,
+    so it is named only when nothing else ran."""
+    return ", ".join([o for o in ops if o != "aten.mean"] or ops)
+
+
+def copy_hint(ops: list[str], phase: str) -> str:
+    """What the usual culprits among `ops` are, for a student who did not call them by those names ("" if none)."""
+    hints = []
+    if "aten.clone" in ops:
+        hints.append("aten.clone is a .contiguous() copy: pass the strides to your kernel instead")
+    if "aten._to_copy" in ops:
+        hints.append("aten._to_copy is a .float() or .to() copy: load the logits in their dtype inside the kernel"
+                     + (" and write the gradient in the logits' dtype from your kernel" if phase == "backward" else ""))
+    return f". {'; '.join(hints)}" if hints else ""
