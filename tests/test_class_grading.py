@@ -367,13 +367,14 @@ def test_the_feedback_page_shows_the_late_assessment_and_a_resume_still_trusts_i
 # ------------------------------------------------------------------------------------------------ exports
 
 
-def _graded_folder(tmp_path: Path, policy=None, times=None) -> Path:
+def _graded_folder(tmp_path: Path, policy=None, times=None, extra=()) -> Path:
     """An output folder as a grading run leaves it, from StudentResults made here (no grading)."""
     out = tmp_path / "out"
     key = grade.result_key(out)
     results = [_result("smithjo", 6.0, [_check("lab4.speed", speedup=4.2, extra_credit=1)]),
                _result("leeann", 2.0, [_check("lab4.speed", passed=False, speedup=1.1)]),
-               _result("nobody", 0.0, status="not graded", cause="no notebook", message="no notebook handed in")]
+               _result("nobody", 0.0, status="not graded", cause="no notebook", message="no notebook handed in"),
+               *extra]
     for r in results:
         (out / "students" / r.student_id).mkdir(parents=True)
         (out / "students" / r.student_id / "result.json").write_bytes(grade.sealed_result(r, key))
@@ -386,6 +387,17 @@ def _graded_folder(tmp_path: Path, policy=None, times=None) -> Path:
     (subs / "smithjo_LATE_4242_77_lab.ipynb").write_text("{}")
     classbook.finish(out, info, results, hardware=CPU, junk=[], policy=policy, submissions=subs)
     return out
+
+
+def test_canvas_export_names_the_students_whose_gpu_checks_a_cpu_could_not_grade(tmp_path):
+    """Graded with --allow-ungradable on a CPU, the speed check's 0 is not the student's: the export says whose."""
+    cpu_only = _check("lab4.speed", passed=None)  # no verdict and no cause: not gradable here
+    out = _graded_folder(tmp_path, extra=[_result("cpu_kid", 2.0, [cpu_only])])
+    lines = lms.export(out, "canvas", tmp_path / "canvas", title="Lab 4 (1234)", submissions=tmp_path / "subs")
+    said = [ln for ln in lines if ln.startswith("NOT GRADABLE ON THIS HARDWARE")]
+    assert len(said) == 1 and said[0].endswith(": cpu_kid") and "--force" in said[0], lines
+    assert not any(ln.startswith("NOT GRADABLE") for ln in lms.export(_graded_folder(tmp_path / "all"), "canvas",
+                                                                      tmp_path / "canvas2", title="Lab 4 (1234)"))
 
 
 def test_canvas_export_has_the_documented_columns(tmp_path):

@@ -388,6 +388,11 @@ def export(out: str | Path, to: str, dest: str | Path, *, title: str | None = No
         if provisional:
             lines.append(f"PROVISIONAL totals (written answers not graded yet; re-export after grading them): "
                          f"{', '.join(provisional)}")
+        ungradable = [r.student_id for r in results if rows.get(r.student_id, {}).get("not_gradable_here")]
+        if ungradable:  # --allow-ungradable on the wrong machine: those checks' 0 is not the student's
+            lines.append("NOT GRADABLE ON THIS HARDWARE: checks scored 0 here until regraded where they can run "
+                         "(grade --only ID... --force on a GPU machine, then export again): "
+                         f"{', '.join(shown.name(i) for i in ungradable)}")
         if unmatched:
             lines.append(f"not identified for Canvas (no roster row / Canvas id): {', '.join(unmatched)}")
         return lines
