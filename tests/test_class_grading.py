@@ -392,10 +392,12 @@ def _graded_folder(tmp_path: Path, policy=None, times=None, extra=()) -> Path:
 def test_canvas_export_names_the_students_whose_gpu_checks_a_cpu_could_not_grade(tmp_path):
     """Graded with --allow-ungradable on a CPU, the speed check's 0 is not the student's: the export says whose."""
     cpu_only = _check("lab4.speed", passed=None)  # no verdict and no cause: not gradable here
-    out = _graded_folder(tmp_path, extra=[_result("cpu_kid", 2.0, [cpu_only])])
+    out = _graded_folder(tmp_path, extra=[_result("cpu_kid", 2.0, [cpu_only]),
+                                          _result("odd\x1b[2Jone", 2.0, [cpu_only])])  # an id is shown escaped
     lines = lms.export(out, "canvas", tmp_path / "canvas", title="Lab 4 (1234)", submissions=tmp_path / "subs")
     said = [ln for ln in lines if ln.startswith("NOT GRADABLE ON THIS HARDWARE")]
-    assert len(said) == 1 and said[0].endswith(": cpu_kid") and "--force" in said[0], lines
+    assert len(said) == 1 and said[0].endswith(": cpu_kid, 'odd\\x1b[2Jone'") and "--force" in said[0], lines
+    assert "\x1b" not in said[0], ascii(said[0])
     assert not any(ln.startswith("NOT GRADABLE") for ln in lms.export(_graded_folder(tmp_path / "all"), "canvas",
                                                                       tmp_path / "canvas2", title="Lab 4 (1234)"))
 
