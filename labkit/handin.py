@@ -67,7 +67,8 @@ def _under_nbconvert() -> bool:
 
 
 def _refuse_without_outputs(nb: dict, lab: str) -> bool:
-    """True (and a loud message on stderr with the fix) when the saved notebook holds no output at all.
+    """True when the saved notebook holds no output at all: with a loud message on stderr and the fix, or, when
+    nbconvert runs this notebook (outputs are saved only after its run), a plain line naming the next step.
 
     The written answers are graded against the notebook's own outputs, and the zip holds the notebook as saved
     on disk: a notebook that was run but not saved, or run by `jupyter nbconvert --execute` (which writes its
