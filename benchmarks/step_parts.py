@@ -34,14 +34,17 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 PARTS = ("rung", "fixed batch", "no optimizer", "model only", "data only", "optimizer")
 
 
-def setup(preset: str, quick: bool, dev):
-    """The rung's config, model, step, batches and a fixed batch, as `labkit.train.train` builds them."""
+def setup(preset: str, quick: bool, dev, batch: int | None = None):
+    """The rung's config (its batch `batch` images where given), model, step, batches and a fixed batch, as
+    `labkit.train.train` builds them."""
     import torch
 
     from labkit import data as D
     from labkit import train as T
 
     cfg = T.preset(preset)
+    if batch is not None:
+        cfg = T.with_changes(cfg, batch_size=batch)
     if quick:
         cfg = T.with_changes(cfg, batch_size=32, width=8, compile=None, n_train=128, n_test=64, precision="fp32",
                              channels_last=False, cudnn_benchmark=False)
@@ -175,6 +178,7 @@ def arguments(doc: str, name: str) -> argparse.ArgumentParser:
     """The options every step benchmark takes (preset, rounds, device, quick, out, name); `name`: its program."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="muon", help="the ladder rung to measure (default: muon, the top rung)")
+    ap.add_argument("--batch", type=int, default=None, help="images per step instead of the preset's")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of every part (default 5)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--quick", action="store_true", help="tiny, eager: the plumbing only (the default on a CPU)")
@@ -187,15 +191,20 @@ def start(args, name: str):
     """(results folder, device, quick, the rung's setup) for a step benchmark's parsed options: the folder checked
     writable and the preset known before any model is built (LabkitError otherwise). Without a CUDA GPU it runs
     quick and says that it measures nothing."""
-    from labkit.env import pick_device
+    from labkit.env import LabkitError, pick_device
     from labkit.outputs import check_writable
+    from labkit.presets import RUNG_NAMES
 
+    if args.preset not in RUNG_NAMES:
+        raise LabkitError(f"unknown preset {args.preset!r}: choose one of {', '.join(RUNG_NAMES)}")
+    if args.batch is not None and args.batch < 1:
+        raise LabkitError(f"--batch {args.batch}: give a positive number of images per step")
     out = check_writable(args.out or Path(__file__).parent / "results" / "ladder", "dir")
     dev = pick_device(args.device)
     quick = args.quick or dev.type != "cuda"
     if quick and not args.quick:
         print(f"{name}: no CUDA GPU, so the parts run eager at a tiny size: nothing here is a measurement")
-    return out, dev, quick, setup(args.preset, quick, dev)
+    return out, dev, quick, setup(args.preset, quick, dev, None if quick else args.batch)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """Is the top rung's steady step held back by the card's power limit? Clocks and watts beside img/s.
 
-    python benchmarks/step_power.py [--preset muon] [--rounds 5] [--steps 30] [--out benchmarks/results/ladder]
+    python benchmarks/step_power.py [--preset muon] [--batch N] [--rounds 5] [--steps 30]
+                                    [--out benchmarks/results/ladder]
 
 One process builds the rung as `labkit train` does (`step_parts.setup`) and trains it for one epoch, so that its
 weights are those of a run under way. It then times, in alternating rounds of --steps steps each on one fixed batch:
@@ -13,7 +14,9 @@ While each round runs, a thread reads the GPU through NVML every --sample-ms: SM
 the clock-event reasons (`labkit.gpu_power`), the bits the driver sets to say why the clock is below its maximum (power cap, thermal,
 ...). A part whose samples sit at the power limit with the power-cap reason set is power-bound: its kernels run at
 whatever clock the limit leaves, and the same kernels run faster where their operands toggle fewer bits.
-Saved after every round. Without a CUDA GPU and NVML it runs eager at a tiny size and measures nothing.
+Each image-rate part also gets its energy per image, mJ/img = board watts / img/s x 1000, from the same round's
+readings (the card's whole board power: what the power cap limits, and what a run pays for). Saved after every
+round. Without a CUDA GPU and NVML it runs eager at a tiny size and measures nothing.
 """
 
 from __future__ import annotations
@@ -110,6 +113,11 @@ def summarize(res: dict) -> None:
                 p[k] = statistics.median(vals)
                 p[k + "_spread"] = [min(vals), max(vals)]
             p["power_cap_share"] = statistics.median(r["reasons"].get("power cap", 0.0) for r in p["rounds"])
+        if p["unit"] == "img/s" and p["rounds"] and len(p["rounds"]) == len(p["rate"]):
+            mj = [1000 * r["power_w"] / rate for r, rate in zip(p["rounds"], p["rate"], strict=True) if rate]
+            if mj:  # per round, power over that round's rate: a median of ratios, not a ratio of medians
+                p["mj_per_image"] = round(statistics.median(mj), 3)
+                p["mj_per_image_spread"] = [round(min(mj), 3), round(max(mj), 3)]
 
 
 def main(argv=None) -> int:

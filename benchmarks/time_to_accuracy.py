@@ -1,11 +1,14 @@
 """Time to the baseline's accuracy, from a cold process: what a student waits for, rung against rung.
 
     python benchmarks/time_to_accuracy.py [--rounds 3] [--presets baseline,cuda_graphs,muon] [--artifact]
-                                          [--variant LABEL=PRESET:FIELD=VALUE,...] ...
+                                          [--variant LABEL=PRESET:FIELD=VALUE,...] ... [--lightning]
                                           [--out benchmarks/results/ladder] [--name time_to_accuracy_h200]
 
 A --variant is a recipe being tried: a ladder preset with TrainConfig fields changed (`labkit train --set`),
-run and summarized under its own label beside the presets, e.g. `--variant muon_e8=muon:epochs=8`.
+run and summarized under its own label beside the presets, e.g. `--variant muon_e8=muon:epochs=8`. --lightning adds
+the PyTorch Lightning bf16-mixed peer (`benchmarks/peers.py --time-to-accuracy-run`: the baseline's recipe and
+epochs, PNG files through a worker per core), timed the same way under the label `lightning`; it needs Lightning
+installed, which is checked before any training.
 
 Each run is `labkit train --preset P --set eval_every_epoch=true` in a new Python process with empty
 torch.compile caches (new inductor, Triton and labkit compile-cache folders), as on a new machine; the presets
@@ -30,6 +33,7 @@ Needs a CUDA GPU for the compiled presets; on a CPU it refuses, since the CPU la
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -49,12 +53,22 @@ def _empty_caches(base: Path, tag: str) -> dict[str, str]:
             "LABKIT_COMPILE_CACHE": str(d / "compile-cache")}
 
 
+LIGHTNING = "lightning"  # the peer's label and "preset": not a ladder rung, so it never collides with one
+
+
+def command(preset: str, sets: tuple[str, ...], out: Path) -> list[str]:
+    """The fresh process that trains `preset` (or the Lightning peer) and writes its record to `out`."""
+    if preset == LIGHTNING:
+        return [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--time-to-accuracy-run", str(out)]
+    return [sys.executable, "-m", "labkit", "train", "--preset", preset, "--set", "eval_every_epoch=true", *sets,
+            "--json", str(out), "--overwrite"]
+
+
 def run_once(preset: str, env: dict[str, str], work: Path, label: str, sets: tuple[str, ...] = ()) -> dict:
-    """One `labkit train` in a fresh process (TrainConfig fields `sets`, FIELD=VALUE, changed); its record plus
-    the spawn-to-exit wall time."""
+    """One `labkit train` (or Lightning peer) in a fresh process (TrainConfig fields `sets`, FIELD=VALUE, changed);
+    its record plus the spawn-to-exit wall time."""
     out = work / f"{label}.json"
-    cmd = [sys.executable, "-m", "labkit", "train", "--preset", preset, "--set", "eval_every_epoch=true", *sets,
-           "--json", str(out), "--overwrite"]
+    cmd = command(preset, sets, out)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
     whole = time.perf_counter() - t0
@@ -150,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--artifact", action="store_true", help="also run compiled presets with the artifact")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=PRESET:FIELD=VALUE,...",
                     help="also run a preset with TrainConfig fields changed, under its own label (repeatable)")
+    ap.add_argument("--lightning", action="store_true",
+                    help="also run the PyTorch Lightning bf16-mixed peer under the label lightning (needs Lightning)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ladder"), help="folder for the result JSON")
     ap.add_argument("--name", default="time_to_accuracy_h200", help="result name (file stem)")
     args = ap.parse_args(argv)
@@ -162,6 +178,11 @@ def main(argv=None) -> int:
         if label in recipes:
             raise SystemExit(f"--variant {spec!r}: the label {label!r} is taken")
         recipes[label] = (preset, sets)
+    if args.lightning:
+        if not any(importlib.util.find_spec(m) for m in ("lightning", "pytorch_lightning")):
+            raise SystemExit("--lightning: Lightning is not installed here (pip install 'lightning>=2.2', or "
+                             "pip install -e '.[peers]')")
+        recipes[LIGHTNING] = (LIGHTNING, ())
     import torch
 
     from labkit.bench import save_result
@@ -178,7 +199,7 @@ def main(argv=None) -> int:
     artifact_env = None
     if args.artifact:
         artifact_env = _empty_caches(work, "artifact")
-        compiled = ",".join(sorted({p for p, _ in recipes.values() if p != "baseline"}))
+        compiled = ",".join(sorted({p for p, _ in recipes.values() if p not in ("baseline", LIGHTNING)}))
         b = subprocess.run([sys.executable, "-m", "labkit", "compile-cache", "--build", "--rungs", compiled],
                            env={**os.environ, **artifact_env}, capture_output=True, text=True)
         if b.returncode != 0:
@@ -192,7 +213,7 @@ def main(argv=None) -> int:
         for name in order:
             p, sets = recipes[name]
             plans = [("cold", _empty_caches(work, name))]
-            if artifact_env and p != "baseline":
+            if artifact_env and p not in ("baseline", LIGHTNING):
                 plans.append(("artifact", {**_empty_caches(work, name),
                                            "LABKIT_COMPILE_CACHE": artifact_env["LABKIT_COMPILE_CACHE"]}))
             for how, env in plans:
@@ -211,6 +232,7 @@ def main(argv=None) -> int:
                                         "target_rule": "median final test accuracy of the baseline's runs in "
                                                        "this call", "data_generation_s": data_s,
                                         "rounds": args.rounds, "presets": presets,
+                                        "peers": [LIGHTNING] if args.lightning else [],
                                         "variants": {k: {"preset": v[0], "sets": list(v[1])}
                                                      for k, v in recipes.items() if v[1]},
                                         "summary": summary,

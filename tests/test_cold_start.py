@@ -206,3 +206,19 @@ def test_step_power_runs_every_part_on_cpu_and_refuses_bad_input_first(tmp_path,
     r = json.loads((tmp_path / "r" / "step_power.json").read_text())
     assert r["quick"] and r["card"] == {} and set(r["parts"]) == set(sp.PARTS)
     assert all(len(p["rate"]) == 2 and p["rounds"] == [] for p in r["parts"].values())
+    assert sp.main(["--batch", "0", "--device", "cpu", "--out", str(tmp_path / "b")]) == 2
+    assert "--batch 0: give a positive number" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+def test_step_power_gives_each_rounds_energy_per_image_from_its_own_watts_and_rate():
+    """mJ/img is each round's board watts over that round's img/s (x 1000), then the median and spread of those:
+    700 W at 100,000 img/s is 7 mJ an image. The matmul part, in TFLOP/s, gets none."""
+    sp = benchmark_module("step_power")
+    rnd = lambda w: {"sm_clock_mhz": 1700, "power_w": w, "at_limit": 1.0, "reasons": {"power cap": 1.0}}  # noqa: E731
+    res = {"parts": {"rung step": {"unit": "img/s", "rate": [100_000.0, 50_000.0, 70_000.0],
+                                   "rounds": [rnd(700.0), rnd(700.0), rnd(700.0)]},
+                     "matmul": {"unit": "TFLOP/s", "rate": [700.0], "rounds": [rnd(690.0)]}}}
+    sp.summarize(res)
+    part = res["parts"]["rung step"]
+    assert part["mj_per_image"] == 10.0 and part["mj_per_image_spread"] == [7.0, 14.0]
+    assert "mj_per_image" not in res["parts"]["matmul"]

@@ -36,3 +36,26 @@ def test_variants_are_summarized_under_their_own_labels_against_the_baselines_ta
     s = tta.summarize(runs, 0.92)
     assert s["muon"]["reached_target"] == 0 and s["muon"]["ratio_vs_baseline"] is None
     assert s["muon_b2048"]["to_target_s"]["median"] == 9.0 and s["muon_b2048"]["ratio_vs_baseline"] == 65 / 9
+
+
+def test_the_lightning_peer_runs_in_its_own_process_and_is_refused_before_any_work_without_lightning(
+        monkeypatch, tmp_path, capsys):
+    """--lightning times the Lightning peer (benchmarks/peers.py --time-to-accuracy-run) beside the rungs; where
+    Lightning is not installed the call stops before the data or any run, saying how to install it."""
+    peer = tta.command(tta.LIGHTNING, (), tmp_path / "p.json")
+    assert peer[1].endswith("peers.py") and peer[2:] == ["--time-to-accuracy-run", str(tmp_path / "p.json")]
+    rung = tta.command("muon", ("batch_size=2048",), tmp_path / "m.json")
+    assert rung[1:5] == ["-m", "labkit", "train", "--preset"] and "batch_size=2048" in rung
+    monkeypatch.setattr(tta.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit, match=r"--lightning: Lightning is not installed here \(pip install"):
+        tta.main(["--lightning", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_peers_timed_run_says_why_it_timed_nothing_without_lightning(monkeypatch, tmp_path, capsys):
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import peers
+
+    monkeypatch.setattr(peers, "_lightning", lambda: None)
+    assert peers.main(["--time-to-accuracy-run", str(tmp_path / "p.json")]) == 3
+    assert "Lightning is not installed" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
