@@ -423,7 +423,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", action="store_true", help="also time the cold first step of each of VARIANTS")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE,...",
                     help="a variant of your own (env.NAME=V, inductor.KEY=V, dynamo.KEY=V, warm_pool=true)")
-    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE",
                     help="TrainConfig changes for every run and the artifact (e.g. batch_size=1024)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default 600)")
     ap.add_argument("--bytecode", choices=("installed", "as-found"), default="installed",

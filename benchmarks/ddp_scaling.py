@@ -42,7 +42,7 @@ def main(argv=None) -> int:
                     help="tried in order until one runs under DDP")
     ap.add_argument("--epochs", type=int, default=6, help="epochs per run (img/s counts those after the first)")
     ap.add_argument("--repeats", type=int, default=2, help="1-vs-N pairs of runs")
-    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:FIELD=VALUE[,FIELD=VALUE]",
                     help="more N-process runs with these changes in every round, against the same 1-process runs")
     ap.add_argument("--profile", action="store_true",

@@ -24,6 +24,8 @@ For each run the record keeps:
                    that epoch's evaluation (`stages_s` and `accuracy_curve` of the train record); None if never
   train_to_target_s the training loop's seconds alone to that evaluation
   accuracy         the final test accuracy, and the per-epoch curve
+  tiered           the run's tiered-start report (`labkit.faststart.tiered`): how many steps ran eager and how many
+                   compiled, and when the compiled forward was ready; None where the run did not start tiered
 The target is the baseline's median final accuracy over its runs in this call (the issue's measure: the top rung
 must reach the baseline's median, not its worst run). The summary gives each preset's median and min-max, and the
 ratio of medians against the baseline. The result is saved after every run, so a call cut short keeps its runs.
@@ -86,7 +88,7 @@ def run_once(preset: str, env: dict[str, str], work: Path, label: str, sets: tup
             "stages_s": st, "setup_parts_s": rec.get("setup_parts_s"), "accuracy": rec.get("accuracy"), "img_per_s": rec.get("img_per_s"),
             "first_step_s": rec.get("first_step_s"), "curve": rec.get("accuracy_curve") or [],
             "epochs": rec.get("config", {}).get("epochs"), "batch_size": rec.get("config", {}).get("batch_size"),
-            "tiered": bool(rec.get("tiered")), "precompiled": rec.get("precompiled")}
+            "tiered": rec.get("tiered"), "precompiled": rec.get("precompiled")}
 
 
 def score(runs: list[dict], target: float) -> None:

@@ -1124,7 +1124,7 @@ def add_cli(sub) -> None:
     t.add_argument("--preset", default="baseline", help=f"ladder rung: {', '.join(RUNG_NAMES)}")
     t.add_argument("--quick", action="store_true", help="small CPU-sized run")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    t.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    t.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
     t.add_argument("--json", metavar="PATH", help="write the result record here")
     faststart.add_flag(t)
     t.set_defaults(func=_cli_train)

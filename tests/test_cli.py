@@ -181,3 +181,14 @@ def test_ladder_json_writes_the_record_where_asked(tmp_path, monkeypatch, capsys
     assert cli.main(["ladder", "--quick", "--device", "cpu", "--out", str(tmp_path / "l"), "--json", str(record)]) == 0
     assert json.loads(record.read_text())["machine_load"]["trustworthy"] is True
     assert seen["out"] == str(tmp_path / "l") and f"wrote {record}" in capsys.readouterr().out
+
+
+def test_set_given_twice_keeps_both_fields():
+    """`--set a=1 --set b=2` changes both fields: a second --set used to replace the first, so a run silently
+    trained without the first change (found when a batch-2048 run trained at the preset's 4096)."""
+    from labkit import cli
+
+    args = cli.build_parser(["train"]).parse_args(["train", "--preset", "muon", "--set", "batch_size=2048",
+                                                   "--set", "eval_every_epoch=true", "epochs=2"])
+    assert args.set == ["batch_size=2048", "eval_every_epoch=true", "epochs=2"]
+    assert cli.build_parser(["train"]).parse_args(["train"]).set == []
