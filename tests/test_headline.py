@@ -53,8 +53,17 @@ def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
         assert sentence in lead, sentence
     v = report.variant_time_to_accuracy(_load("time_to_accuracy_muon_b2048_h200"), "muon_b2048")
     assert c["tta_top_never"] and not v["var_top_never"]
-    assert f"reaches its baseline's accuracy {v['var_sooner']} sooner from a cold process" in _fold(readme)
-    for sentence in (f"At half its batch, Muon gets there {v['var_sooner']} sooner",
+    peers, nowarm = _calls()
+    span = _span(v, peers, nowarm)
+    assert f"reaches its baseline's accuracy {span} sooner from a cold process" in _fold(readme)
+    lightning = _load("time_to_accuracy_peers_h200")["summary"]["lightning"]
+    assert lightning["reached_target"] == 0 and lightning["accuracy"]["min"] == lightning["accuracy"]["max"]
+    for sentence in (f"At half its batch, Muon gets there {span} sooner",
+                     f"Two more calls give {peers['var_sooner']} (`time_to_accuracy_peers_h200.json`, target "
+                     f"{peers['var_target']}) and {nowarm['var_sooner']} (`time_to_accuracy_nowarm_h200.json`: its "
+                     f"baseline ended at {nowarm['var_base_accs']}, so the target was {nowarm['var_target']})",
+                     f"The Lightning bf16 peer, in the {peers['var_sooner']} call, ends every run at "
+                     f"{100 * lightning['accuracy']['median']:.2f}% and never reaches the target",
                      f"{v['var_img_per_s']}) reaches that run's target ({v['var_target']}) in {v['var_fast_s']} "
                      f"({v['var_fast_spread']}), in {v['var_fast_reached']} runs",
                      f"against the baseline's {v['var_base_s']} ({v['var_base_spread']}), and ends at {v['var_fast_accs']}",
@@ -70,8 +79,21 @@ def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
                      f"measured in the same run it is {h['share_measured']}, which the tables call \"share of "
                      f"measured peak\", not MFU"):
         assert sentence in lead, sentence
-    values = {x for x in [*h.values(), *c.values(), *v.values(), "10x"] if isinstance(x, str)}
+    values = {x for x in [*h.values(), *c.values(), *v.values(), *peers.values(), *nowarm.values(), span, "10x",
+                          f"{100 * lightning['accuracy']['median']:.2f}%"] if isinstance(x, str)}
     assert {f for f in FIGURE.findall(lead)} <= values, set(FIGURE.findall(lead)) - values
+
+
+def _calls():
+    """The batch-2048 Muon variant in the two later time-to-accuracy calls: the peers call and the one with the
+    cuDNN warm-up tried off."""
+    return (report.variant_time_to_accuracy(_load("time_to_accuracy_peers_h200"), "muon_b2048"),
+            report.variant_time_to_accuracy(_load("time_to_accuracy_nowarm_h200"), "muon_b2048"))
+
+
+def _span(*variants):
+    x = sorted(float(v["var_sooner"][:-1]) for v in variants)
+    return f"{x[0]:.1f}–{x[-1]:.1f}x"
 
 
 def test_results_page_lead_is_time_to_accuracy_with_spreads_from_the_records():
@@ -136,3 +158,63 @@ def test_accuracy_chart_shows_every_run_and_the_baseline_band_on_an_honest_axis(
     assert band is not None and "baseline" in ax.get_legend().get_texts()[0].get_text()
     assert f"{min(base):.1f}–{max(base):.1f}%" in ax.get_legend().get_texts()[0].get_text()
     plt.close(fig)
+
+
+def test_results_page_peer_cold_start_and_energy_section_quotes_its_records():
+    """The Lightning peer in the same call, the three calls' ratios, why a cold run is eager, and mJ per image:
+    every figure of that section from the records it names."""
+    page = (ROOT / "docs" / "results" / "ladder.md").read_text()
+    sec = _fold(page[page.index("## Beside a Lightning peer, the cold start and energy per image"):])
+    first = report.variant_time_to_accuracy(_load("time_to_accuracy_muon_b2048_h200"), "muon_b2048")
+    peers, nowarm = _calls()
+    nowarm_off = report.variant_time_to_accuracy(_load("time_to_accuracy_nowarm_h200"), "muon_b2048_nowarm")
+    rec = _load("time_to_accuracy_peers_h200")
+    lt = rec["summary"]["lightning"]
+    lt_whole = [r["whole_s"] for r in rec["runs"] if r["label"].startswith("lightning-")]
+    assert rec["peers"] == ["lightning"] and lt["reached_target"] == 0 and lt["runs"] == 3
+    tier = _load("cold_b2048_tier_h200")["runs"]
+    t, u = tier["tiered"], tier["untiered"]
+    assert t["config"]["batch_size"] == u["config"]["batch_size"] == 2048 and u["tiered"] is None
+    assert t["tiered"]["compiled_steps"] == 0 and t["tiered"]["stopped_compiling"]
+    power = {b: _load(f"step_power_b{b}_h200")["parts"] for b in (2048, 4096)}
+    assert all(p["rung step"]["power_cap_share"] == 1.0 for p in power.values())
+    parts = _load("step_parts_b2048_h200")["parts"]
+    need = 690 / 100_000 * 1000  # mJ an image at the cap's 690 W for 100k img/s
+    mj = {b: power[b]["rung step"]["mj_per_image"] for b in power}
+    rng = lambda v: f"{v[0]:,.0f}–{v[1]:,.0f}"  # noqa: E731
+    figures = {
+        f"sets the target at {peers['var_target']}, the median of the baseline's runs ({peers['var_base_accs']})",
+        f"The baseline reaches it in {peers['var_base_s']} ({peers['var_base_spread']}), in {peers['var_base_reached']} runs",
+        f"Muon at batch 2048 reaches it in {peers['var_fast_s']} ({peers['var_fast_spread']}), in "
+        f"{peers['var_fast_reached']} runs: {peers['var_sooner']} sooner, ending at {peers['var_fast_accs']}",
+        f"PNG files through a worker per core, {lt['img_per_s']['median']:,.0f} img/s) ends all 3 runs at "
+        f"{100 * lt['accuracy']['median']:.2f}% and never reaches the target; its whole runs take "
+        f"{min(lt_whole):.1f}–{max(lt_whole):.1f} s",
+        f"is {first['var_sooner']}, {peers['var_sooner']} and {nowarm['var_sooner']} sooner",
+        f"the baseline's runs ended at {nowarm['var_base_accs']}, so the target was {nowarm['var_target']}",
+        f"which Muon at 2048 ({nowarm['var_fast_accs']}) reached in {nowarm['var_fast_reached']} runs",
+        f"{nowarm_off['var_fast_s']} ({nowarm_off['var_fast_spread']}) to the target against {nowarm['var_fast_s']} "
+        f"({nowarm['var_fast_spread']}) with it, {nowarm_off['var_sooner']} against {nowarm['var_sooner']}",
+        f"took all its {t['tiered']['eager_steps']} steps eager at {t['img_per_s']:,.0f} img/s",
+        f"its steps ran compiled at {u['img_per_s']:,.0f} img/s, but its first epoch took {u['epoch_s'][0]:.1f} s",
+        f"run of the peers call spends {peers['var_before_loop']}, and 10x its baseline would leave "
+        f"{peers['var_tenth_of_base']} for the whole run",
+        *(f"at batch {b}, {power[b]['rung step']['rate_median']:,.0f} img/s ({rng(power[b]['rung step']['rate_spread'])}) "
+          f"at {power[b]['rung step']['power_w']:.0f} W: {mj[b]:.2f} mJ an image "
+          f"({power[b]['rung step']['mj_per_image_spread'][0]:.2f}–{power[b]['rung step']['mj_per_image_spread'][1]:.2f})"
+          for b in power),
+        f"100k img/s at 690 W needs {need:.2f} mJ an image: {100 * (1 - need / mj[2048]):.1f}% less than batch 2048 "
+        f"spends and {100 * (1 - need / mj[4096]):.1f}% less than batch 4096",
+        f"runs {power[2048]['model, fresh']['rate_median']:,.0f} and {power[4096]['model, fresh']['rate_median']:,.0f} "
+        f"img/s at {power[2048]['model, fresh']['mj_per_image']:.2f} and {power[4096]['model, fresh']['mj_per_image']:.2f} "
+        f"mJ an image",
+        f"at {power[2048]['model, fresh']['sm_clock_mhz']:,.0f} MHz in both against the rung's "
+        f"{power[2048]['rung step']['sm_clock_mhz']:,.0f} and {power[4096]['rung step']['sm_clock_mhz']:,.0f} MHz",
+        f"times an epoch of the rung with its own batches at {parts['rung']['img_per_s']:,.0f} img/s, beside "
+        f"{parts['fixed batch']['img_per_s']:,.0f} img/s on one fixed batch",
+    }
+    for sentence in figures:
+        assert sentence in sec, sentence
+    assert power[2048]["model, fresh"]["sm_clock_mhz"] == power[4096]["model, fresh"]["sm_clock_mhz"]
+    lo, hi = parts["fixed batch"]["img_per_s_spread"]
+    assert lo <= parts["rung"]["img_per_s"] <= hi  # "within noise": the rung's median inside the other's spread

@@ -59,3 +59,25 @@ def test_the_peers_timed_run_says_why_it_timed_nothing_without_lightning(monkeyp
     monkeypatch.setattr(peers, "_lightning", lambda: None)
     assert peers.main(["--time-to-accuracy-run", str(tmp_path / "p.json")]) == 3
     assert "Lightning is not installed" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
+
+
+def test_each_run_imports_this_checkouts_labkit_and_keeps_its_tiered_report(monkeypatch, tmp_path):
+    """The Lightning peer is a script, whose own folder is on its path, not the checkout's: every run gets the
+    checkout on PYTHONPATH (the peer's first GPU call failed to import labkit without it). The record keeps the
+    run's tiered-start report, the steps it ran eager and compiled, not just whether it started tiered."""
+    import json
+    import subprocess
+
+    seen = {}
+
+    def fake_run(cmd, env, **kw):
+        seen.update(env=env, cmd=cmd)
+        out = tmp_path / "lightning-r0.json"
+        out.write_text(json.dumps({"stages_s": {"setup": 2.0}, "accuracy": 0.9, "accuracy_curve": [],
+                                   "tiered": {"eager_steps": 120, "compiled_steps": 0}}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(tta.subprocess, "run", fake_run)
+    r = tta.run_once(tta.LIGHTNING, {}, tmp_path, "lightning-r0")
+    assert str(REPO_ROOT) in seen["env"]["PYTHONPATH"].split(":") and seen["cmd"][1].endswith("peers.py")
+    assert r["ok"] and r["before_loop_s"] == 2.0 and r["tiered"] == {"eager_steps": 120, "compiled_steps": 0}
