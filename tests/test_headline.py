@@ -53,15 +53,16 @@ def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
         assert sentence in lead, sentence
     v = report.variant_time_to_accuracy(_load("time_to_accuracy_muon_b2048_h200"), "muon_b2048")
     assert c["tta_top_never"] and not v["var_top_never"]
-    peers, nowarm = _calls()
-    span = _span(v, peers, nowarm)
+    peers, eager, nowarm = _calls()
+    span = _span(v, peers, eager, nowarm)
     assert f"reaches its baseline's accuracy {span} sooner from a cold process" in _fold(readme)
     lightning = _load("time_to_accuracy_peers_h200")["summary"]["lightning"]
     assert lightning["reached_target"] == 0 and lightning["accuracy"]["min"] == lightning["accuracy"]["max"]
     for sentence in (f"At half its batch, Muon gets there {span} sooner",
-                     f"Two more calls give {peers['var_sooner']} (`time_to_accuracy_peers_h200.json`, target "
-                     f"{peers['var_target']}) and {nowarm['var_sooner']} (`time_to_accuracy_nowarm_h200.json`: its "
-                     f"baseline ended at {nowarm['var_base_accs']}, so the target was {nowarm['var_target']})",
+                     f"Three more calls give {peers['var_sooner']} (`time_to_accuracy_peers_h200.json`, target "
+                     f"{peers['var_target']}), {eager['var_sooner']} (`time_to_accuracy_eager_h200.json`) and "
+                     f"{nowarm['var_sooner']} (`time_to_accuracy_nowarm_h200.json`: its baseline ended at "
+                     f"{nowarm['var_base_accs']}, so the target was {nowarm['var_target']})",
                      f"The Lightning bf16 peer, in the {peers['var_sooner']} call, ends every run at "
                      f"{100 * lightning['accuracy']['median']:.2f}% and never reaches the target",
                      f"{v['var_img_per_s']}) reaches that run's target ({v['var_target']}) in {v['var_fast_s']} "
@@ -79,16 +80,16 @@ def test_readme_leads_with_time_to_accuracy_and_every_figure_is_a_records():
                      f"measured in the same run it is {h['share_measured']}, which the tables call \"share of "
                      f"measured peak\", not MFU"):
         assert sentence in lead, sentence
-    values = {x for x in [*h.values(), *c.values(), *v.values(), *peers.values(), *nowarm.values(), span, "10x",
+    values = {x for x in [*h.values(), *c.values(), *v.values(), *peers.values(), *eager.values(), *nowarm.values(), span, "10x",
                           f"{100 * lightning['accuracy']['median']:.2f}%"] if isinstance(x, str)}
     assert {f for f in FIGURE.findall(lead)} <= values, set(FIGURE.findall(lead)) - values
 
 
 def _calls():
-    """The batch-2048 Muon variant in the two later time-to-accuracy calls: the peers call and the one with the
-    cuDNN warm-up tried off."""
-    return (report.variant_time_to_accuracy(_load("time_to_accuracy_peers_h200"), "muon_b2048"),
-            report.variant_time_to_accuracy(_load("time_to_accuracy_nowarm_h200"), "muon_b2048"))
+    """The batch-2048 Muon variant in the three later time-to-accuracy calls: the peers call, the one beside the
+    rung with nothing compiled and the one with the cuDNN warm-up tried off."""
+    return tuple(report.variant_time_to_accuracy(_load(n), "muon_b2048") for n in
+                 ("time_to_accuracy_peers_h200", "time_to_accuracy_eager_h200", "time_to_accuracy_nowarm_h200"))
 
 
 def _span(*variants):
@@ -166,7 +167,12 @@ def test_results_page_peer_cold_start_and_energy_section_quotes_its_records():
     page = (ROOT / "docs" / "results" / "ladder.md").read_text()
     sec = _fold(page[page.index("## Beside a Lightning peer, the cold start and energy per image"):])
     first = report.variant_time_to_accuracy(_load("time_to_accuracy_muon_b2048_h200"), "muon_b2048")
-    peers, nowarm = _calls()
+    peers, eager, nowarm = _calls()
+    eager_rec = _load("time_to_accuracy_eager_h200")
+    no_compile = report.variant_time_to_accuracy(eager_rec, "muon_b2048_eager")
+    parts_of = lambda label, part: [r["setup_parts_s"][part] for r in eager_rec["runs"]  # noqa: E731
+                                    if r["label"].startswith(f"{label}-")]
+    secs = lambda v: f"{min(v):.2f}–{max(v):.2f} s"  # noqa: E731
     nowarm_off = report.variant_time_to_accuracy(_load("time_to_accuracy_nowarm_h200"), "muon_b2048_nowarm")
     rec = _load("time_to_accuracy_peers_h200")
     lt = rec["summary"]["lightning"]
@@ -190,7 +196,15 @@ def test_results_page_peer_cold_start_and_energy_section_quotes_its_records():
         f"PNG files through a worker per core, {lt['img_per_s']['median']:,.0f} img/s) ends all 3 runs at "
         f"{100 * lt['accuracy']['median']:.2f}% and never reaches the target; its whole runs take "
         f"{min(lt_whole):.1f}–{max(lt_whole):.1f} s",
-        f"is {first['var_sooner']}, {peers['var_sooner']} and {nowarm['var_sooner']} sooner",
+        f"is {first['var_sooner']}, {peers['var_sooner']}, {eager['var_sooner']} and {nowarm['var_sooner']} sooner",
+        f"{no_compile['var_fast_s']} ({no_compile['var_fast_spread']}) to the target against {eager['var_fast_s']} "
+        f"({eager['var_fast_spread']}) tiered, {no_compile['var_sooner']} against {eager['var_sooner']}, from "
+        f"{eager_rec['summary']['muon_b2048_eager']['to_target_s']['n']} runs each and within noise",
+        f"Its data loads in {secs(parts_of('muon_b2048_eager', 'data'))}, where the tiered run's takes "
+        f"{secs(parts_of('muon_b2048', 'data'))}",
+        f"building its step takes {secs(parts_of('muon_b2048_eager', 'step'))} instead",
+        f"the eager run spends {no_compile['var_before_loop']} before its first step, and 10x its baseline would leave "
+        f"{no_compile['var_tenth_of_base']} for the whole run",
         f"the baseline's runs ended at {nowarm['var_base_accs']}, so the target was {nowarm['var_target']}",
         f"which Muon at 2048 ({nowarm['var_fast_accs']}) reached in {nowarm['var_fast_reached']} runs",
         f"{nowarm_off['var_fast_s']} ({nowarm_off['var_fast_spread']}) to the target against {nowarm['var_fast_s']} "
@@ -218,3 +232,5 @@ def test_results_page_peer_cold_start_and_energy_section_quotes_its_records():
     assert power[2048]["model, fresh"]["sm_clock_mhz"] == power[4096]["model, fresh"]["sm_clock_mhz"]
     lo, hi = parts["fixed batch"]["img_per_s_spread"]
     assert lo <= parts["rung"]["img_per_s"] <= hi  # "within noise": the rung's median inside the other's spread
+    a, b = (eager_rec["summary"][k]["to_target_s"] for k in ("muon_b2048_eager", "muon_b2048"))
+    assert a["n"] == b["n"] == 3 and a["max"] >= b["min"]  # "within noise": the two spreads overlap
