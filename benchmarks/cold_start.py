@@ -63,6 +63,7 @@ from labkit.env import LabkitError, bytecode_status, pick_device  # noqa: E402
 from labkit.faststart import compile_artifacts as CA  # noqa: E402
 from labkit.faststart import cudnn_warmup as CW  # noqa: E402
 from labkit.faststart import precompiled as P  # noqa: E402
+from labkit.presets import add_set_argument  # noqa: E402
 
 EAGER = ["batch_fused", "cudnn_benchmark"]
 # Directions of issue 26 for a faster cold compile, each a change the child applies before compiling.
@@ -423,8 +424,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", action="store_true", help="also time the cold first step of each of VARIANTS")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE,...",
                     help="a variant of your own (env.NAME=V, inductor.KEY=V, dynamo.KEY=V, warm_pool=true)")
-    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE",
-                    help="TrainConfig changes for every run and the artifact (e.g. batch_size=1024)")
+    add_set_argument(ap, "TrainConfig changes for every run and the artifact (e.g. batch_size=1024)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default 600)")
     ap.add_argument("--bytecode", choices=("installed", "as-found"), default="installed",
                     help="installed (default): every process finds torch's .pyc, as after pip or conda install, "

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labkit import ddp  # noqa: E402
 from labkit.bench import RESULTS_DIR, save_result  # noqa: E402
 from labkit.env import LabkitError, pick_device  # noqa: E402
+from labkit.presets import add_set_argument  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
                     help="tried in order until one runs under DDP")
     ap.add_argument("--epochs", type=int, default=6, help="epochs per run (img/s counts those after the first)")
     ap.add_argument("--repeats", type=int, default=2, help="1-vs-N pairs of runs")
-    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    add_set_argument(ap)
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:FIELD=VALUE[,FIELD=VALUE]",
                     help="more N-process runs with these changes in every round, against the same 1-process runs")
     ap.add_argument("--profile", action="store_true",

@@ -19,15 +19,18 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from labkit import data as D
-from labkit import train as T
-from labkit.bench import RESULTS_DIR, save_result, synchronize
-from labkit.env import pick_device, process_age_s, quick_mode
-from labkit.models import resnet18
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's labkit, run from anywhere
+
+from labkit import data as D  # noqa: E402
+from labkit import train as T  # noqa: E402
+from labkit.bench import RESULTS_DIR, save_result, synchronize  # noqa: E402
+from labkit.env import pick_device, process_age_s, quick_mode  # noqa: E402
+from labkit.models import resnet18  # noqa: E402
 
 
 def _lightning():

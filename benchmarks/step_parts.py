@@ -193,10 +193,9 @@ def start(args, name: str):
     quick and says that it measures nothing."""
     from labkit.env import LabkitError, pick_device
     from labkit.outputs import check_writable
-    from labkit.presets import RUNG_NAMES
+    from labkit.presets import preset
 
-    if args.preset not in RUNG_NAMES:
-        raise LabkitError(f"unknown preset {args.preset!r}: choose one of {', '.join(RUNG_NAMES)}")
+    preset(args.preset)  # an unknown name fails here, before the folder is made
     if args.batch is not None and args.batch < 1:
         raise LabkitError(f"--batch {args.batch}: give a positive number of images per step")
     out = check_writable(args.out or Path(__file__).parent / "results" / "ladder", "dir")

@@ -72,10 +72,7 @@ def run_once(preset: str, env: dict[str, str], work: Path, label: str, sets: tup
     out = work / f"{label}.json"
     cmd = command(preset, sets, out)
     t0 = time.perf_counter()
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    # this checkout's labkit, for the peer's script too (a script's own folder is on its path, not the checkout's)
-    r = subprocess.run(cmd, env={**os.environ, **env, "PYTHONPATH": path}, capture_output=True, text=True,
-                       timeout=900)
+    r = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
     whole = time.perf_counter() - t0
     if r.returncode != 0 or not out.exists():
         return {"preset": preset, "sets": list(sets), "label": label, "ok": False, "whole_s": whole,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit.env import LabkitError, environment, pick_device
+from labkit.presets import add_set_argument
 
 
 def _worker(args) -> int:
@@ -347,7 +348,7 @@ def add_cli(sub) -> None:
     p.add_argument("--nproc", type=int, default=2, help="processes: one per GPU, or CPU processes with gloo")
     p.add_argument("--quick", action="store_true", help="small CPU-sized run")
     p.add_argument("--cpu", action="store_true", help="use gloo on the CPU even where GPUs exist")
-    p.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    add_set_argument(p)
     p.add_argument("--json", metavar="PATH", help="rank 0 writes the result record here (with --scaling: the summary)")
     m = p.add_argument_group("several machines (run the same command on each; see docs/multinode.md)")
     m.add_argument("--nnodes", type=int, default=1, help="machines in the run (default 1)")
@@ -398,7 +399,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--profile")
     ap.add_argument("--rank-facts")
-    ap.add_argument("--set", nargs="*", action="extend", default=[])
+    add_set_argument(ap)
     args = ap.parse_args(argv)
     if not args.worker:
         ap.error("run through `labkit ddp`, which starts torchrun")

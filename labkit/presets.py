@@ -103,6 +103,12 @@ LADDER = [
 RUNG_NAMES = [r[0] for r in LADDER]
 
 
+def add_set_argument(parser, help: str = "override TrainConfig fields") -> None:
+    """A command's --set FIELD=VALUE ... (values parsed by `labkit.train.parse_sets`). Repeatable: each --set adds
+    to the ones before it, where argparse's default would let the last silently replace the others."""
+    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE", help=help)
+
+
 def preset(name: str, base: TrainConfig | None = None) -> TrainConfig:
     """The config of ladder rung `name` (all changes up to and including it), on top of `base`."""
     if name not in RUNG_NAMES:

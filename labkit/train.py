@@ -47,6 +47,7 @@ from labkit.presets import (  # noqa: F401  (re-exported: labkit.train is where 
     TF32,
     TrainConfig,
     ablation,
+    add_set_argument,
     live_ladder_size,
     preset,
     quick_base,
@@ -1124,7 +1125,7 @@ def add_cli(sub) -> None:
     t.add_argument("--preset", default="baseline", help=f"ladder rung: {', '.join(RUNG_NAMES)}")
     t.add_argument("--quick", action="store_true", help="small CPU-sized run")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    t.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE", help="override TrainConfig fields")
+    add_set_argument(t)
     t.add_argument("--json", metavar="PATH", help="write the result record here")
     faststart.add_flag(t)
     t.set_defaults(func=_cli_train)

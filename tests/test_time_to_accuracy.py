@@ -62,16 +62,24 @@ def test_the_peers_timed_run_says_why_it_timed_nothing_without_lightning(monkeyp
 
 
 def test_each_run_imports_this_checkouts_labkit_and_keeps_its_tiered_report(monkeypatch, tmp_path):
-    """The Lightning peer is a script, whose own folder is on its path, not the checkout's: every run gets the
-    checkout on PYTHONPATH (the peer's first GPU call failed to import labkit without it). The record keeps the
-    run's tiered-start report, the steps it ran eager and compiled, not just whether it started tiered."""
+    """The Lightning peer is a script, whose own folder is on its path, not the checkout's: it puts the checkout on
+    its path itself, so it imports this labkit run from any folder with no PYTHONPATH (the peer's first GPU call
+    failed to import labkit without it). The record keeps the run's tiered-start report, the steps it ran eager and
+    compiled, not just whether it started tiered."""
     import json
+    import os
     import subprocess
 
-    seen = {}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # without this checkout's editable install, as on a GPU machine whose torch environment has no labkit
+    probe = subprocess.run([sys.executable, "-c", "import runpy, sys; "
+                            "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+                            "sys.argv = ['peers.py', '--help']; "
+                            f"runpy.run_path({str(REPO_ROOT / 'benchmarks' / 'peers.py')!r}, run_name='__main__')"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0 and "--time-to-accuracy-run" in probe.stdout, probe.stderr[-800:]
 
     def fake_run(cmd, env, **kw):
-        seen.update(env=env, cmd=cmd)
         out = tmp_path / "lightning-r0.json"
         out.write_text(json.dumps({"stages_s": {"setup": 2.0}, "accuracy": 0.9, "accuracy_curve": [],
                                    "tiered": {"eager_steps": 120, "compiled_steps": 0}}))
@@ -79,5 +87,4 @@ def test_each_run_imports_this_checkouts_labkit_and_keeps_its_tiered_report(monk
 
     monkeypatch.setattr(tta.subprocess, "run", fake_run)
     r = tta.run_once(tta.LIGHTNING, {}, tmp_path, "lightning-r0")
-    assert str(REPO_ROOT) in seen["env"]["PYTHONPATH"].split(":") and seen["cmd"][1].endswith("peers.py")
     assert r["ok"] and r["before_loop_s"] == 2.0 and r["tiered"] == {"eager_steps": 120, "compiled_steps": 0}

@@ -18,6 +18,7 @@ from labkit.bench import compile_cache, unwritable
 from labkit.env import LabkitError, pick_device
 from labkit.faststart import compile_artifacts as CA
 from labkit.faststart import precompiled as P
+from labkit.presets import add_set_argument
 
 
 def build(device=None, names: list[str] | None = None, *, quick: bool = False, steps: int = 3,
@@ -101,8 +102,7 @@ def add_cli(sub) -> None:
     p.add_argument("--rungs", help="comma-separated compiled rungs to build (default: all that run here)")
     p.add_argument("--quick", action="store_true", help="build for --quick runs (the CPU-sized model)")
     p.add_argument("--steps", type=int, default=3, help="steps compiled per rung (default 3)")
-    p.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=VALUE",
-                   help="TrainConfig changes the training command will make (batch, width...)")
+    add_set_argument(p, "TrainConfig changes the training command will make (batch, width...)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dir", help="artifact folder (default: $LABKIT_COMPILE_CACHE, else ~/.cache/labkit/compile-cache)")
     p.set_defaults(func=_cli)
